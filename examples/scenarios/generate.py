@@ -1,0 +1,431 @@
+#!/usr/bin/env python3
+"""Generate the H200 fake-NVML scenarios in this folder (h200x1.json, h200x2.json, h200x8.json).
+
+Standard library only and deterministic: running it twice gives byte-identical files.
+
+    python3 examples/scenarios/generate.py           # (re)write the JSON files
+    python3 examples/scenarios/generate.py --check   # validate shape and fail if a file is stale
+
+Format: docs/scenarios.md. Every number below comes from the measured reference data in
+../shared/reference/h200/ (nvml_probe_1gpu.json, nvml_probe_2gpu_nvlink.json,
+nvidia-smi-q_1gpu.txt, topology_2gpu.txt) and ../shared/reference/nvml-notes.md sections 3-6,
+unless a comment says "synthetic".
+
+Load model (all per-GPU cycles share PHASE_S and four phases, so they stay in step):
+  phase 0  idle                 (t mod 20 in [0, 5))   the measured idle values
+  phase 1  loaded, boosting     ([5, 10))              SM 1980 MHz (max), below the power cap
+  phase 2  loaded, power-capped ([10, 15))             measured load: util 94/22, 693 W, SwPowerCap
+  phase 3  idle, cooling down   ([15, 20))             idle clocks, still-warm temperatures
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PHASE_S = 5
+
+# --- system-wide, nvml_probe_*.json "driver", "nvml_version", "cuda_driver" -----------------------
+DRIVER_VERSION = "580.159.04"
+NVML_VERSION = "13.580.159.04"
+CUDA_DRIVER_VERSION = 13000
+
+# --- per-GPU constants shared by all H200s (identical in both probes) -----------------------------
+NAME = "NVIDIA H200"
+ARCHITECTURE = 9                      # NVML_DEVICE_ARCH_HOPPER
+MEM_TOTAL = 150_754_820_096           # mem_v2[0]
+MEM_RESERVED = 644_939_776            # mem_v2[3] (= v1 used when v2 used is 0)
+MEM_USED_LOAD_MEASURED = 1_059_913_728  # nvml-notes 3.1: v2 used under load (bf16 matmul)
+MEM_USED_LOAD_TRAINING = 128 * 1024**3  # synthetic: a training footprint for h200x2/x8 (see below)
+BAR1_TOTAL = 274_877_906_944          # bar1[0], 256 GiB
+BAR1_USED = 1_703_936                 # bar1[1]
+POWER_LIMIT_MW = 700_000              # power_limit_mw
+POWER_BOOST_MW = 652_000              # synthetic: loaded but below the 700 W cap (reasons 0)
+POWER_CAPPED_MW = 693_000             # nvml-notes 3.4: "under load 0x4 (SwPowerCap at 693 W/700 W)"
+UTIL_LOAD = (94, 22)                  # nvml-notes 3.1: utilization under load 94/22
+CLOCK_SM_MAX = 1980                   # clock_sm_max; nvidia-smi Max Clocks Graphics/SM 1980
+CLOCK_SM_CAPPED = 1515                # nvml-notes 3.4: "SM 345 idle, 1515 loaded"
+CLOCK_MEM = 3201                      # clock_mem; nvidia-smi Clocks/Max Clocks Memory 3201
+CLOCK_VIDEO = 765                     # nvidia-smi Clocks Video 765 (load value not measured)
+CLOCK_VIDEO_MAX = 1545                # nvidia-smi Max Clocks Video 1545
+REASON_IDLE = 0x1                     # clocks_event_reasons idle = 1
+REASON_SW_POWER_CAP = 0x4             # nvml-notes 3.4 under load
+SUPPORTED_EVENT_TYPES = 0xFF9F        # supported_event_types 65439
+UINT_MAX = 0xFFFFFFFF                 # scopeId "sum over links"; gi/ci ids with MIG off
+NVLINK_LINKS = 18                     # field 91 = 18, nvlink_states 0..17 = 1, topology NV18
+NVLINK_MAX_LINKS = 36                 # nvidia-ml-py 13.610 NVML_NVLINK_MAX_LINKS (nvml-notes 3.9):
+                                      # the 1-GPU probe got NotSupported for all 36 link indices
+PROCESS_MEASURED = {                  # nvml-notes 5.1 measured compute process
+    "pid": 494,
+    "usedGpuMemory": 1_050_673_152,
+    "gpuInstanceId": UINT_MAX,
+    "computeInstanceId": UINT_MAX,
+}
+
+NOT_SUPPORTED = {"error": "NOT_SUPPORTED"}
+
+
+def cycle(*values):
+    return {"cycle": list(values), "step_s": PHASE_S}
+
+
+def memory_info(used):
+    return {
+        "total": MEM_TOTAL,
+        "reserved": MEM_RESERVED,
+        "free": MEM_TOTAL - MEM_RESERVED - used,
+        "used": used,
+    }
+
+
+def gpu(ident, *, temp_idle, mem_temp_idle, power_idle_mw, sm_idle, energy_mj, pcie_replay,
+        mem_used_load, processes_loaded, nvlink_tx_kib_s=None, nvlink_rx_kib_s=None):
+    """One H200. nvlink_tx_kib_s None = no NVLink (as in the single-GPU probe: NotSupported)."""
+    power = [power_idle_mw, POWER_BOOST_MW, POWER_CAPPED_MW, power_idle_mw + 8_000]
+    # energy counter: a ramp at the mean power of one load cycle (mW = mJ/s)
+    energy_per_s = sum(power) // len(power)
+    sm = cycle(sm_idle, CLOCK_SM_MAX, CLOCK_SM_CAPPED, sm_idle)  # graphics == SM on H200
+    procs = cycle([], processes_loaded, processes_loaded, []) if processes_loaded else []
+    values = {
+        "nvmlDeviceGetUtilizationRates": cycle(
+            {"gpu": 0, "memory": 0},
+            {"gpu": UTIL_LOAD[0], "memory": UTIL_LOAD[1]},
+            {"gpu": UTIL_LOAD[0], "memory": UTIL_LOAD[1]},
+            {"gpu": 0, "memory": 0},
+        ),
+        "nvmlDeviceGetEncoderUtilization": [0, 100_000],
+        "nvmlDeviceGetDecoderUtilization": [0, 100_000],
+        "nvmlDeviceGetMemoryInfo": cycle(
+            memory_info(0), memory_info(mem_used_load), memory_info(mem_used_load), memory_info(0)
+        ),
+        "nvmlDeviceGetBAR1MemoryInfo": {
+            "bar1Total": BAR1_TOTAL,
+            "bar1Free": BAR1_TOTAL - BAR1_USED,
+            "bar1Used": BAR1_USED,
+        },
+        "nvmlDeviceGetPowerUsage": cycle(*power),
+        "nvmlDeviceGetEnforcedPowerLimit": POWER_LIMIT_MW,
+        "nvmlDeviceGetTotalEnergyConsumption": {"ramp": energy_mj, "per_s": energy_per_s},
+        "nvmlDeviceGetTemperatureV:0": cycle(
+            temp_idle, temp_idle + 18, temp_idle + 27, temp_idle + 10),
+        "nvmlDeviceGetTemperature:0": cycle(
+            temp_idle, temp_idle + 18, temp_idle + 27, temp_idle + 10),
+        "nvmlDeviceGetNumFans": NOT_SUPPORTED,
+        "nvmlDeviceGetFanSpeed": NOT_SUPPORTED,
+        "nvmlDeviceGetFanSpeed_v2": NOT_SUPPORTED,
+        "nvmlDeviceGetClockInfo:0": sm,
+        "nvmlDeviceGetClockInfo:1": sm,
+        "nvmlDeviceGetClockInfo:2": CLOCK_MEM,
+        "nvmlDeviceGetClockInfo:3": CLOCK_VIDEO,
+        "nvmlDeviceGetMaxClockInfo:0": CLOCK_SM_MAX,
+        "nvmlDeviceGetMaxClockInfo:1": CLOCK_SM_MAX,
+        "nvmlDeviceGetMaxClockInfo:2": CLOCK_MEM,
+        "nvmlDeviceGetMaxClockInfo:3": CLOCK_VIDEO_MAX,
+        "nvmlDeviceGetPerformanceState": 0,
+        "nvmlDeviceGetCurrentClocksEventReasons": cycle(
+            REASON_IDLE, 0, REASON_SW_POWER_CAP, REASON_IDLE),
+        "nvmlDeviceGetCurrPcieLinkGeneration": 5,
+        "nvmlDeviceGetMaxPcieLinkGeneration": 5,
+        "nvmlDeviceGetCurrPcieLinkWidth": 16,
+        "nvmlDeviceGetMaxPcieLinkWidth": 16,
+        "nvmlDeviceGetPcieReplayCounter": pcie_replay,
+        "nvmlDeviceGetEccMode": [1, 1],
+        "nvmlDeviceGetTotalEccErrors:0,0": 0,
+        "nvmlDeviceGetTotalEccErrors:0,1": 0,
+        "nvmlDeviceGetTotalEccErrors:1,0": 0,
+        "nvmlDeviceGetTotalEccErrors:1,1": 0,
+        "nvmlDeviceGetRetiredPages": NOT_SUPPORTED,
+        "nvmlDeviceGetRetiredPages_v2": NOT_SUPPORTED,
+        "nvmlDeviceGetRetiredPagesPendingStatus": NOT_SUPPORTED,
+        "nvmlDeviceGetRemappedRows": [0, 0, 0, 0],
+    }
+    fields = {"82": cycle(mem_temp_idle, mem_temp_idle + 4, mem_temp_idle + 8, mem_temp_idle + 5)}
+    if nvlink_tx_kib_s is None:
+        values["nvmlDeviceGetNvLinkState"] = NOT_SUPPORTED
+        values["nvmlDeviceGetNvLinkErrorCounter"] = NOT_SUPPORTED
+        fields["91"] = NOT_SUPPORTED
+    else:
+        for link in range(NVLINK_LINKS):
+            values[f"nvmlDeviceGetNvLinkState:{link}"] = 1
+        # one fallback key: every link (< nvlink_link_count) and every counter (0..3) answers 0
+        values["nvmlDeviceGetNvLinkErrorCounter"] = 0
+        fields["91"] = NVLINK_LINKS
+        for link in range(NVLINK_LINKS):
+            fields[f"138:{link}"] = {"ramp": 0, "per_s": nvlink_tx_kib_s}
+        fields[f"138:{UINT_MAX}"] = {"ramp": 0, "per_s": nvlink_tx_kib_s * NVLINK_LINKS}
+        for link in range(NVLINK_LINKS):
+            fields[f"139:{link}"] = {"ramp": 0, "per_s": nvlink_rx_kib_s}
+        fields[f"139:{UINT_MAX}"] = {"ramp": 0, "per_s": nvlink_rx_kib_s * NVLINK_LINKS}
+    fields["230"] = 0
+    values["nvmlDeviceGetComputeRunningProcesses_v3"] = procs
+    values["nvmlDeviceGetComputeRunningProcesses_v2"] = procs
+    values["nvmlDeviceGetComputeRunningProcesses"] = procs
+    values["nvmlDeviceGetSupportedEventTypes"] = SUPPORTED_EVENT_TYPES
+    out = {"name": NAME, **ident, "architecture": ARCHITECTURE}
+    out["values"] = values
+    out["fields"] = fields
+    out["default_field_error"] = "NOT_SUPPORTED"
+    # without NVLink, indices up to the binding's bound answer NotSupported (measured), not
+    # INVALID_ARGUMENT, so the fake's per-link bound is 36 there
+    out["nvlink_link_count"] = NVLINK_MAX_LINKS if nvlink_tx_kib_s is None else NVLINK_LINKS
+    return out
+
+
+def scenario(description, gpus):
+    return {
+        "description": description,
+        "driver_version": DRIVER_VERSION,
+        "nvml_version": NVML_VERSION,
+        "cuda_driver_version": CUDA_DRIVER_VERSION,
+        "missing_functions": [],
+        "gpus": gpus,
+        "faults": [],
+        "events": [],
+    }
+
+
+COMMON_DESC = (
+    " Driver 580.159.04 / NVML 13.580.159.04 / CUDA 13000 and all static values (name, arch 9,"
+    " memory total 150754820096 B / reserved 644939776 B, BAR1 256 GiB with 1703936 B used,"
+    " power limit 700000 mW, PCIe gen 5 x16, ECC [1,1] with 0 errors, remapped rows (0,0,0,0),"
+    " enc/dec [0,100000], P0, max clocks 1980/1980/3201/1545 MHz, supported event types 0xff9f,"
+    " fan and retired pages NOT_SUPPORTED) from ../shared/reference/h200/nvml_probe_*.json and"
+    " nvidia-smi-q_1gpu.txt; field 230 (recovery action) 0 and field 82 (HBM temperature) per"
+    " nvml-notes.md 3.2/3.8. Values cycle every 5 s through 4 phases (20 s period): idle"
+    " (measured idle values, clock-event reasons 0x1) -> loaded boosting (util 94/22, SM/graphics"
+    " 1980 MHz, 652 W, reasons 0; the 652 W is synthetic) -> loaded power-capped (util 94/22,"
+    " SM/graphics 1515 MHz, 693 W, reasons 0x4 SwPowerCap, as measured under load in"
+    " nvml-notes.md 3.1/3.4) -> idle cooling; GPU temperature idle/+18/+27/+10 C, HBM"
+    " idle/+4/+8/+5 C (temperatures under load are synthetic). Energy is a ramp from the measured"
+    " counter at the cycle's mean power (mW = mJ/s). Memory/video clocks stay at 3201/765 MHz."
+    " Events register OK, none are delivered. Generated by examples/scenarios/generate.py."
+)
+
+
+def h200x1():
+    desc = (
+        "One H200 SXM without NVLink peers, as measured in"
+        " ../shared/reference/h200/nvml_probe_1gpu.json"
+        " (UUID GPU-820f4b2d-da15-c9b7-3ba6-c396976ca722, serial 1653724067064,"
+        " PCI 00000000:00:06.0, minor 0; idle 35 C GPU / 34 C HBM, 77886 mW,"
+        " SM 345 MHz, energy 2461760 mJ, PCIe replay counter 4). Every NVLink call and field"
+        " answers NOT_SUPPORTED, as measured on this single GPU (nvlink_states: NotSupported for"
+        " all 36 indices, so nvlink_link_count is 36 = NVML_NVLINK_MAX_LINKS of nvidia-ml-py"
+        " 13.610, the bound past which real NVML answers INVALID_ARGUMENT; field 91"
+        " NotSupported). While loaded (phases 1-2) one compute process runs: pid 494,"
+        " 1050673152 B, gi/ci 4294967295, and v2 memory used is"
+        " 1059913728 B, both as measured under a bf16 matmul load (nvml-notes.md 3.1/5.1)."
+        + COMMON_DESC
+    )
+    g = gpu(
+        {"uuid": "GPU-820f4b2d-da15-c9b7-3ba6-c396976ca722", "serial": "1653724067064",
+         "pci_bus_id": "00000000:00:06.0", "minor_number": 0},
+        temp_idle=35, mem_temp_idle=34, power_idle_mw=77_886, sm_idle=345, energy_mj=2_461_760,
+        pcie_replay=4, mem_used_load=MEM_USED_LOAD_MEASURED,
+        processes_loaded=[PROCESS_MEASURED],
+    )
+    return scenario(desc, [g])
+
+
+NVLINK_DESC = (
+    " 18 NVLink4 links per GPU, all up (nvlink_link_count 18, nvmlDeviceGetNvLinkState 1 for"
+    " links 0-17, field 91 = 18: nvml_probe_2gpu_nvlink.json, topology_2gpu.txt NV18); NVLink"
+    " error counters 0 (measured crc 0). Fields 138/139 (NVLink data TX/RX, cumulative KiB) are"
+    " ramps from the measured 0 per link (scopeId 0-17) plus the all-links sum (scopeId"
+    " 4294967295 = 18 x per link)."
+)
+
+
+def h200x2():
+    desc = (
+        "Two NVLink-connected H200 SXM (README demo scenario), identities as measured in"
+        " ../shared/reference/h200/nvml_probe_2gpu_nvlink.json:"
+        " GPU 0 GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6, serial 1654524012390,"
+        " PCI 00000000:00:06.0 (idle 34 C / HBM 37 C, 85337 mW, SM 390 MHz,"
+        " energy 2445309 mJ); GPU 1 GPU-094221fd-19f9-1561-7ef8-949bb0d57826, serial 1654524012455,"
+        " PCI 00000000:00:07.0 (idle 35 C / HBM 37 C, 76813 mW, SM 345 MHz, energy 2517241 mJ);"
+        " PCIe replay counters 0." + NVLINK_DESC +
+        " Traffic: GPU 0 TX = GPU 1 RX = 1000 KiB/s per link; GPU 1 TX = GPU 0 RX = 250 KiB/s per"
+        " link (asymmetric on purpose, so a TX/RX mix-up shows; the rates are synthetic)."
+        " No compute processes are listed (an exporter without hostPID sees none,"
+        " nvml-notes.md 5.3); v2 memory used while loaded is a synthetic 128 GiB training"
+        " footprint, so utilization without"
+        " processes does not also look like a stuck context."
+        + COMMON_DESC
+    )
+    g0 = gpu(
+        {"uuid": "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6", "serial": "1654524012390",
+         "pci_bus_id": "00000000:00:06.0", "minor_number": 0},
+        temp_idle=34, mem_temp_idle=37, power_idle_mw=85_337, sm_idle=390, energy_mj=2_445_309,
+        pcie_replay=0, mem_used_load=MEM_USED_LOAD_TRAINING, processes_loaded=[],
+        nvlink_tx_kib_s=1000, nvlink_rx_kib_s=250,
+    )
+    g1 = gpu(
+        {"uuid": "GPU-094221fd-19f9-1561-7ef8-949bb0d57826", "serial": "1654524012455",
+         "pci_bus_id": "00000000:00:07.0", "minor_number": 1},
+        temp_idle=35, mem_temp_idle=37, power_idle_mw=76_813, sm_idle=345, energy_mj=2_517_241,
+        pcie_replay=0, mem_used_load=MEM_USED_LOAD_TRAINING, processes_loaded=[],
+        nvlink_tx_kib_s=250, nvlink_rx_kib_s=1000,
+    )
+    return scenario(desc, [g0, g1])
+
+
+X8_BUSES = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]   # HGX 8-GPU style bus numbers
+X8_IDLE = [  # (GPU C, HBM C, idle mW, idle SM MHz): spread over the measured idle values
+    (34, 37, 85_337, 390), (35, 37, 76_813, 345), (35, 34, 77_886, 345), (34, 36, 80_112, 345),
+    (36, 38, 82_451, 390), (35, 36, 78_940, 345), (34, 35, 79_604, 345), (36, 37, 84_018, 390),
+]
+
+
+def synthetic_uuid(i):
+    h = hashlib.sha256(f"nvgpu-exporter synthetic H200 {i}".encode()).hexdigest()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def h200x8():
+    gpus = []
+    for i, (bus, (temp, hbm, p_idle, sm_idle)) in enumerate(zip(X8_BUSES, X8_IDLE, strict=True)):
+        gpus.append(gpu(
+            {"uuid": synthetic_uuid(i), "serial": str(1654524013000 + 17 * i),
+             "pci_bus_id": f"00000000:{bus}:00.0", "minor_number": i},
+            temp_idle=temp, mem_temp_idle=hbm, power_idle_mw=p_idle, sm_idle=sm_idle,
+            energy_mj=2_445_309 + 23_981 * i, pcie_replay=0,
+            mem_used_load=MEM_USED_LOAD_TRAINING, processes_loaded=[],
+            # all-reduce style: each GPU sends and receives the same through the NVSwitches
+            nvlink_tx_kib_s=1000, nvlink_rx_kib_s=1000,
+        ))
+    uuids = ", ".join(g["uuid"] for g in gpus)
+    desc = (
+        "Eight H200 SXM (HGX-style node; used by the benchmark). SYNTHETIC identities: UUIDs"
+        f" ({uuids}) are sha256-derived, serials 1654524013000 + 17*i and PCI bus ids"
+        " 00000000:{18,2A,3A,5D,9A,AB,BA,DB}:00.0 are invented in the form NVML reports them;"
+        " minor numbers 0-7. Idle temperature/power/SM clock per GPU are spread over the idle"
+        " values measured in ../shared/reference/h200/nvml_probe_1gpu.json and"
+        " nvml_probe_2gpu_nvlink.json (34-36 C, 76813-85337 mW, SM 345/390 MHz); energy ramps"
+        " start near the measured 2445309 mJ." + NVLINK_DESC +
+        " Traffic: TX = RX = 1000 KiB/s per link on every GPU (synthetic). No compute processes"
+        " are listed; v2 memory used while loaded is a synthetic 128 GiB training footprint."
+        + COMMON_DESC
+    )
+    return scenario(desc, gpus)
+
+
+SCENARIOS = {"h200x1.json": h200x1, "h200x2.json": h200x2, "h200x8.json": h200x8}
+
+
+def render(doc, indent=1, width=100):
+    """JSON with `indent`, but any list/object that fits on one line within `width` stays inline."""
+    def dump(v, level):
+        flat = json.dumps(v, separators=(", ", ": "))
+        if not isinstance(v, (dict, list)) or len(flat) + indent * level <= width:
+            return flat
+        pad, inner = " " * (indent * level), " " * (indent * (level + 1))
+        if isinstance(v, list):
+            items = [inner + dump(x, level + 1) for x in v]
+            return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+        items = [inner + json.dumps(k) + ": " + dump(x, level + 1) for k, x in v.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    return dump(doc, 0) + "\n"
+
+
+# --- validation against docs/scenarios.md --------------------------------------------------------
+
+TOP_KEYS = {"description", "driver_version", "nvml_version", "cuda_driver_version",
+            "missing_functions", "gpus", "faults", "events"}
+GPU_KEYS = {"name", "uuid", "serial", "pci_bus_id", "minor_number", "architecture", "values",
+            "fields", "default_field_error", "nvlink_link_count"}
+VALUE_KEY = re.compile(r"^nvml[A-Za-z0-9_]+(:-?\d+(,-?\d+)*)?$")
+FIELD_KEY = re.compile(r"^\d+(:\d+)?$")
+ERROR_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
+FORMS = [{"cycle", "step_s"}, {"ramp", "per_s"}, {"error"}, {"sequence"}]
+
+
+def check_literal(where, v):
+    if isinstance(v, bool) or v is None:
+        raise ValueError(f"{where}: literal must be a number, string, list or object: {v!r}")
+    if isinstance(v, list):
+        for i, item in enumerate(v):
+            check_literal(f"{where}[{i}]", item)
+    elif isinstance(v, dict):
+        for k, item in v.items():
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) or k in {"cycle", "ramp", "error",
+                                                                     "sequence"}:
+                raise ValueError(f"{where}: bad struct attribute {k!r}")
+            check_literal(f"{where}.{k}", item)
+
+
+def check_value(where, v):
+    if isinstance(v, dict) and set(v) & {"cycle", "ramp", "error", "sequence", "step_s", "per_s"}:
+        if set(v) not in FORMS:
+            raise ValueError(f"{where}: keys {sorted(v)} are not one value form")
+        if "cycle" in v:
+            if not v["cycle"] or not isinstance(v["step_s"], (int, float)) or v["step_s"] <= 0:
+                raise ValueError(f"{where}: bad cycle")
+            for i, item in enumerate(v["cycle"]):
+                check_literal(f"{where}.cycle[{i}]", item)
+        elif "ramp" in v:
+            if not all(isinstance(v[k], int) and not isinstance(v[k], bool)
+                       for k in ("ramp", "per_s")):
+                raise ValueError(f"{where}: ramp/per_s must be integers")
+        elif "error" in v:
+            if not (isinstance(v["error"], int) or ERROR_NAME.match(str(v["error"]))):
+                raise ValueError(f"{where}: bad error name {v['error']!r}")
+        else:
+            raise ValueError(f"{where}: sequence not used by these generators")
+    else:
+        check_literal(where, v)
+
+
+def validate(name, doc):
+    if set(doc) - TOP_KEYS:
+        raise ValueError(f"{name}: unknown top-level keys {sorted(set(doc) - TOP_KEYS)}")
+    uuids = set()
+    for gi, g in enumerate(doc["gpus"]):
+        where = f"{name}: gpus[{gi}]"
+        if set(g) - GPU_KEYS:
+            raise ValueError(f"{where}: unknown keys {sorted(set(g) - GPU_KEYS)}")
+        if not UUID.match(g["uuid"]) or g["uuid"] in uuids:
+            raise ValueError(f"{where}: bad or duplicate uuid {g['uuid']}")
+        uuids.add(g["uuid"])
+        if not BUS_ID.match(g["pci_bus_id"]):
+            raise ValueError(f"{where}: bad pci_bus_id {g['pci_bus_id']}")
+        for k, v in g["values"].items():
+            if not VALUE_KEY.match(k):
+                raise ValueError(f"{where}: bad values key {k!r}")
+            check_value(f"{where}.values[{k}]", v)
+        for k, v in g["fields"].items():
+            if not FIELD_KEY.match(k):
+                raise ValueError(f"{where}: bad fields key {k!r}")
+            check_value(f"{where}.fields[{k}]", v)
+        if not ERROR_NAME.match(g["default_field_error"]):
+            raise ValueError(f"{where}: bad default_field_error")
+
+
+def main(argv):
+    check = "--check" in argv
+    stale = []
+    for fname, make in SCENARIOS.items():
+        doc = make()
+        validate(fname, doc)
+        text = render(doc)
+        validate(fname, json.loads(text))
+        path = HERE / fname
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(fname)
+        else:
+            path.write_text(text)
+    if stale:
+        print("stale (re-run generate.py): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
