@@ -1,0 +1,463 @@
+"""Pod attribution client against a real gRPC server on a unix socket.
+
+The server implements ``v1.PodResourcesLister`` from our own proto/podresources/v1/api.proto (the
+generated servicer), the same wire contract the kubelet serves. Nothing about gRPC is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.podresources import (
+    PodRef,
+    PodResourcesClient,
+    PodResourcesError,
+    gpu_uuid_from_device_id,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+grpc = pytest.importorskip("grpc", reason="grpcio not installed (nvgpu-exporter[kubernetes])")
+from exporter.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: E402
+
+GPU_A = "GPU-0b3c5d7e-1111-2222-3333-444455556666"
+GPU_B = "GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff"  # time-sliced: two pods
+GPU_C = "GPU-12345678-abcd-ef01-2345-6789abcdef01"  # time-sliced, renamed nvidia.com/gpu.shared
+MIG_D = "MIG-5c1e2f3a-7b8c-5d9e-a0b1-c2d3e4f5a6b7"  # MIG "mixed" strategy
+
+
+def _devices(resource: str, *ids: str, numa: int | None = None) -> Any:
+    topology = None
+    if numa is not None:
+        topology = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=numa)])
+    return api_pb2.ContainerDevices(resource_name=resource, device_ids=list(ids), topology=topology)
+
+
+def _pod(namespace: str, name: str, **containers: list[Any]) -> Any:
+    return api_pb2.PodResources(
+        namespace=namespace,
+        name=name,
+        containers=[
+            api_pb2.ContainerResources(name=cname, devices=devs)
+            for cname, devs in containers.items()
+        ],
+    )
+
+
+# A node with: a whole GPU; a GPU time-sliced between two pods; a GPU time-sliced under the
+# renamed resource with two replicas in one container; a MIG device; a pod with a sidecar and no
+# GPU; a CPU-only pod; an NVIDIA network device (PCI address, not a GPU) and a foreign resource.
+NODE_PODS = [
+    _pod("ml", "trainer-0", main=[_devices("nvidia.com/gpu", GPU_A, numa=0)], sidecar=[]),
+    _pod("ml", "notebook-1", jupyter=[_devices("nvidia.com/gpu", f"{GPU_B}::0")]),
+    _pod("research", "notebook-2", jupyter=[_devices("nvidia.com/gpu", f"{GPU_B}::1")]),
+    _pod(
+        "batch", "sweep-7", worker=[_devices("nvidia.com/gpu.shared", f"{GPU_C}::2", f"{GPU_C}::5")]
+    ),
+    _pod("infer", "small-0", server=[_devices("nvidia.com/mig-1g.18gb", MIG_D, numa=1)]),
+    _pod("kube-system", "coredns-abc", coredns=[]),
+    _pod(
+        "net",
+        "sriov-0",
+        app=[_devices("nvidia.com/hostdev", "0000:3b:00.2"), _devices("example.com/fpga", "fpga0")],
+    ),
+]
+
+ALLOCATABLE = [
+    _devices("nvidia.com/gpu", GPU_A, *(f"{GPU_B}::{i}" for i in range(4))),
+    _devices("nvidia.com/gpu.shared", *(f"{GPU_C}::{i}" for i in range(8))),
+    _devices("nvidia.com/mig-1g.18gb", MIG_D),
+    _devices("example.com/fpga", "fpga0"),
+]
+
+
+class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    """The PodResourcesLister service with canned answers and optional behaviours."""
+
+    def __init__(
+        self,
+        pods: list[Any],
+        allocatable: list[Any] | None = None,
+        allocatable_error: tuple[Any, str] | None = None,
+        list_hook: Callable[[], None] | None = None,
+    ) -> None:
+        self.pods = pods
+        self.allocatable = allocatable
+        self.allocatable_error = allocatable_error
+        self.list_hook = list_hook
+        self.list_calls = 0
+
+    def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
+        self.list_calls += 1
+        if self.list_hook is not None:
+            self.list_hook()
+        return api_pb2.ListPodResourcesResponse(pod_resources=self.pods)
+
+    def GetAllocatableResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+        if self.allocatable_error is not None:
+            code, details = self.allocatable_error
+            context.abort(code, details)
+        if self.allocatable is None:
+            # The generated base class answers UNIMPLEMENTED, as a kubelet before 1.21 does.
+            return super().GetAllocatableResources(request, context)
+        return api_pb2.AllocatableResourcesResponse(devices=self.allocatable)
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    # Short path: a unix socket path is limited to 107 bytes, pytest's tmp_path can be longer.
+    path = Path(tempfile.mkdtemp(prefix="podres-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Servers:
+    """Real gRPC servers on unix sockets in one temporary directory, stopped at teardown."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.running: list[Any] = []
+
+    def __call__(self, servicer: FakeKubelet, name: str = "kubelet.sock") -> str:
+        path = str(self.directory / name)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+        assert server.add_insecure_port(f"unix://{path}") != 0
+        server.start()
+        self.running.append(server)
+        return path
+
+    def stop_all(self) -> None:
+        while self.running:
+            self.running.pop().stop(grace=None).wait(5)
+
+
+@pytest.fixture
+def serve(sock_dir: Path) -> Iterator[Servers]:
+    servers = Servers(sock_dir)
+    yield servers
+    servers.stop_all()
+
+
+def test_list_maps_each_gpu_uuid_to_its_containers(serve: Servers) -> None:
+    path = serve(FakeKubelet(NODE_PODS))
+    with PodResourcesClient(path, timeout_s=5) as client:
+        got = client.list_gpu_assignments()
+    assert got == {
+        GPU_A: (PodRef("ml", "trainer-0", "main"),),
+        GPU_B: (PodRef("ml", "notebook-1", "jupyter"), PodRef("research", "notebook-2", "jupyter")),
+        GPU_C: (PodRef("batch", "sweep-7", "worker"),),
+        MIG_D: (PodRef("infer", "small-0", "server"),),
+    }
+    assert list(got) == sorted(got)
+
+
+def test_list_on_an_idle_node_is_empty(serve: Servers) -> None:
+    path = serve(FakeKubelet([_pod("kube-system", "coredns-abc", coredns=[])]))
+    with PodResourcesClient(path, timeout_s=5) as client:
+        assert client.list_gpu_assignments() == {}
+
+
+def test_allocatable_counts_replicas_per_uuid(serve: Servers) -> None:
+    path = serve(FakeKubelet(NODE_PODS, allocatable=ALLOCATABLE))
+    with PodResourcesClient(path, timeout_s=5) as client:
+        assert client.allocatable_gpus() == {GPU_A: 1, GPU_B: 4, GPU_C: 8, MIG_D: 1}
+
+
+def test_allocatable_unimplemented_is_none(serve: Servers) -> None:
+    path = serve(FakeKubelet(NODE_PODS, allocatable=None))
+    with PodResourcesClient(path, timeout_s=5) as client:
+        assert client.allocatable_gpus() is None
+        # List still works on the same channel.
+        assert GPU_A in client.list_gpu_assignments()
+
+
+def test_allocatable_disabled_by_feature_gate_is_none(serve: Servers) -> None:
+    # Kubernetes 1.21-1.27 with KubeletPodResourcesGetAllocatable=false.
+    error = (grpc.StatusCode.UNKNOWN, "Pod Resources API GetAllocatableResources disabled")
+    path = serve(FakeKubelet(NODE_PODS, allocatable_error=error))
+    with PodResourcesClient(path, timeout_s=5) as client:
+        assert client.allocatable_gpus() is None
+
+
+def test_allocatable_other_errors_raise(serve: Servers) -> None:
+    error = (grpc.StatusCode.INTERNAL, "boom")
+    path = serve(FakeKubelet(NODE_PODS, allocatable_error=error))
+    with PodResourcesClient(path, timeout_s=5) as client, pytest.raises(PodResourcesError) as err:
+        client.allocatable_gpus()
+    assert err.value.reason == "rpc_error"
+    assert "INTERNAL" in str(err.value) and "boom" in str(err.value)
+
+
+def test_missing_socket_is_one_clear_error(sock_dir: Path) -> None:
+    path = str(sock_dir / "kubelet.sock")
+    with PodResourcesClient(path, timeout_s=1) as client, pytest.raises(PodResourcesError) as err:
+        client.list_gpu_assignments()
+    assert err.value.reason == "socket_missing"
+    assert err.value.socket_path == path
+    message = str(err.value)
+    assert path in message and "does not exist" in message
+    assert "/var/lib/kubelet/pod-resources" in message  # says what to mount
+
+
+def test_regular_file_is_not_a_socket(sock_dir: Path) -> None:
+    path = sock_dir / "kubelet.sock"
+    path.write_text("")
+    with (
+        PodResourcesClient(str(path), timeout_s=1) as client,
+        pytest.raises(PodResourcesError) as e,
+    ):
+        client.list_gpu_assignments()
+    assert e.value.reason == "not_a_socket"
+
+
+def test_stale_socket_without_listener_is_unavailable(sock_dir: Path) -> None:
+    # A kubelet that died leaves its socket file behind; connect() is refused.
+    path = str(sock_dir / "kubelet.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    s.close()
+    with PodResourcesClient(path, timeout_s=2) as client, pytest.raises(PodResourcesError) as err:
+        client.list_gpu_assignments()
+    assert err.value.reason == "unavailable"
+    assert "kubelet not reachable" in str(err.value)
+
+
+def test_slow_kubelet_times_out(serve: Servers) -> None:
+    release = threading.Event()
+    path = serve(FakeKubelet(NODE_PODS, list_hook=lambda: release.wait(10)))
+    try:
+        with PodResourcesClient(path, timeout_s=0.3) as client:
+            with pytest.raises(PodResourcesError) as err:
+                client.list_gpu_assignments()
+    finally:
+        release.set()
+    assert err.value.reason == "timeout"
+    assert "did not answer within 0.3 s" in str(err.value)
+
+
+def test_restarted_kubelet_is_reached_again(serve: Servers) -> None:
+    path = serve(FakeKubelet(NODE_PODS[:1]))
+    client = PodResourcesClient(path, timeout_s=2)
+    try:
+        assert list(client.list_gpu_assignments()) == [GPU_A]
+        # The kubelet stops: its socket goes away (or is left behind, refusing connections).
+        serve.stop_all()
+        if os.path.exists(path):
+            with pytest.raises(PodResourcesError) as err:
+                client.list_gpu_assignments()
+            assert err.value.reason == "unavailable"
+            os.unlink(path)
+        with pytest.raises(PodResourcesError) as err:
+            client.list_gpu_assignments()
+        assert err.value.reason == "socket_missing"
+        # A new kubelet binds the same path: the very next call reaches it, with no reconnect
+        # backoff inherited from the dead connection.
+        serve(FakeKubelet(NODE_PODS[4:5]))
+        assert list(client.list_gpu_assignments()) == [MIG_D]
+    finally:
+        client.close()
+
+
+# Runs in a child process: builds the client (imports grpc), then, when started as root, drops
+# to uid/gid 65534 the way a non-root container runs, and calls List.
+_PERMISSION_PROBE = """
+import os, sys
+from exporter.podresources import PodResourcesClient, PodResourcesError
+client = PodResourcesClient(sys.argv[1], timeout_s=2)
+if os.geteuid() == 0:
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+try:
+    client.list_gpu_assignments()
+except PodResourcesError as exc:
+    print(exc.reason)
+    print(exc)
+else:
+    print("connected")
+import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("kernel: EACCES")
+else:
+    print("kernel: connected")
+"""
+
+
+def test_socket_not_writable_by_this_uid_is_permission_denied(serve: Servers) -> None:
+    """The kubelet's socket is root-owned; a non-root exporter cannot connect() to it."""
+    path = serve(FakeKubelet(NODE_PODS))
+    # As root: a root-owned socket, mode 0755, and a client that becomes uid 65534 (the cluster's
+    # situation). As another user: our own socket with no permissions at all.
+    os.chmod(path, 0o755 if os.geteuid() == 0 else 0o000)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PERMISSION_PROBE, path],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    reason, message, kernel = proc.stdout.splitlines()[:3]
+    assert reason == "permission_denied", proc.stdout
+    assert "uid" in message and "root-owned" in message
+    # The premise of the check: the kernel itself refuses connect() to this socket.
+    assert kernel == "kernel: EACCES"
+
+
+def test_without_grpc_the_package_imports_and_reports_unsupported() -> None:
+    code = """
+import sys
+sys.modules["grpc"] = None  # as if grpcio were not installed
+import exporter.podresources as pr
+assert "grpc" not in [m for m in sys.modules if sys.modules[m] is not None], "grpc imported"
+reason = pr.unsupported_reason()
+assert reason is not None and "nvgpu-exporter[kubernetes]" in reason, reason
+try:
+    pr.PodResourcesClient("/nonexistent.sock", 1)
+except pr.PodResourcesUnsupported as exc:
+    print("unsupported:", exc)
+else:
+    raise SystemExit("client built without grpc")
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("unsupported: pod attribution needs grpcio and protobuf")
+
+
+def test_importing_the_package_does_not_import_grpc() -> None:
+    code = "import sys, exporter.podresources; print('grpc' in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert proc.stdout.strip() == "False", proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("device_id", "expected"),
+    [
+        (GPU_A, GPU_A),
+        (f"{GPU_B}::0", GPU_B),
+        (f"{GPU_B}::17", GPU_B),
+        (MIG_D, MIG_D),
+        (f"{MIG_D}::1", MIG_D),  # time-sliced MIG device
+        (
+            "MIG-GPU-0b3c5d7e-1111-2222-3333-444455556666/1/0",
+            "MIG-GPU-0b3c5d7e-1111-2222-3333-444455556666/1/0",
+        ),
+        ("0", None),  # deviceIDStrategy=index
+        ("0:1", None),  # index strategy, MIG
+        ("0000:3b:00.2", None),  # a PCI address (network device)
+        (f"{GPU_A}::x", f"{GPU_A}::x"),  # not a replica number: left alone
+    ],
+)
+def test_device_id_to_uuid(device_id: str, expected: str | None) -> None:
+    assert gpu_uuid_from_device_id(device_id) == expected
+
+
+def test_client_rejects_non_positive_timeout() -> None:
+    with pytest.raises(ValueError):
+        PodResourcesClient("/x.sock", timeout_s=0)
+
+
+# -- the generated modules and the extra that must load them -----------------------------------
+
+
+def _extra_requirements() -> dict[str, Any]:
+    tomllib = pytest.importorskip("tomllib", reason="Python < 3.11")
+    requirements = pytest.importorskip("packaging.requirements")
+    data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    extra = data["project"]["optional-dependencies"]["kubernetes"]
+    reqs = [requirements.Requirement(r) for r in extra]
+    return {r.name.lower(): r for r in reqs}
+
+
+def test_kubernetes_extra_admits_the_generated_code_versions() -> None:
+    reqs = _extra_requirements()
+    assert {"grpcio", "protobuf"} <= set(reqs), reqs
+    pb2_text = (REPO / "exporter/podresources/v1/api_pb2.py").read_text(encoding="utf-8")
+    match = re.search(
+        r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,\s*"
+        r"(\d+),\s*(\d+),\s*(\d+),",
+        pb2_text,
+    )
+    assert match, "generated api_pb2.py has no runtime version check"
+    gencode = tuple(int(x) for x in match.groups())
+    grpc_text = (REPO / "exporter/podresources/v1/api_pb2_grpc.py").read_text(encoding="utf-8")
+    gen_grpc = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", grpc_text)
+    assert gen_grpc
+
+    def lowest(req: Any) -> tuple[int, ...]:
+        bounds = [s.version for s in req.specifier if s.operator in (">=", "==", "~=")]
+        assert bounds, f"{req} has no lower bound"
+        return max(tuple(int(p) for p in b.split(".")) for b in bounds)
+
+    # protobuf: runtime must not be older than the gencode and must be of the same major.
+    assert lowest(reqs["protobuf"]) >= gencode, (reqs["protobuf"], gencode)
+    assert f"{gencode[0] + 1}.0.0" not in reqs["protobuf"].specifier
+    # grpcio: the generated module raises if grpcio is older than the grpcio-tools used.
+    assert lowest(reqs["grpcio"]) >= tuple(int(p) for p in gen_grpc.group(1).split("."))
+
+
+def test_installed_runtimes_load_the_generated_modules() -> None:
+    reqs = _extra_requirements()
+    import google.protobuf
+
+    assert reqs["protobuf"].specifier.contains(google.protobuf.__version__), (
+        f"installed protobuf {google.protobuf.__version__} is outside the extra's "
+        f"{reqs['protobuf'].specifier}"
+    )
+    assert api_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"].full_name == (
+        "v1.PodResourcesLister"
+    )
+
+
+def test_generated_modules_match_the_proto() -> None:
+    pytest.importorskip("grpc_tools", reason="grpcio-tools not installed")
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter.podresources.regenerate", "--check"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_wire_contract_matches_the_kubelet_api() -> None:
+    """Names and field numbers the kubelet sends: a typo here silently yields empty messages."""
+    d = api_pb2.DESCRIPTOR
+    service = d.services_by_name["PodResourcesLister"]
+    assert [m.name for m in service.methods] == ["List", "GetAllocatableResources"]
+    assert d.package == "v1"
+
+    def fields(message: str) -> dict[str, int]:
+        return {f.name: f.number for f in d.message_types_by_name[message].fields}
+
+    assert fields("ListPodResourcesResponse") == {"pod_resources": 1}
+    assert fields("PodResources") == {"name": 1, "namespace": 2, "containers": 3}
+    assert fields("ContainerResources") == {"name": 1, "devices": 2}
+    assert fields("ContainerDevices") == {"resource_name": 1, "device_ids": 2, "topology": 3}
+    assert fields("TopologyInfo") == {"nodes": 1}
+    assert fields("NUMANode") == {"ID": 1}
+    assert fields("AllocatableResourcesResponse") == {"devices": 1}
