@@ -1,0 +1,156 @@
+"""Command line: ``nvgpu-exporter`` (serve), ``selfcheck``, ``quarantine``; ``--check-config``.
+
+Exit codes: 0 ok, 1 unexpected error, 2 bad configuration (every problem listed, nothing
+started), 3 strict self-check refused to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from exporter import __version__, protocol
+from exporter.config import SETTINGS, Config, ConfigError
+
+log = logging.getLogger("exporter")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nvgpu-exporter",
+        description="Prometheus exporter for NVIDIA GPUs with a supervised NVML worker. Every flag has an "
+        "NVGPU_* environment variable; flags win. Features: NVGPU_FEATURE_<NAME>=auto|on|off.",
+    )
+    p.add_argument("--version", action="version", version=f"nvgpu-exporter {__version__}")
+    p.add_argument("--check-config", action="store_true", help="print every configuration problem and exit 2, or exit 0")
+    for s in SETTINGS:
+        p.add_argument(s.flag, dest=s.attr, default=None, metavar="VALUE", help=f"{s.help} [{s.env}]")
+    sub = p.add_subparsers(dest="command")
+    sc = sub.add_parser("selfcheck", help="check the modules the supervisor and a real worker import")
+    sc.add_argument("--json", action="store_true", help="print JSON")
+    sc.add_argument("--strict", action="store_true", help="exit 3 on any problem")
+    q = sub.add_parser("quarantine", help="list or clear crash quarantines in the state file")
+    g = q.add_mutually_exclusive_group()
+    g.add_argument("--clear", metavar="FEATURE", help="clear one feature's quarantine")
+    g.add_argument("--clear-all", action="store_true", help="clear every quarantine")
+    return p
+
+
+def _config(args: argparse.Namespace) -> Config:
+    flags = {s.attr: getattr(args, s.attr) for s in SETTINGS if getattr(args, s.attr, None) is not None}
+    return Config.from_env(os.environ, flags)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script and ``python -m exporter``."""
+    args = _parser().parse_args(argv)
+    if args.command == "selfcheck":
+        from exporter import selfcheck
+
+        return selfcheck.command(args.json, args.strict)
+    try:
+        config = _config(args)
+    except ConfigError as exc:
+        print(f"nvgpu-exporter: {len(exc.problems)} configuration problem(s):", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return protocol.EXIT_CONFIG
+    if args.check_config:
+        print("configuration ok:")
+        for line in config.describe():
+            print(f"  {line}")
+        return protocol.EXIT_OK
+    if args.command == "quarantine":
+        return _quarantine(config, args)
+    from exporter import logs
+
+    logs.setup(config.log_level, config.log_format)
+    try:
+        return asyncio.run(serve(config))
+    except KeyboardInterrupt:
+        return protocol.EXIT_OK
+
+
+def _quarantine(config: Config, args: argparse.Namespace) -> int:
+    from exporter.quarantine import QuarantineStore
+
+    store = QuarantineStore(config.state_file, config.quarantine_after, config.quarantine_window_s, config.quarantine_ttl_s)
+    if args.clear or args.clear_all:
+        cleared = store.clear(None if args.clear_all else args.clear)
+        print(f"cleared: {', '.join(cleared) or 'nothing'} (state file {config.state_file or '(none)'}); restart the exporter")
+        return protocol.EXIT_OK
+    details = store.details()
+    if not details:
+        print("no feature is quarantined")
+    for feature, detail in details.items():
+        print(f"{feature}: {detail}")
+    return protocol.EXIT_OK
+
+
+async def serve(config: Config) -> int:
+    """Run the supervisor and the HTTP server until SIGTERM/SIGINT; returns the exit code."""
+    from aiohttp import web
+
+    from exporter import integrations
+    from exporter.supervisor import Supervisor
+    from exporter.web import Renderer, make_app
+
+    supervisor = Supervisor(config)
+    sup_check = supervisor.selfchecks["supervisor"]
+    for problem in sup_check["problems"]:
+        log.warning("self-check (supervisor): %s", problem)
+    if sup_check["problems"] and config.selfcheck == "strict":
+        log.error("NVGPU_SELFCHECK=strict: refusing to start:\n  %s", "\n  ".join(sup_check["problems"]))
+        supervisor.close()
+        return protocol.EXIT_SELFCHECK
+    if config.selfcheck == "off":
+        supervisor.selfchecks.clear()
+    renderer = Renderer(supervisor)
+    supervisor.on_change = renderer.changed
+    extras = integrations.attach(supervisor, config)
+    app = make_app(supervisor, renderer)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    host, port = config.listen_address
+    site = web.TCPSite(runner, host or None, port, backlog=4096, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", host or "*", port, exc)
+        await runner.cleanup()
+        supervisor.close()
+        return protocol.EXIT_ERROR
+    log.info("nvgpu-exporter %s listening on %s:%d (NVML backend %s, sample interval %g s, stale after %g s)",
+             __version__, host or "*", port, config.nvml_backend, config.interval_s, config.stale_s)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    task = asyncio.ensure_future(supervisor.run())
+    app["supervisor_task"] = task
+    extra_tasks = [asyncio.ensure_future(t) for t in extras]
+    stop_wait = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("stopping: draining the worker (at most %g s)", config.shutdown_timeout_s)
+    await supervisor.stop()
+    try:
+        await asyncio.wait_for(asyncio.shield(task), timeout=config.shutdown_timeout_s)
+    except asyncio.TimeoutError:
+        log.error("the worker did not stop within %g s", config.shutdown_timeout_s)
+    except Exception:  # noqa: BLE001 - report and exit non-zero below
+        log.exception("supervisor loop failed")
+    for t in extra_tasks:
+        t.cancel()
+    stop_wait.cancel()
+    await runner.cleanup()
+    supervisor.close()
+    if supervisor.fatal_exit is not None:
+        return supervisor.fatal_exit
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        return protocol.EXIT_ERROR
+    return protocol.EXIT_OK

@@ -1,0 +1,68 @@
+"""NVLink per-link state and error counters.
+
+Sources: nvmlDeviceGetNvLinkState(link), nvmlDeviceGetNvLinkErrorCounter(link, counter:
+NVML_NVLINK_ERROR_DL_REPLAY 0, DL_RECOVERY 1, DL_CRC_FLIT 2, DL_CRC_DATA 3). The links are
+discovered once per worker life by asking link 0, 1, … until the driver answers INVALID_ARGUMENT
+or NOT_SUPPORTED: ``NVML_NVLINK_MAX_LINKS`` is only an upper bound (18 up to nvidia-ml-py 13.595,
+36 from 13.610) and indices past the real count answer INVALID_ARGUMENT (nvml-notes §3.9). This
+feature deliberately avoids the field-value API, whose NVLink throughput path is the one that
+crashed in the incident (that is ``nvlink_throughput``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from exporter.collectors.base import Family, GpuKey
+
+FEATURE = "nvlink"
+MAX_LINKS = 36
+COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))
+
+
+@dataclass(frozen=True)
+class Reading:
+    up: dict[int, int]
+    errors: dict[str, int]  # "<link>/<error_type>" -> count
+
+
+def read(dev: Any) -> Reading | None:
+    links = dev.cache.get("nvlink_links")
+    if links is None:
+        links = []
+        for link in range(MAX_LINKS):
+            state = dev.probe(FEATURE, "nvmlDeviceGetNvLinkState", link)
+            if state is None:
+                break
+            links.append(link)
+        dev.cache["nvlink_links"] = links
+    if not links:
+        return None
+    up: dict[int, int] = {}
+    errs: dict[str, int] = {}
+    for link in links:
+        state = dev.get(FEATURE, "nvmlDeviceGetNvLinkState", link)
+        if state is not None:
+            up[link] = int(bool(state))
+        for name, counter in COUNTERS:
+            value = dev.get(FEATURE, "nvmlDeviceGetNvLinkErrorCounter", link, counter)
+            if value is not None:
+                errs[f"{link}/{name}"] = int(value)
+    return Reading(up, errs) if up or errs else None
+
+
+def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
+    up = Family("nvgpu_nvlink_up", "1 if the NVLink link is active (nvmlDeviceGetNvLinkState)", ("link",))
+    errs = Family("nvgpu_nvlink_errors", "NVLink data-link errors (nvmlDeviceGetNvLinkErrorCounter)", ("link", "error_type"), counter=True)
+    for key, r in samples:
+        for link, state in sorted(r.up.items(), key=lambda kv: int(kv[0])):
+            up.add(key, state, str(link))
+        for name, value in r.errors.items():
+            link, etype = name.split("/")
+            errs.add(key, value, link, etype)
+    yield from up.done()
+    yield from errs.done()

@@ -1,0 +1,59 @@
+"""PCIe link generation and width (current and max) and the replay counter.
+
+Sources: nvmlDeviceGetCurrPcieLinkGeneration, nvmlDeviceGetMaxPcieLinkGeneration (max of device
+and system), nvmlDeviceGetCurrPcieLinkWidth, nvmlDeviceGetMaxPcieLinkWidth,
+nvmlDeviceGetPcieReplayCounter (cumulative). PCIe throughput (nvmlDeviceGetPcieThroughput) is not
+read: it blocks ~21 ms per call sampling a 20 ms window (nvml-notes §3.6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from exporter.collectors.base import Family, GpuKey
+
+FEATURE = "pcie"
+
+
+@dataclass(frozen=True)
+class Reading:
+    generation: int | None
+    max_generation: int | None
+    width: int | None
+    max_width: int | None
+    replay_count: int | None
+
+
+def read(dev: Any) -> Reading | None:
+    static = dev.cache.get("pcie_max")
+    if static is None:
+        static = (dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkGeneration"), dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkWidth"))
+        dev.cache["pcie_max"] = static
+    r = Reading(
+        generation=dev.get(FEATURE, "nvmlDeviceGetCurrPcieLinkGeneration"),
+        max_generation=static[0],
+        width=dev.get(FEATURE, "nvmlDeviceGetCurrPcieLinkWidth"),
+        max_width=static[1],
+        replay_count=dev.get(FEATURE, "nvmlDeviceGetPcieReplayCounter"),
+    )
+    return None if r == Reading(None, None, None, None, None) else r
+
+
+def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
+    gen = Family("nvgpu_pcie_link_generation", "Current PCIe link generation (nvmlDeviceGetCurrPcieLinkGeneration)")
+    mgen = Family("nvgpu_pcie_link_max_generation", "Maximum PCIe link generation of device and system (nvmlDeviceGetMaxPcieLinkGeneration)")
+    width = Family("nvgpu_pcie_link_width", "Current PCIe link width in lanes (nvmlDeviceGetCurrPcieLinkWidth)")
+    mwidth = Family("nvgpu_pcie_link_max_width", "Maximum PCIe link width in lanes (nvmlDeviceGetMaxPcieLinkWidth)")
+    replay = Family("nvgpu_pcie_replay_errors", "PCIe replays (nvmlDeviceGetPcieReplayCounter)", counter=True)
+    for key, r in samples:
+        gen.add(key, r.generation)
+        mgen.add(key, r.max_generation)
+        width.add(key, r.width)
+        mwidth.add(key, r.max_width)
+        replay.add(key, r.replay_count)
+    for fam in (gen, mgen, width, mwidth, replay):
+        yield from fam.done()

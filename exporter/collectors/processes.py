@@ -1,0 +1,54 @@
+"""Compute processes per GPU: count and the memory they use.
+
+Sources: nvmlDeviceGetComputeRunningProcesses_v3, falling back to _v2 when the driver lacks the
+``_v3`` symbol (an old driver under new bindings); when neither exists the feature is
+unsupported. ``usedGpuMemory`` is None (pynvml's translation of NVML_VALUE_NOT_AVAILABLE) or, from
+other paths, 2^64-1 when unknown: such values are not summed, and no value of 2^63 or more is
+exported. Instance ids are 0xFFFFFFFF on a non-MIG GPU and are not exported as labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from exporter.collectors.base import Family, GpuKey
+
+FEATURE = "processes"
+VALUE_NOT_AVAILABLE_LIMIT = 1 << 63  # anything this large is a sentinel, not a byte count
+
+
+@dataclass(frozen=True)
+class Reading:
+    count: int
+    memory_used_bytes: int | None
+
+
+def read(dev: Any) -> Reading | None:
+    procs = dev.first(FEATURE, [
+        ("nvmlDeviceGetComputeRunningProcesses_v3", ()),
+        ("nvmlDeviceGetComputeRunningProcesses_v2", ()),
+    ])
+    if procs is None:
+        return None
+    total = 0
+    known = False
+    for proc in procs:
+        used = getattr(proc, "usedGpuMemory", None)
+        if isinstance(used, int) and 0 <= used < VALUE_NOT_AVAILABLE_LIMIT:
+            total += used
+            known = True
+    return Reading(len(procs), total if known or not procs else None)
+
+
+def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
+    count = Family("nvgpu_compute_processes", "Compute processes on the GPU (nvmlDeviceGetComputeRunningProcesses)")
+    mem = Family("nvgpu_compute_processes_memory_used_bytes", "Memory used by compute processes, where readable (nvmlDeviceGetComputeRunningProcesses)")
+    for key, r in samples:
+        count.add(key, r.count)
+        mem.add(key, r.memory_used_bytes)
+    yield from count.done()
+    yield from mem.done()

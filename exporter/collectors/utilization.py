@@ -1,0 +1,53 @@
+"""Utilization of the GPU, memory controller, encoder and decoder, as 0..1 ratios.
+
+Sources: nvmlDeviceGetUtilizationRates (percent of time over the driver's sample period, 1/6 s to
+1 s by product), nvmlDeviceGetEncoderUtilization / nvmlDeviceGetDecoderUtilization (percent,
+sampling period). All answer NOT_SUPPORTED with MIG enabled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from exporter.collectors.base import Family, GpuKey, percent_to_ratio
+
+FEATURE = "utilization"
+
+
+@dataclass(frozen=True)
+class Reading:
+    gpu_percent: int | None
+    memory_percent: int | None
+    encoder_percent: int | None
+    decoder_percent: int | None
+
+
+def read(dev: Any) -> Reading | None:
+    util = dev.get(FEATURE, "nvmlDeviceGetUtilizationRates")
+    enc = dev.get(FEATURE, "nvmlDeviceGetEncoderUtilization")
+    dec = dev.get(FEATURE, "nvmlDeviceGetDecoderUtilization")
+    r = Reading(
+        gpu_percent=int(util.gpu) if util is not None else None,
+        memory_percent=int(util.memory) if util is not None else None,
+        encoder_percent=int(enc[0]) if enc is not None else None,
+        decoder_percent=int(dec[0]) if dec is not None else None,
+    )
+    return None if r == Reading(None, None, None, None) else r
+
+
+def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
+    gpu = Family("nvgpu_gpu_utilization_ratio", "Fraction of time one or more kernels ran (nvmlDeviceGetUtilizationRates.gpu)")
+    mem = Family("nvgpu_memory_utilization_ratio", "Fraction of time device memory was read or written (nvmlDeviceGetUtilizationRates.memory)")
+    enc = Family("nvgpu_encoder_utilization_ratio", "Video encoder utilization (nvmlDeviceGetEncoderUtilization)")
+    dec = Family("nvgpu_decoder_utilization_ratio", "Video decoder utilization (nvmlDeviceGetDecoderUtilization)")
+    for key, r in samples:
+        gpu.add(key, None if r.gpu_percent is None else percent_to_ratio(r.gpu_percent))
+        mem.add(key, None if r.memory_percent is None else percent_to_ratio(r.memory_percent))
+        enc.add(key, None if r.encoder_percent is None else percent_to_ratio(r.encoder_percent))
+        dec.add(key, None if r.decoder_percent is None else percent_to_ratio(r.decoder_percent))
+    for fam in (gpu, mem, enc, dec):
+        yield from fam.done()

@@ -1,0 +1,286 @@
+"""Configuration: ``NVGPU_*`` environment variables and flags -> one frozen :class:`Config`.
+
+:meth:`Config.from_env` is the one reader of the environment. Flags override variables. Parsing is
+strict (``NVGPU_LOG_FORMAT=jsn`` is an error, not a default), durations are float seconds with
+``_SECONDS`` in the variable name, and every problem is reported together in one
+:class:`ConfigError` before anything starts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from guards import features as gf
+
+DEFAULT_PORT = 19400
+DEFAULT_LISTEN = f":{DEFAULT_PORT}"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class ConfigError(ValueError):
+    """Every configuration problem, one per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One option: its variable, flag, default (as text) and parser."""
+
+    attr: str
+    env: str
+    flag: str
+    default: str
+    parse: Callable[[str, str], Any]
+    help: str
+
+
+def _duration(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected seconds as a number, e.g. 5 or 0.5") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={text!r}: expected a positive, finite number of seconds")
+    return value
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected a positive integer") from None
+    if value <= 0:
+        raise ValueError(f"{name}={text!r}: expected a positive integer")
+    return value
+
+
+def _non_negative_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected a non-negative integer (bytes)") from None
+    if value < 0:
+        raise ValueError(f"{name}={text!r}: expected a non-negative integer (bytes)")
+    return value
+
+
+def _ratio(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected a ratio between 0 and 1") from None
+    if not 0 < value <= 1:
+        raise ValueError(f"{name}={text!r}: expected a ratio in (0, 1]")
+    return value
+
+
+def _bool(name: str, text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{name}={text!r}: expected true or false")
+
+
+def _choice(*choices: str, upper: bool = False) -> Callable[[str, str], str]:
+    def parse(name: str, text: str) -> str:
+        value = text.strip().upper() if upper else text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"{name}={text!r}: expected one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def parse_listen_address(name: str, text: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port`` -> (host, port)."""
+    text = text.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"{name}={text!r}: expected host:port, e.g. :{DEFAULT_PORT} or 127.0.0.1:{DEFAULT_PORT}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{name}={text!r}: {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ValueError(f"{name}={text!r}: write IPv6 addresses in brackets, e.g. [::1]:{DEFAULT_PORT}")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"{name}={text!r}: port must be 1-65535")
+    return host, int(port_text)
+
+
+def _backend(name: str, text: str) -> str:
+    text = text.strip()
+    if text == "nvml":
+        return text
+    if text.startswith("fake:"):
+        path = text[len("fake:") :]
+        if not path:
+            raise ValueError(f"{name}={text!r}: expected fake:<scenario file>")
+        if not os.path.isfile(path):
+            raise ValueError(f"{name}={text!r}: scenario file {path!r} does not exist")
+        return "fake:" + os.path.abspath(path)
+    raise ValueError(f"{name}={text!r}: expected 'nvml' or 'fake:<scenario file>'")
+
+
+def _path(name: str, text: str) -> str:
+    return text.strip()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("listen_address", "NVGPU_LISTEN_ADDRESS", "--listen-address", DEFAULT_LISTEN, parse_listen_address,
+            "host:port to serve on; ':19400' is every interface"),
+    Setting("interval_s", "NVGPU_SAMPLE_INTERVAL_SECONDS", "--sample-interval", "5", _duration,
+            "seconds between NVML samples"),
+    Setting("stale_s", "NVGPU_STALE_AFTER_SECONDS", "--stale-after", "", _duration,
+            "drop GPU series older than this (default: 3 sample intervals)"),
+    Setting("sample_deadline_s", "NVGPU_SAMPLE_DEADLINE_SECONDS", "--sample-deadline", "", _duration,
+            "a sample not finished after this many seconds means the worker hung (default: 2 intervals, at least 10)"),
+    Setting("init_deadline_s", "NVGPU_INIT_DEADLINE_SECONDS", "--init-deadline", "60", _duration,
+            "time nvmlInit and enumeration may take before the worker counts as hung"),
+    Setting("log_level", "NVGPU_LOG_LEVEL", "--log-level", "INFO", _choice(*LOG_LEVELS, upper=True), "log level"),
+    Setting("log_format", "NVGPU_LOG_FORMAT", "--log-format", "text", _choice("text", "json"), "text or json"),
+    Setting("nvml_backend", "NVGPU_NVML_BACKEND", "--nvml-backend", "nvml", _backend,
+            "'nvml' (the real library) or 'fake:<scenario.json>'"),
+    Setting("state_file", "NVGPU_STATE_FILE", "--state-file", "/var/lib/nvgpu-exporter/state.json", _path,
+            "quarantine state that survives restarts; empty disables"),
+    Setting("quarantine_after", "NVGPU_QUARANTINE_AFTER", "--quarantine-after", "3", _positive_int,
+            "crashes or hangs in one feature within the window that quarantine it"),
+    Setting("quarantine_window_s", "NVGPU_QUARANTINE_WINDOW_SECONDS", "--quarantine-window", "600", _duration,
+            "window for counting crashes of a feature"),
+    Setting("quarantine_ttl_s", "NVGPU_QUARANTINE_TTL_SECONDS", "--quarantine-ttl", "86400", _duration,
+            "a quarantine expires after this, so a fixed driver is retried"),
+    Setting("backoff_initial_s", "NVGPU_RESTART_BACKOFF_SECONDS", "--restart-backoff", "1", _duration,
+            "first delay before restarting a dead worker; doubles each time"),
+    Setting("backoff_max_s", "NVGPU_RESTART_BACKOFF_MAX_SECONDS", "--restart-backoff-max", "60", _duration,
+            "longest delay between worker restarts"),
+    Setting("shutdown_timeout_s", "NVGPU_SHUTDOWN_TIMEOUT_SECONDS", "--shutdown-timeout", "10", _duration,
+            "on SIGTERM, how long the worker may take to drain before it is killed"),
+    Setting("selfcheck", "NVGPU_SELFCHECK", "--selfcheck", "warn", _choice("warn", "strict", "off"),
+            "warn: log and export; strict: refuse to start on a problem; off"),
+    Setting("kmsg_path", "NVGPU_KMSG_PATH", "--kmsg-path", "/dev/kmsg", _path, "kernel log for the kernel_xid feature"),
+    Setting("kmsg_cursor_file", "NVGPU_KMSG_CURSOR_FILE", "--kmsg-cursor-file", "", _path,
+            "cursor for the kernel log (default: next to the state file)"),
+    Setting("pod_resources_socket", "NVGPU_POD_RESOURCES_SOCKET", "--pod-resources-socket",
+            "/var/lib/kubelet/pod-resources/kubelet.sock", _path, "kubelet PodResources v1 socket"),
+    Setting("pod_labels", "NVGPU_POD_LABELS", "--pod-labels", "false", _bool,
+            "add namespace/pod/container labels to per-GPU series"),
+    Setting("pod_refresh_s", "NVGPU_POD_REFRESH_SECONDS", "--pod-refresh", "15", _duration,
+            "how often to ask the kubelet for pod assignments"),
+    Setting("stuck_utilization", "NVGPU_STUCK_UTILIZATION_RATIO", "--stuck-utilization", "0.99", _ratio,
+            "stuck-context signature: utilization at or above this"),
+    Setting("stuck_memory_bytes", "NVGPU_STUCK_MEMORY_BYTES", "--stuck-memory-bytes", "67108864", _non_negative_int,
+            "stuck-context signature: memory used at or below this"),
+    Setting("stuck_after_s", "NVGPU_STUCK_AFTER_SECONDS", "--stuck-after", "60", _duration,
+            "stuck-context signature: how long the conditions must hold"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the exporter needs, parsed and checked. See :data:`SETTINGS` for meanings."""
+
+    listen_address: tuple[str, int] = ("", DEFAULT_PORT)
+    interval_s: float = 5.0
+    stale_s: float = 15.0
+    sample_deadline_s: float = 10.0
+    init_deadline_s: float = 60.0
+    log_level: str = "INFO"
+    log_format: str = "text"
+    nvml_backend: str = "nvml"
+    state_file: str = ""
+    quarantine_after: int = 3
+    quarantine_window_s: float = 600.0
+    quarantine_ttl_s: float = 86400.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    shutdown_timeout_s: float = 10.0
+    selfcheck: str = "warn"
+    kmsg_path: str = "/dev/kmsg"
+    kmsg_cursor_file: str = ""
+    pod_resources_socket: str = ""
+    pod_labels: bool = False
+    pod_refresh_s: float = 15.0
+    stuck_utilization: float = 0.99
+    stuck_memory_bytes: int = 64 << 20
+    stuck_after_s: float = 60.0
+    feature_modes: Mapping[str, gf.Mode] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], flags: Mapping[str, str] | None = None) -> Config:
+        """Build the configuration.
+
+        Args:
+            environ: the process environment (only ``NVGPU_*`` keys are read).
+            flags: command-line values by attribute name; they override the environment.
+
+        Raises:
+            ConfigError: with every problem found (unknown ``NVGPU_*`` variables included).
+        """
+        flags = flags or {}
+        problems: list[str] = []
+        values: dict[str, Any] = {}
+        for s in SETTINGS:
+            source = s.flag if s.attr in flags else s.env
+            text = flags.get(s.attr, environ.get(s.env, s.default))
+            if text == "" and s.default == "":
+                continue  # derived below
+            try:
+                values[s.attr] = s.parse(source, text)
+            except ValueError as exc:
+                problems.append(str(exc))
+        modes, feature_problems = gf.parse_feature_env(environ)
+        problems.extend(feature_problems)
+        known = {s.env for s in SETTINGS} | {"NVGPU_FAKE_EPOCH", "NVGPU_WORKER_CONFIG", "NVGPU_WORKER_FD", "NVGPU_BREADCRUMB_FD"}
+        for key in sorted(environ):
+            if key.startswith("NVGPU_") and not key.startswith("NVGPU_FEATURE_") and key not in known:
+                import difflib
+
+                close = difflib.get_close_matches(key, sorted(known - {"NVGPU_FAKE_EPOCH"}), n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                problems.append(f"{key}: unknown variable{hint}")
+        interval = values.get("interval_s", 5.0)
+        values.setdefault("stale_s", 3 * interval)
+        values.setdefault("sample_deadline_s", max(10.0, 2 * interval))
+        if "stale_s" in values and values["stale_s"] < interval:
+            problems.append(f"NVGPU_STALE_AFTER_SECONDS={values['stale_s']}: must be at least the sample interval ({interval})")
+        if values.get("backoff_max_s", 60.0) < values.get("backoff_initial_s", 1.0):
+            problems.append("NVGPU_RESTART_BACKOFF_MAX_SECONDS must be at least NVGPU_RESTART_BACKOFF_SECONDS")
+        if problems:
+            raise ConfigError(problems)
+        return cls(feature_modes=modes, **values)
+
+    def worker_config(self, quarantined: Mapping[str, str]) -> dict[str, Any]:
+        """The JSON the worker receives."""
+        return {
+            "backend": self.nvml_backend,
+            "interval_s": self.interval_s,
+            "modes": {k: v.value for k, v in self.feature_modes.items()},
+            "quarantined": dict(quarantined),
+            "log_level": self.log_level,
+            "log_format": self.log_format,
+            "drain_s": max(1.0, self.shutdown_timeout_s / 2),
+        }
+
+    def describe(self) -> list[str]:
+        """Effective settings, one ``VAR=value`` line each."""
+        lines = []
+        for s in SETTINGS:
+            value = getattr(self, s.attr)
+            if s.attr == "listen_address":
+                host, port = value
+                value = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            lines.append(f"{s.env}={value}")
+        lines.extend(f"{gf.env_var(k)}={v.value}" for k, v in self.feature_modes.items())
+        return lines

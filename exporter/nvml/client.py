@@ -1,0 +1,223 @@
+"""Every NVML call goes through here.
+
+:class:`NvmlClient` wraps the backend for the worker: before each call it leaves a breadcrumb
+(feature, function, GPU) in shared memory, counts the call, and after an error asks
+:mod:`exporter.nvml.errors` what it means. :class:`DeviceClient` is the per-GPU view collectors use:
+``get`` returns the value, or ``None`` when the reading is missing for a reason that only omits the
+sample (unsupported — cached so the call is never repeated on that GPU —, absent, transient —
+counted —, or a bug — logged with its traceback). A lost GPU raises :class:`DeviceLost`; an
+unusable library raises :class:`NvmlFatal`: the worker's loop decides what happens next.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from exporter.breadcrumb import SLOT_SAMPLER, BreadcrumbWriter
+from exporter.logs import log_once
+from exporter.nvml import errors
+from exporter.nvml.backend import UNPOPULATED, FieldValue
+from exporter.nvml.errors import ErrorClass, NvmlFailure
+
+log = logging.getLogger(__name__)
+
+
+class DeviceLost(Exception):
+    """The GPU answered GPU_IS_LOST (or equivalent): drop it until re-enumeration."""
+
+    def __init__(self, failure: NvmlFailure, function: str) -> None:
+        super().__init__(f"{function}: {failure.message}")
+        self.failure = failure
+        self.function = function
+
+
+class NvmlFatal(Exception):
+    """NVML itself is unusable (driver gone, library mismatch, uninitialised)."""
+
+    def __init__(self, failure: NvmlFailure, function: str) -> None:
+        super().__init__(f"{function}: {failure.message}")
+        self.failure = failure
+        self.function = function
+
+
+class NvmlClient:
+    """Process-wide wrapper: breadcrumbs, call counting, error bookkeeping.
+
+    Args:
+        backend: ``RealNvml`` or ``FakeBackend`` (pynvml-shaped).
+        crumbs: shared-memory breadcrumb writer.
+        slot: breadcrumb slot of the calling thread (sampler by default).
+    """
+
+    def __init__(self, backend: Any, crumbs: BreadcrumbWriter, slot: int = SLOT_SAMPLER) -> None:
+        self.backend = backend
+        self.crumbs = crumbs
+        self.slot = slot
+        self.calls = 0
+        self.errors: Counter[tuple[str, str]] = Counter()  # (feature, error name) -> count
+        self._fns: dict[str, Callable[..., Any]] = {}
+
+    def fork(self, slot: int) -> NvmlClient:
+        """A client for another thread, sharing the backend and breadcrumb memory."""
+        other = NvmlClient(self.backend, self.crumbs, slot)
+        other._fns = self._fns
+        return other
+
+    def _fn(self, name: str) -> Callable[..., Any]:
+        fn = self._fns.get(name)
+        if fn is None:
+            fn = getattr(self.backend, name)  # AttributeError = function not in this binding
+            self._fns[name] = fn
+        return fn
+
+    def raw(self, feature: str, function: str, uuid: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``function`` with a breadcrumb; exceptions propagate unclassified."""
+        self.crumbs.enter(self.slot, feature, function, uuid)
+        self.calls += 1
+        try:
+            return self._fn(function)(*args, **kwargs)
+        finally:
+            self.crumbs.exit(self.slot)
+
+    def field_values(self, feature: str, uuid: str, handle: Any, pairs: list[tuple[int, int]]) -> list[FieldValue]:
+        """``nvmlDeviceGetFieldValues`` through the backend's safe implementation."""
+        self.crumbs.enter(self.slot, feature, "nvmlDeviceGetFieldValues", uuid)
+        self.calls += 1
+        try:
+            result: list[FieldValue] = self.backend.field_values(handle, pairs)
+            return result
+        finally:
+            self.crumbs.exit(self.slot)
+
+
+class DeviceClient:
+    """One GPU as collectors see it.
+
+    Attributes:
+        index: NVML index (``gpu`` label).
+        uuid: GPU UUID.
+        handle: NVML device handle.
+        unsupported: (function, args) keys that answered an unsupported class; never called again.
+    """
+
+    def __init__(self, client: NvmlClient, index: int, uuid: str, handle: Any) -> None:
+        self.client = client
+        self.index = index
+        self.uuid = uuid
+        self.handle = handle
+        self.unsupported: dict[tuple[Any, ...], tuple[str, str]] = {}  # key -> (feature, error name)
+        self.cache: dict[str, Any] = {}  # static readings (identity, max clocks, link lists)
+        self.feature_ok: set[str] = set()  # features with at least one successful call this life
+        self.feature_unsupported: set[str] = set()
+
+    def _handle_error(self, feature: str, function: str, key: tuple[Any, ...], exc: BaseException,
+                      quiet: bool = False) -> None:
+        failure = errors.classify(exc)
+        cls = failure.error_class
+        if failure.code == errors.INVALID_ARGUMENT and len(key) > 1:
+            cls = ErrorClass.UNSUPPORTED  # a per-link / per-index argument the GPU does not have
+        if cls is ErrorClass.UNSUPPORTED:
+            self.unsupported[key] = (feature, failure.name)
+            self.feature_unsupported.add(feature)
+            if quiet:
+                return
+            log_once(
+                log, logging.INFO, ("unsupported", self.uuid, function),
+                "%s not supported on GPU %s (%s); its series are omitted and it is not called again",
+                function, self.uuid, failure.name,
+                extra={"feature": feature, "function": function, "uuid": self.uuid, "nvml_error": failure.name},
+            )
+        elif cls is ErrorClass.ABSENT:
+            return
+        elif cls is ErrorClass.TRANSIENT:
+            self.client.errors[(feature, failure.name)] += 1
+        elif cls is ErrorClass.BUG:
+            self.client.errors[(feature, failure.name)] += 1
+            log_once(
+                log, logging.ERROR, ("bug", feature, function, failure.name),
+                "unexpected error from %s on GPU %s: %s", function, self.uuid, failure.message,
+                exc_info=exc, extra={"feature": feature, "function": function},
+            )
+        elif cls is ErrorClass.DEVICE_LOST:
+            raise DeviceLost(failure, function) from exc
+        else:
+            raise NvmlFatal(failure, function) from exc
+
+    def get(self, feature: str, function: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a per-device function: ``function(handle, *args, **kwargs)``.
+
+        Returns:
+            The value, or None when it is missing (unsupported, absent, transient, bug).
+
+        Raises:
+            DeviceLost: the GPU is gone.
+            NvmlFatal: NVML is unusable.
+        """
+        return self._get(feature, function, args, kwargs, quiet=False)
+
+    def probe(self, feature: str, function: str, *args: Any) -> Any:
+        """Like :meth:`get`, for discovery (link 0, 1, … until the driver says no): an
+        unsupported answer is cached but not logged, since it is the expected end of the probe."""
+        return self._get(feature, function, args, {}, quiet=True)
+
+    def _get(self, feature: str, function: str, args: tuple[Any, ...], kwargs: dict[str, Any], quiet: bool) -> Any:
+        key = (function, *args, *sorted(kwargs.items()))
+        if key in self.unsupported:
+            return None
+        try:
+            value = self.client.raw(feature, function, self.uuid, self.handle, *args, **kwargs)
+        except Exception as exc:  # classified in one place: errors.classify
+            self._handle_error(feature, function, key, exc, quiet)
+            return None
+        self.feature_ok.add(feature)
+        return value
+
+    def first(self, feature: str, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> Any:
+        """The first call in ``calls`` that is supported and answers; None if none does.
+
+        Used for versioned symbols (``_v3`` then ``_v2``; ``TemperatureV`` then ``Temperature``).
+        Once a variant answered unsupported it is skipped for the life of the worker.
+        """
+        for function, args in calls:
+            if (function, *args) in self.unsupported:
+                continue
+            value = self.get(feature, function, *args)
+            if value is not None or (function, *args) not in self.unsupported:
+                return value
+        return None
+
+    def fields(self, feature: str, pairs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], int | float]:
+        """Field values that succeeded, keyed by (field id, scope id); each entry's code checked.
+
+        Entries answering NOT_SUPPORTED or INVALID_ARGUMENT are cached and never requested again;
+        entries the driver left unpopulated are omitted this time only.
+        """
+        wanted = [p for p in pairs if ("field", *p) not in self.unsupported]
+        if not wanted:
+            return {}
+        try:
+            entries = self.client.field_values(feature, self.uuid, self.handle, list(wanted))
+        except Exception as exc:
+            self._handle_error(feature, "nvmlDeviceGetFieldValues", ("field", "call"), exc)
+            return {}
+        out: dict[tuple[int, int], int | float] = {}
+        for entry in entries:
+            pair = (entry.field_id, entry.scope_id)
+            if entry.code == errors.SUCCESS and entry.value is not None:
+                out[pair] = entry.value
+            elif entry.code == UNPOPULATED:
+                continue
+            elif errors.classify_code(entry.code) is ErrorClass.UNSUPPORTED:
+                self.unsupported[("field", *pair)] = (feature, errors.code_name(entry.code))
+            elif errors.classify_code(entry.code) is ErrorClass.DEVICE_LOST:
+                raise DeviceLost(NvmlFailure(entry.code, errors.code_name(entry.code), ErrorClass.DEVICE_LOST, "field value"), "nvmlDeviceGetFieldValues")
+            else:
+                self.client.errors[(feature, errors.code_name(entry.code))] += 1
+        if out:
+            self.feature_ok.add(feature)
+        elif wanted and all(("field", *p) in self.unsupported for p in wanted):
+            self.feature_unsupported.add(feature)
+        return out

@@ -1,0 +1,184 @@
+"""The one place that decides what an NVML error means.
+
+Errors are classified by numeric return code, never by exception class: older bindings lack the
+newer classes (a code a binding does not know arrives as the base ``NVMLError``), and a function
+missing from the binding or the driver is treated as "function not found". Codes and their meaning
+come from ``nvml.h`` (NVML 13.x) and ../shared/reference/nvml-notes.md §7.
+
+Collectors let errors propagate; the worker's sampling loop asks :func:`classify` what to do.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ErrorClass(str, enum.Enum):
+    """What the worker does with an error."""
+
+    UNSUPPORTED = "unsupported"  # cache per (GPU, function), log once, omit, never call again
+    ABSENT = "absent"  # omit this sample quietly (no data right now)
+    TRANSIENT = "transient"  # omit this sample, count it
+    DEVICE_LOST = "device_lost"  # drop that GPU's series, mark it down, re-enumerate later
+    FATAL = "fatal"  # the library is unusable: the worker exits with EXIT_NVML_FATAL
+    BUG = "bug"  # our mistake: log with traceback, count it
+
+
+# NVML return codes (nvml.h, nvmlReturn_t).
+SUCCESS = 0
+UNINITIALIZED = 1
+INVALID_ARGUMENT = 2
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+ALREADY_INITIALIZED = 5
+NOT_FOUND = 6
+INSUFFICIENT_SIZE = 7
+INSUFFICIENT_POWER = 8
+DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
+IRQ_ISSUE = 11
+LIBRARY_NOT_FOUND = 12
+FUNCTION_NOT_FOUND = 13
+CORRUPTED_INFOROM = 14
+GPU_IS_LOST = 15
+RESET_REQUIRED = 16
+OPERATING_SYSTEM = 17
+LIB_RM_VERSION_MISMATCH = 18
+IN_USE = 19
+MEMORY = 20
+NO_DATA = 21
+VGPU_ECC_NOT_SUPPORTED = 22
+INSUFFICIENT_RESOURCES = 23
+FREQ_NOT_SUPPORTED = 24
+ARGUMENT_VERSION_MISMATCH = 25
+DEPRECATED = 26
+NOT_READY = 27
+GPU_NOT_FOUND = 28
+INVALID_STATE = 29
+RESET_TYPE_NOT_SUPPORTED = 30
+UNKNOWN = 999
+
+CODE_NAMES: dict[int, str] = {
+    value: name
+    for name, value in globals().items()
+    if name.isupper() and isinstance(value, int) and name != "SUCCESS"
+}
+NAME_CODES: dict[str, int] = {name: code for code, name in CODE_NAMES.items()}
+
+_C = ErrorClass
+# Return code -> class for an ordinary per-GPU query. Anything not listed is TRANSIENT.
+_TABLE: dict[int, ErrorClass] = {
+    NOT_SUPPORTED: _C.UNSUPPORTED,
+    FUNCTION_NOT_FOUND: _C.UNSUPPORTED,  # symbol absent, or struct version unknown to the driver
+    ARGUMENT_VERSION_MISMATCH: _C.UNSUPPORTED,
+    NO_PERMISSION: _C.UNSUPPORTED,  # container / cgroup limits: asking again will not help
+    DEPRECATED: _C.UNSUPPORTED,
+    VGPU_ECC_NOT_SUPPORTED: _C.UNSUPPORTED,
+    NOT_FOUND: _C.ABSENT,  # "no samples newer than the timestamp", empty MIG slot
+    NO_DATA: _C.ABSENT,
+    TIMEOUT: _C.ABSENT,  # normal for event waits
+    GPU_IS_LOST: _C.DEVICE_LOST,
+    RESET_REQUIRED: _C.DEVICE_LOST,
+    IRQ_ISSUE: _C.DEVICE_LOST,
+    INSUFFICIENT_POWER: _C.DEVICE_LOST,
+    CORRUPTED_INFOROM: _C.DEVICE_LOST,
+    GPU_NOT_FOUND: _C.DEVICE_LOST,
+    UNINITIALIZED: _C.FATAL,
+    DRIVER_NOT_LOADED: _C.FATAL,
+    LIBRARY_NOT_FOUND: _C.FATAL,
+    LIB_RM_VERSION_MISMATCH: _C.FATAL,
+    INVALID_ARGUMENT: _C.BUG,  # on a per-call basis; per-link / per-field callers override
+    INSUFFICIENT_SIZE: _C.BUG,  # the wrappers handle it; reaching us is a bug
+    ALREADY_INITIALIZED: _C.BUG,
+}
+
+# Handle acquisition: UNKNOWN there means the GPU is gone (gpud: Xid 79 can surface as
+# "Unknown Error" from nvmlDeviceGetHandleByIndex); elsewhere UNKNOWN is transient.
+_HANDLE_OVERRIDES: dict[int, ErrorClass] = {UNKNOWN: _C.DEVICE_LOST, INVALID_ARGUMENT: _C.DEVICE_LOST}
+
+# Library init: every failure means "no NVML"; the supervisor retries with backoff.
+# UNKNOWN on every call (the "Unknown Error" state after a driver problem) is treated as fatal by
+# the sampling loop when it hits every GPU (see worker.py), because re-initialising is the cure.
+
+
+@dataclass(frozen=True)
+class NvmlFailure:
+    """A classified NVML failure.
+
+    Attributes:
+        code: NVML return code (``FUNCTION_NOT_FOUND`` for a missing binding function).
+        name: code name without the ``NVML_ERROR_`` prefix, e.g. ``"GPU_IS_LOST"``.
+        error_class: what the caller does with it.
+        message: text for logs.
+    """
+
+    code: int
+    name: str
+    error_class: ErrorClass
+    message: str
+
+
+def code_name(code: int) -> str:
+    """Name of an NVML return code without the prefix, ``"CODE_<n>"`` if unknown."""
+    return CODE_NAMES.get(code, f"CODE_{code}")
+
+
+def parse_code(value: str | int) -> int:
+    """Turn ``"GPU_IS_LOST"``, ``"NVML_ERROR_GPU_IS_LOST"`` or ``15`` into a return code.
+
+    Raises:
+        ValueError: the name is not an NVML error name.
+    """
+    if isinstance(value, int):
+        return value
+    text = value.strip().upper()
+    if text.startswith("NVML_ERROR_"):
+        text = text[len("NVML_ERROR_") :]
+    if text.isdigit():
+        return int(text)
+    if text not in NAME_CODES:
+        raise ValueError(f"unknown NVML error name {value!r}; expected one of {sorted(NAME_CODES)}")
+    return NAME_CODES[text]
+
+
+def code_of(exc: BaseException) -> int | None:
+    """Return the NVML return code an exception stands for, or None if it is not an NVML error.
+
+    ``pynvml.NVMLError`` carries ``.value``; a missing binding attribute (``AttributeError`` from
+    an old nvidia-ml-py) and pynvml's ``NVMLLibraryMismatchError`` (a plain Exception raised when a
+    versioned process-list symbol is absent) count as FUNCTION_NOT_FOUND.
+    """
+    value = getattr(exc, "value", None)
+    if type(exc).__name__.startswith("NVMLError") and isinstance(value, int):
+        return value
+    if isinstance(exc, AttributeError) or type(exc).__name__ == "NVMLLibraryMismatchError":
+        return FUNCTION_NOT_FOUND
+    return None
+
+
+def classify(exc: BaseException, *, handle_lookup: bool = False) -> NvmlFailure:
+    """Classify an exception raised by an NVML call.
+
+    Args:
+        exc: what the call raised.
+        handle_lookup: the call was ``nvmlDeviceGetHandleByIndex`` / ``…ByUUID``.
+
+    Returns:
+        The failure with its class; non-NVML exceptions are ``BUG`` with code ``-1``.
+    """
+    code = code_of(exc)
+    if code is None:
+        return NvmlFailure(-1, type(exc).__name__, ErrorClass.BUG, f"{type(exc).__name__}: {exc}")
+    cls = (_HANDLE_OVERRIDES.get(code) if handle_lookup else None) or _TABLE.get(
+        code, ErrorClass.TRANSIENT
+    )
+    return NvmlFailure(code, code_name(code), cls, f"{code_name(code)}: {exc}")
+
+
+def classify_code(code: int) -> ErrorClass:
+    """Class of a bare return code (per-entry field-value results)."""
+    if code in (INVALID_ARGUMENT, NOT_SUPPORTED):
+        # Per entry, INVALID_ARGUMENT means "no such field / link on this driver" (nvml-notes §4.2).
+        return ErrorClass.UNSUPPORTED
+    return _TABLE.get(code, ErrorClass.TRANSIENT)

@@ -1,0 +1,472 @@
+"""A scenario-driven stand-in for the ``pynvml`` module, with real faults.
+
+The worker loads this instead of ``pynvml`` when ``NVGPU_NVML_BACKEND=fake:<scenario.json>``. It
+answers the pynvml functions the exporter uses from the scenario (docs/scenarios.md), raises real
+``pynvml.NVMLError`` codes, and injects faults that behave like the real thing: a NULL read through
+ctypes (SIGSEGV), ``abort()`` (SIGABRT, as glibc on heap corruption), hangs that may ignore SIGTERM.
+
+Bad scenario files raise :class:`ScenarioError` naming the file, the place and what was expected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+from exporter.nvml import errors
+
+EVENT_TYPES: dict[str, int] = {
+    "SingleBitEccError": 0x1,
+    "DoubleBitEccError": 0x2,
+    "PState": 0x4,
+    "XidCriticalError": 0x8,
+    "Clock": 0x10,
+    "PowerSourceChange": 0x80,
+    "MigConfigChange": 0x100,
+    "SingleBitEccErrorStorm": 0x200,
+    "DramRetirementEvent": 0x400,
+    "DramRetirementFailure": 0x800,
+    "NonFatalPoisonError": 0x1000,
+    "FatalPoisonError": 0x2000,
+    "GpuUnavailableError": 0x4000,
+    "GpuRecoveryAction": 0x8000,
+}
+
+_FAULT_KEYS = {
+    "function", "gpu", "fields", "from_s", "until_s", "calls", "after_calls",
+    "action", "error", "seconds", "ignore_sigterm", "code", "comment",
+}
+_ACTIONS = {"error", "segfault", "abort", "hang", "exit"}
+_GPU_KEYS = {
+    "name", "uuid", "serial", "pci_bus_id", "minor_number", "architecture", "values", "fields",
+    "default_field_error", "nvlink_link_count", "comment",
+}
+_TOP_KEYS = {
+    "description", "driver_version", "nvml_version", "cuda_driver_version", "missing_functions",
+    "gpus", "faults", "events", "comment",
+}
+# Per-link functions: a link index at or past the GPU's link count answers INVALID_ARGUMENT,
+# as real drivers do (nvml-notes §3.9).
+_PER_LINK = {
+    "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter", "nvmlDeviceGetNvLinkVersion",
+    "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkCapability",
+}
+_PER_LINK_FIELDS = set(range(32, 60)) | set(range(96, 120)) | {138, 139, 140, 141} | set(
+    range(146, 167)
+)
+
+
+class ScenarioError(ValueError):
+    """The scenario file is not valid; the message names the file, the place and the expectation."""
+
+
+class FakeHandle:
+    """A device handle; only the fake's own handles are valid arguments."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<FakeHandle gpu={self.index}>"
+
+
+class FakeEventSet:
+    """An event set: which GPUs registered, when, and which scenario events were delivered."""
+
+    def __init__(self) -> None:
+        self.registered: dict[int, float] = {}  # gpu index -> scenario time of registration
+        self.delivered: set[int] = set()
+
+
+def crash_segfault() -> None:
+    """Die by a real SIGSEGV: read address 0 through ctypes."""
+    ctypes.string_at(0)
+
+
+def _err(code: int | str) -> pynvml.NVMLError:
+    return pynvml.NVMLError(errors.parse_code(code))
+
+
+class FakeNvml:
+    """pynvml look-alike answering from a scenario.
+
+    Args:
+        path: scenario JSON file.
+        epoch: Unix time that is scenario time 0 (the supervisor's start); default: now.
+        clock: time source (tests).
+
+    Raises:
+        ScenarioError: the file is unreadable or not a valid scenario.
+    """
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, path: str, epoch: float | None = None, clock: Callable[[], float] = time.time):
+        self._path = path
+        self._clock = clock
+        self._epoch = clock() if epoch is None else epoch
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except OSError as exc:
+            raise ScenarioError(f"scenario {path}: cannot read: {exc}") from exc
+        except ValueError as exc:
+            raise ScenarioError(f"scenario {path}: not valid JSON: {exc}") from exc
+        self._scenario = self._validate(data)
+        self._gpus: list[dict[str, Any]] = self._scenario["gpus"]
+        self._missing = set(self._scenario.get("missing_functions", []))
+        self._faults: list[dict[str, Any]] = self._scenario.get("faults", [])
+        self._events: list[dict[str, Any]] = self._scenario.get("events", [])
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._initialised = 0
+
+    # -- scenario validation -------------------------------------------------------------------
+
+    def _fail(self, where: str, expected: str) -> ScenarioError:
+        return ScenarioError(f"scenario {self._path}: {where}: expected {expected}")
+
+    def _validate(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise self._fail("top level", "a JSON object")
+        unknown = set(data) - _TOP_KEYS
+        if unknown:
+            raise self._fail(f"unknown top-level keys {sorted(unknown)}", f"only {sorted(_TOP_KEYS)}")
+        gpus = data.get("gpus")
+        if not isinstance(gpus, list):
+            raise self._fail("gpus", "a list of GPU objects")
+        for i, gpu in enumerate(gpus):
+            if not isinstance(gpu, dict):
+                raise self._fail(f"gpus[{i}]", "an object")
+            bad = set(gpu) - _GPU_KEYS
+            if bad:
+                raise self._fail(f"gpus[{i}] unknown keys {sorted(bad)}", f"only {sorted(_GPU_KEYS)}")
+            if not isinstance(gpu.get("uuid"), str):
+                raise self._fail(f"gpus[{i}].uuid", "a string such as GPU-xxxxxxxx-…")
+            for key in ("values", "fields"):
+                if not isinstance(gpu.get(key, {}), dict):
+                    raise self._fail(f"gpus[{i}].{key}", "an object")
+            for key, spec in {**gpu.get("values", {}), **gpu.get("fields", {})}.items():
+                self._check_spec(spec, f"gpus[{i}] value {key!r}")
+        for i, fault in enumerate(data.get("faults", [])):
+            if not isinstance(fault, dict):
+                raise self._fail(f"faults[{i}]", "an object")
+            bad = set(fault) - _FAULT_KEYS
+            if bad:
+                raise self._fail(f"faults[{i}] unknown keys {sorted(bad)}", f"only {sorted(_FAULT_KEYS)}")
+            if fault.get("action") not in _ACTIONS:
+                raise self._fail(f"faults[{i}].action={fault.get('action')!r}", f"one of {sorted(_ACTIONS)}")
+            if fault["action"] == "error":
+                try:
+                    errors.parse_code(fault.get("error", ""))
+                except ValueError as exc:
+                    raise self._fail(f"faults[{i}].error", str(exc)) from exc
+        for i, event in enumerate(data.get("events", [])):
+            if not isinstance(event, dict) or event.get("event_type") not in EVENT_TYPES:
+                raise self._fail(f"events[{i}].event_type", f"one of {sorted(EVENT_TYPES)}")
+            if not isinstance(event.get("at_s"), (int, float)) or not isinstance(event.get("gpu"), int):
+                raise self._fail(f"events[{i}]", "numbers at_s and gpu")
+        return data
+
+    def _check_spec(self, spec: Any, where: str) -> None:
+        if isinstance(spec, dict):
+            if "error" in spec:
+                try:
+                    errors.parse_code(spec["error"])
+                except ValueError as exc:
+                    raise self._fail(where, str(exc)) from exc
+            elif "cycle" in spec:
+                if not isinstance(spec["cycle"], list) or not spec["cycle"]:
+                    raise self._fail(where, "cycle to be a non-empty list")
+                if not isinstance(spec.get("step_s"), (int, float)) or spec["step_s"] <= 0:
+                    raise self._fail(where, "step_s > 0 with cycle")
+            elif "ramp" in spec:
+                if not isinstance(spec.get("per_s"), (int, float)):
+                    raise self._fail(where, "per_s (a number) with ramp")
+            elif "sequence" in spec:
+                if not isinstance(spec["sequence"], list):
+                    raise self._fail(where, "sequence to be a list of {until_s, value}")
+            else:
+                for k, v in spec.items():
+                    self._check_spec(v, f"{where}.{k}")
+        elif isinstance(spec, list):
+            for j, v in enumerate(spec):
+                self._check_spec(v, f"{where}[{j}]")
+
+    # -- time, values, faults ------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Scenario time in seconds."""
+        return self._clock() - self._epoch
+
+    def _resolve(self, spec: Any, t: float) -> Any:
+        if isinstance(spec, dict):
+            if "error" in spec:
+                raise _err(spec["error"])
+            if "cycle" in spec:
+                seq = spec["cycle"]
+                return self._resolve(seq[int(math.floor(t / spec["step_s"])) % len(seq)], t)
+            if "ramp" in spec:
+                return int(spec["ramp"] + spec["per_s"] * max(t, 0.0))
+            if "sequence" in spec:
+                for entry in spec["sequence"]:
+                    if "until_s" not in entry or t < entry["until_s"]:
+                        return self._resolve(entry.get("value"), t)
+                raise _err(errors.NOT_SUPPORTED)
+            return SimpleNamespace(**{k: self._resolve(v, t) for k, v in spec.items()})
+        if isinstance(spec, list):
+            return [self._resolve(v, t) for v in spec]
+        return spec
+
+    def _apply_faults(self, fn: str, gpu: int | None, count: int, fields: Sequence[int] = ()) -> None:
+        t = self.now()
+        for fault in self._faults:
+            name = fault.get("function", "*")
+            if name != "*" and name != fn:
+                continue
+            if "gpu" in fault and fault["gpu"] != gpu:
+                continue
+            if "fields" in fault and not set(fault["fields"]) & set(fields):
+                continue
+            if "from_s" in fault and t < fault["from_s"]:
+                continue
+            if "until_s" in fault and t >= fault["until_s"]:
+                continue
+            if "calls" in fault and count not in fault["calls"]:
+                continue
+            if "after_calls" in fault and count < fault["after_calls"]:
+                continue
+            self._act(fault)
+
+    def _act(self, fault: Mapping[str, Any]) -> None:
+        action = fault["action"]
+        if action == "error":
+            raise _err(fault["error"])
+        if action == "segfault":
+            crash_segfault()
+        if action == "abort":
+            os.abort()
+        if action == "exit":
+            os._exit(int(fault.get("code", 1)))
+        if action == "hang":
+            if fault.get("ignore_sigterm") and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            seconds = fault.get("seconds")
+            deadline = None if seconds is None else time.monotonic() + float(seconds)
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
+
+    def _enter(self, fn: str, gpu: int | None, fields: Sequence[int] = ()) -> None:
+        with self._lock:
+            count = self._counts[fn] = self._counts.get(fn, 0) + 1
+        self._apply_faults(fn, gpu, count, fields)
+        if fn in self._missing:
+            raise _err(errors.FUNCTION_NOT_FOUND)
+        if fn != "nvmlInit" and not self._initialised:
+            raise _err(errors.UNINITIALIZED)
+
+    def _gpu(self, handle: Any) -> dict[str, Any]:
+        if not isinstance(handle, FakeHandle) or not 0 <= handle.index < len(self._gpus):
+            # A real bad handle is a wild pointer: the library reads garbage and crashes.
+            crash_segfault()
+        return self._gpus[handle.index]
+
+    def _value(self, gpu: dict[str, Any], fn: str, args: Sequence[Any]) -> Any:
+        values = gpu.get("values", {})
+        keys = []
+        if args:
+            keys.append(f"{fn}:{','.join(str(a) for a in args)}")
+            keys.append(f"{fn}:{args[0]}")
+        keys.append(fn)
+        for key in keys:
+            if key in values:
+                return self._resolve(values[key], self.now())
+        raise _err(errors.NOT_SUPPORTED)
+
+    # -- library ----------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        self._enter("nvmlInit", None)
+        self._initialised += 1
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self._enter("nvmlShutdown", None)
+        self._initialised = max(0, self._initialised - 1)
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        self._enter("nvmlSystemGetDriverVersion", None)
+        return str(self._scenario.get("driver_version", "580.159.04"))
+
+    def nvmlSystemGetNVMLVersion(self) -> str:  # noqa: N802
+        self._enter("nvmlSystemGetNVMLVersion", None)
+        return str(self._scenario.get("nvml_version", "13.580.159.04"))
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
+        self._enter("nvmlSystemGetCudaDriverVersion", None)
+        return int(self._scenario.get("cuda_driver_version", 13000))
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetCount", None)
+        return len(self._gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:  # noqa: N802
+        self._enter("nvmlDeviceGetHandleByIndex", index)
+        if not 0 <= index < len(self._gpus):
+            raise _err(errors.INVALID_ARGUMENT)
+        return FakeHandle(index)
+
+    # -- identity --------------------------------------------------------------------------
+
+    def _identity(self, fn: str, handle: Any, key: str, default: Any) -> Any:
+        self._enter(fn, getattr(handle, "index", None))
+        gpu = self._gpu(handle)
+        if fn in gpu.get("values", {}):
+            return self._value(gpu, fn, ())
+        if key not in gpu and default is None:
+            raise _err(errors.NOT_SUPPORTED)
+        return gpu.get(key, default)
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
+        return str(self._identity("nvmlDeviceGetUUID", handle, "uuid", None))
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
+        return str(self._identity("nvmlDeviceGetName", handle, "name", "NVIDIA H200"))
+
+    def nvmlDeviceGetSerial(self, handle: Any) -> str:  # noqa: N802
+        return str(self._identity("nvmlDeviceGetSerial", handle, "serial", None))
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:  # noqa: N802
+        return int(self._identity("nvmlDeviceGetMinorNumber", handle, "minor_number", handle.index))
+
+    def nvmlDeviceGetArchitecture(self, handle: Any) -> int:  # noqa: N802
+        return int(self._identity("nvmlDeviceGetArchitecture", handle, "architecture", 9))
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> SimpleNamespace:  # noqa: N802
+        bus = self._identity("nvmlDeviceGetPciInfo", handle, "pci_bus_id", None)
+        if isinstance(bus, SimpleNamespace):
+            return bus
+        return SimpleNamespace(busId=str(bus), busIdLegacy=str(bus)[4:])
+
+    # -- special shapes ----------------------------------------------------------------------
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> SimpleNamespace:  # noqa: N802
+        fn = "nvmlDeviceGetMemoryInfo"
+        self._enter(fn, getattr(handle, "index", None))
+        if version is not None and "nvmlDeviceGetMemoryInfo_v2" in self._missing:
+            raise _err(errors.FUNCTION_NOT_FOUND)
+        mem = self._value(self._gpu(handle), fn, ())
+        reserved = getattr(mem, "reserved", 0)
+        if version is None:  # v1: used includes the driver's reservation
+            return SimpleNamespace(total=mem.total, free=mem.free, used=mem.used + reserved)
+        return SimpleNamespace(version=version, total=mem.total, reserved=reserved, free=mem.free, used=mem.used)
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: Sequence[Any]) -> list[SimpleNamespace]:  # noqa: N802
+        pairs = [(f, 0) if isinstance(f, int) else (int(f[0]), int(f[1])) for f in field_ids]
+        self._enter("nvmlDeviceGetFieldValues", getattr(handle, "index", None), [p[0] for p in pairs])
+        gpu = self._gpu(handle)
+        if not pairs:
+            raise _err(errors.INVALID_ARGUMENT)
+        fields = gpu.get("fields", {})
+        links = gpu.get("nvlink_link_count", 0)
+        default = errors.parse_code(gpu.get("default_field_error", "NOT_SUPPORTED"))
+        t = self.now()
+        out = []
+        for fid, scope in pairs:
+            entry = SimpleNamespace(
+                fieldId=fid, scopeId=scope, timestamp=int(self._clock() * 1e6), latencyUsec=1,
+                valueType=3, nvmlReturn=0,
+                value=SimpleNamespace(dVal=0.0, uiVal=0, ulVal=0, ullVal=0, sllVal=0, siVal=0, usVal=0),
+            )
+            spec_key = f"{fid}:{scope}" if f"{fid}:{scope}" in fields else str(fid)
+            if fid in _PER_LINK_FIELDS and scope != 0xFFFFFFFF and scope >= links:
+                entry.nvmlReturn = errors.INVALID_ARGUMENT
+            elif spec_key not in fields:
+                entry.nvmlReturn = default
+            else:
+                try:
+                    value = self._resolve(fields[spec_key], t)
+                except pynvml.NVMLError as exc:
+                    entry.nvmlReturn = exc.value
+                else:
+                    if isinstance(value, float):
+                        entry.valueType, entry.value.dVal = 0, value
+                    else:
+                        v = int(value)
+                        entry.value.ullVal = entry.value.ulVal = entry.value.uiVal = v
+                        entry.value.sllVal = entry.value.siVal = v
+            out.append(entry)
+        return out
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:  # noqa: N802
+        self._enter("nvmlEventSetCreate", None)
+        return FakeEventSet()
+
+    def nvmlEventSetFree(self, event_set: FakeEventSet) -> None:  # noqa: N802
+        self._enter("nvmlEventSetFree", None)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, mask: int, event_set: FakeEventSet) -> None:  # noqa: N802
+        fn = "nvmlDeviceRegisterEvents"
+        self._enter(fn, getattr(handle, "index", None))
+        gpu = self._gpu(handle)
+        spec = gpu.get("values", {}).get(fn)
+        if spec is not None:
+            self._resolve(spec, self.now())  # raises the scenario's error, if any
+        supported = self._value(gpu, "nvmlDeviceGetSupportedEventTypes", ())
+        if mask & ~int(supported):
+            raise _err(errors.NOT_SUPPORTED)
+        event_set.registered[handle.index] = self.now()
+
+    def nvmlEventSetWait_v2(self, event_set: FakeEventSet, timeout_ms: int) -> SimpleNamespace:  # noqa: N802
+        self._enter("nvmlEventSetWait_v2", None)
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            t = self.now()
+            for i, ev in enumerate(self._events):
+                reg = event_set.registered.get(ev["gpu"])
+                if i in event_set.delivered or reg is None or not reg <= ev["at_s"] <= t:
+                    continue
+                event_set.delivered.add(i)
+                return SimpleNamespace(
+                    device=FakeHandle(ev["gpu"]), eventType=EVENT_TYPES[ev["event_type"]],
+                    eventData=int(ev.get("data", 0)), gpuInstanceId=0xFFFFFFFF,
+                    computeInstanceId=0xFFFFFFFF,
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _err(errors.TIMEOUT)
+            time.sleep(min(remaining, 0.05))
+
+    # -- everything else: per-device getters answered from "values" ------------------------------
+
+    def __getattr__(self, fn: str) -> Callable[..., Any]:
+        if not fn.startswith("nvmlDevice"):
+            raise AttributeError(fn)
+
+        def call(handle: Any, *args: Any) -> Any:
+            self._enter(fn, getattr(handle, "index", None))
+            gpu = self._gpu(handle)
+            if fn in _PER_LINK and args and int(args[0]) >= gpu.get("nvlink_link_count", 0):
+                raise _err(errors.INVALID_ARGUMENT)
+            return self._value(gpu, fn, args)
+
+        call.__name__ = fn
+        return call
+
+    def call_counts(self) -> dict[str, int]:
+        """Calls per function name in this process (tests)."""
+        with self._lock:
+            return dict(self._counts)

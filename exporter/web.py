@@ -1,0 +1,95 @@
+"""HTTP side (aiohttp): ``/metrics``, ``/healthz``, ``/readyz`` and the status page ``/``.
+
+Nothing here waits on NVML. ``/metrics`` returns bytes rendered once per change of state;
+``/healthz`` says the supervisor is alive (never fails because NVML or a GPU is in trouble:
+restarting the container does not cure those and a crash loop hides them); ``/readyz`` says a
+snapshot younger than the stale bound exists ("serving fresh GPU data"). Other paths answer 404,
+methods other than GET and HEAD 405 (aiohttp's router does both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from exporter import exposition, statuspage
+from exporter.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor", Supervisor)
+RENDERER: web.AppKey[Renderer] = web.AppKey("renderer", object)  # type: ignore[arg-type]
+
+
+class Renderer:
+    """Holds the current rendering; re-renders (coalesced) when the supervisor's state changes."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        self.current = exposition.render(supervisor)
+        self._pending = False
+        self.renders = 0
+
+    def changed(self) -> None:
+        """Schedule one render on the loop, however many changes arrive before it runs."""
+        if self._pending:
+            return
+        self._pending = True
+        try:
+            asyncio.get_running_loop().call_soon(self._render)
+        except RuntimeError:  # no loop (tests calling directly)
+            self._render()
+
+    def _render(self) -> None:
+        self._pending = False
+        try:
+            self.current = exposition.render(self.supervisor)
+            self.renders += 1
+        except Exception:  # the previous rendering stays; self-metrics keep flowing next time
+            log.exception("rendering the exposition failed; serving the previous rendering")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    rendered = request.app[RENDERER].current
+    openmetrics = exposition.negotiate(request.headers.get("Accept"))
+    gz = "gzip" in request.headers.get("Accept-Encoding", "").lower()
+    body = rendered.body(openmetrics, gz)
+    headers = {"Content-Type": exposition.OPENMETRICS_CONTENT_TYPE if openmetrics else exposition.TEXT_CONTENT_TYPE,
+               "Vary": "Accept, Accept-Encoding"}
+    if gz:
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=body, headers=headers)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    sup = request.app[SUPERVISOR]
+    task: asyncio.Task[Any] | None = request.app.get("supervisor_task")  # type: ignore[call-overload]
+    if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+        return web.Response(status=500, text=f"supervisor loop died: {task.exception()!r}\n")
+    del sup
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ok, why = request.app[SUPERVISOR].ready()
+    return web.Response(status=200 if ok else 503, text=f"{why}\n")
+
+
+async def index(request: web.Request) -> web.Response:
+    html = statuspage.render(request.app[SUPERVISOR])
+    return web.Response(text=html, content_type="text/html", charset="utf-8")
+
+
+def make_app(supervisor: Supervisor, renderer: Renderer) -> web.Application:
+    """The aiohttp application; the caller owns the supervisor's lifecycle."""
+    app = web.Application()
+    app[SUPERVISOR] = supervisor
+    app[RENDERER] = renderer
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/", index)
+    return app
