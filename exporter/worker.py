@@ -340,12 +340,11 @@ class Worker:
                     xid=int(data.eventData) if etype == 0x8 else None,
                 )
         finally:
-            if not self.stop.is_set():
-                return
-            try:
-                client.raw("events", "nvmlEventSetFree", "", event_set)
-            except Exception:  # noqa: BLE001 - best effort at shutdown
-                pass
+            if self.stop.is_set():
+                try:
+                    client.raw("events", "nvmlEventSetFree", "", event_set)
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    pass
 
     def _device_of(self, handle: Any, by_handle: Mapping[int, DeviceClient]) -> DeviceClient | None:
         dev = by_handle.get(id(handle))
