@@ -285,7 +285,7 @@ class _DeviceModuleFinder:
 
 
 def install(environ: Any = None) -> GuardState:
-    """Read :data:`ENV_VAR` and, unless it is ``off``, arrange for nvitop to be patched.
+    """Read :data:`ENV_VAR` and hook the import of nvitop (patching it unless the value is off).
 
     Called by the ``.pth`` line at interpreter start. Does not import nvitop: if
     ``nvitop.api.device`` is already imported (``install()`` called late), it is handled now;
