@@ -142,7 +142,8 @@ class Exporter:
         raise AssertionError(f"timed out waiting for {what}; last scrape:\n{last.text[-4000:] if last else ''}\nlogs:\n{self.logs()[-4000:]}")
 
     def logs(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def log_records(self) -> Iterator[dict[str, Any]]:
