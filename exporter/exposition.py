@@ -140,7 +140,26 @@ def gpu_families(state: SupervisorState) -> tuple[list[Metric], set[str]]:
                 except Exception:  # noqa: BLE001 - that GPU's series of this feature are omitted
                     continue
     bag.add(state.extra_gpu_families(snap))
-    return list(bag.collect()), failed
+    metrics = list(bag.collect())
+    if state.pod_labels is not None:
+        metrics = [_with_pod_labels(m, state.pod_labels) for m in metrics]
+    return metrics, failed
+
+
+def _with_pod_labels(metric: Metric, lookup: Any) -> Metric:
+    """Add namespace/pod/container labels to every sample of a per-GPU family (NVGPU_POD_LABELS).
+
+    A GPU held by exactly one container gets its names; an unassigned or shared GPU (time-slicing:
+    several pods on one UUID) gets empty values — join ``nvgpu_gpu_pod_info`` for those.
+    """
+    if metric.name == "nvgpu_gpu_pod_info" or not metric.samples or "uuid" not in metric.samples[0].labels:
+        return metric
+    samples = []
+    for s in metric.samples:
+        ns, pod, container = lookup(s.labels["uuid"])
+        samples.append(s._replace(labels={**s.labels, "namespace": ns, "pod": pod, "container": container}))
+    metric.samples = samples
+    return metric
 
 
 def self_families(state: SupervisorState, render_failed: set[str]) -> list[Metric]:

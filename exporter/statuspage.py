@@ -28,7 +28,7 @@ def _gpu_rows(sup: Supervisor) -> list[str]:
     if snap is None:
         return ['<tr><td colspan="10">no fresh sample (see <a href="/readyz">/readyz</a>)</td></tr>']
     rows = []
-    stuck = getattr(sup, "stuck_state", lambda uuid: None)
+    stuck = sup.stuck_state
     for g in snap["gpus"]:
         r = g["readings"]
         ident = r.get("identity", {})

@@ -117,6 +117,10 @@ class Supervisor:
         self.gpu_family_hooks: list[Callable[[dict[str, Any]], Iterable[Metric]]] = []
         self.self_family_hooks: list[Callable[[], Iterable[Metric]]] = []
         self.snapshot_hooks: list[Callable[[dict[str, Any]], None]] = []
+        self.state_overrides: dict[str, dict[str, Any]] = {}  # feature -> state set by a supervisor-side concern
+        self.xid_filter: Callable[[str, str, int, float], bool] = lambda gpu, uuid, xid, ts: True
+        self.stuck_state: Callable[[str], bool] = lambda uuid: False
+        self.pod_labels: Callable[[str], tuple[str, str, str]] | None = None
         # lifecycle
         self._proc: asyncio.subprocess.Process | None = None
         self._unreaped: list[asyncio.subprocess.Process] = []
@@ -165,6 +169,7 @@ class Supervisor:
         else:
             resolved = gf.resolve(self.config.feature_modes, quarantined=self.quarantine.details())
             states = {k: {"enabled": s.enabled, "reason": s.reason.value, "detail": s.detail} for k, s in resolved.items()}
+        states.update({k: dict(v) for k, v in self.state_overrides.items()})
         for feature, detail in self.quarantine.details().items():
             states[feature] = {"enabled": False, "reason": "quarantined", "detail": detail}
         return states
@@ -273,7 +278,9 @@ class Supervisor:
         uuid = msg.get("uuid") or ""
         gpu = str(msg.get("gpu")) if msg.get("gpu") is not None else self.gpu_index.get(uuid, "")
         if msg.get("event_type") == "xid" and msg.get("xid") is not None:
-            self.record_xid(gpu, uuid, int(msg["xid"]), float(msg.get("ts", time.time())), source="nvml")
+            ts = float(msg.get("ts", time.time()))
+            if self.xid_filter(gpu, uuid, int(msg["xid"]), ts):
+                self.record_xid(gpu, uuid, int(msg["xid"]), ts, source="NVML event")
         else:
             self.events[(gpu, uuid, str(msg.get("event_type")))] += 1
 

@@ -1,0 +1,96 @@
+"""The stuck-context signature: a GPU busy with nothing on it.
+
+The second incident: after Xid 13/31 (a kernel's illegal access) and Xid 43, the driver never
+cleaned up the context; the GPU showed 100 % utilization, 0 MiB used and no processes. An Xid
+alone does not tell "one bad job" from "the GPU is wedged"; this signature does, together with
+the Xid counters (see deploy/prometheus/rules.yaml).
+
+Per GPU, from each snapshot: utilization >= ``utilization`` ratio, framebuffer memory used (v2:
+excluding driver-reserved memory) <= ``memory_bytes``, and zero compute processes. When all three
+hold continuously for ``after_s`` seconds, ``nvgpu_stuck_context_suspected`` is 1 and
+``nvgpu_stuck_context_since_timestamp_seconds`` says when the conditions began. Any condition
+ending resets it. When a reading is missing (feature off or unsupported) the signature is not
+evaluated and no series is exported for that GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+
+@dataclass
+class _GpuState:
+    since: float | None = None  # snapshot time the conditions first held, None if not holding
+    holding: bool = False
+    evaluable: bool = False
+
+
+class StuckDetector:
+    """Feeds on snapshots (supervisor side); renders two per-GPU families.
+
+    Args:
+        utilization: ratio at or above which the GPU counts as busy (0..1).
+        memory_bytes: memory used at or below which the GPU counts as empty.
+        after_s: how long the conditions must hold.
+    """
+
+    def __init__(self, utilization: float, memory_bytes: int, after_s: float) -> None:
+        self.utilization = utilization
+        self.memory_bytes = memory_bytes
+        self.after_s = after_s
+        self.gpus: dict[tuple[str, str], _GpuState] = {}
+
+    def feed(self, snapshot: dict[str, Any]) -> None:
+        """Update every GPU's state from one snapshot."""
+        ts = float(snapshot["ts"])
+        seen = set()
+        for g in snapshot["gpus"]:
+            key = (str(g["index"]), g["uuid"])
+            seen.add(key)
+            st = self.gpus.setdefault(key, _GpuState())
+            r = g["readings"]
+            util = r.get("utilization", {}).get("gpu_percent")
+            used = r.get("memory", {}).get("used_bytes")
+            procs = r.get("processes", {}).get("count")
+            if not g["up"] or util is None or used is None or procs is None:
+                st.evaluable, st.since, st.holding = False, None, False
+                continue
+            st.evaluable = True
+            cond = util / 100.0 >= self.utilization and used <= self.memory_bytes and procs == 0
+            if not cond:
+                st.since, st.holding = None, False
+                continue
+            if st.since is None:
+                st.since = ts
+            st.holding = ts - st.since >= self.after_s
+        for key in list(self.gpus):
+            if key not in seen:
+                del self.gpus[key]
+
+    def suspected(self, uuid: str) -> bool:
+        """True while the signature holds for that GPU."""
+        return any(st.holding for (g, u), st in self.gpus.items() if u == uuid)
+
+    def families(self, snapshot: dict[str, Any]) -> Iterable[Metric]:
+        flag = GaugeMetricFamily(
+            "nvgpu_stuck_context_suspected",
+            "1 while the GPU shows the stuck-context signature: utilization at or above the threshold, memory used at or "
+            "below the threshold, no compute processes, for the configured time (NVGPU_STUCK_*)",
+            labels=["gpu", "uuid"],
+        )
+        since = GaugeMetricFamily(
+            "nvgpu_stuck_context_since_timestamp_seconds",
+            "Unix time the current stuck-context signature began (present only while it holds)",
+            labels=["gpu", "uuid"],
+        )
+        for (gpu, uuid), st in sorted(self.gpus.items()):
+            if not st.evaluable:
+                continue
+            flag.add_metric([gpu, uuid], 1.0 if st.holding else 0.0)
+            if st.holding and st.since is not None:
+                since.add_metric([gpu, uuid], st.since)
+        return [flag, since]
