@@ -266,7 +266,7 @@ class Supervisor:
             self._event(msg)
         elif kind == "init_failed":
             self.nvml_up = False
-            self.last_init_error = f"NVML unavailable: {msg.get('error')} ({msg.get('message')})"
+            self.last_init_error = f"NVML unavailable: {msg.get('message')}"
             log_once(log, logging.ERROR, ("init_failed", str(msg.get("error"))),
                      "%s; retrying with backoff. Without a GPU, try the demo: nvgpu-exporter --nvml-backend fake:examples/scenarios/h200x2.json",
                      self.last_init_error, extra={"nvml_error": msg.get("error")})
@@ -520,7 +520,7 @@ class Supervisor:
                               "stopped; /metrics keeps serving; the node needs attention (GPU reset or reboot)", *place)
                 self._last_hang_place = place
         elif out.reason == "nvml_error":
-            log.warning("worker exited: NVML unavailable (%s)", self.last_init_error or "see worker log", extra=record)
+            log.debug("worker exited: %s", self.last_init_error or "NVML unavailable", extra=record)
         else:
             log.warning("worker exited with code %s after %.1f s", out.returncode, out.lifetime_s, extra=record)
         self._reap_finished()

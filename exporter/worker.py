@@ -116,8 +116,7 @@ class Worker:
         except Exception as exc:
             failure = errors.classify(exc)
             self.channel.send("init_failed", code=failure.code, error=failure.name, message=failure.message)
-            log.error("nvmlInit failed: %s", failure.message, extra={"nvml_error": failure.name})
-            return False
+            return False  # the supervisor logs it once per distinct error
         for key, fn in (("driver_version", "nvmlSystemGetDriverVersion"), ("nvml_version", "nvmlSystemGetNVMLVersion"),
                         ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion")):
             try:
