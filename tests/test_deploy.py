@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,9 +66,7 @@ def _kustomize(directory: Path) -> list[dict[str, Any]]:
     cmd = _kustomize_cmd()
     if not cmd:
         _need("kustomize", "install kubectl or kustomize")
-    proc = subprocess.run(
-        [*cmd, str(directory)], capture_output=True, text=True, timeout=120, check=False
-    )
+    proc = subprocess.run([*cmd, str(directory)], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
@@ -94,9 +93,7 @@ RENDERINGS = {
     "canary+servicemonitor+runtime-class-nvidia+prometheusrule": lambda: _overlay(
         "servicemonitor", "runtime-class-nvidia", "prometheusrule"
     ),
-    "canary+podmonitor+pod-attribution-root": lambda: _overlay(
-        "podmonitor", "pod-attribution-root"
-    ),
+    "canary+podmonitor+pod-attribution-root": lambda: _overlay("podmonitor", "pod-attribution-root"),
 }
 
 
@@ -140,9 +137,7 @@ def test_renderings_have_the_expected_objects() -> None:
         "Service/nvgpu-exporter",
         "ServiceAccount/nvgpu-exporter",
     ]
-    daemonsets = sorted(
-        d["metadata"]["name"] for d in rendered("canary") if d["kind"] == "DaemonSet"
-    )
+    daemonsets = sorted(d["metadata"]["name"] for d in rendered("canary") if d["kind"] == "DaemonSet")
     assert daemonsets == ["nvgpu-exporter", "nvgpu-exporter-canary"]
     for name in RENDERINGS:
         for doc in rendered(name):
@@ -279,10 +274,7 @@ def test_probes_hit_the_exporters_routes_on_the_metrics_port(rendering: str) -> 
         # Generous startup budget (NVML init after boot), liveness slower to give up than ready.
         s, r, live = probes["startupProbe"], probes["readinessProbe"], probes["livenessProbe"]
         assert s["periodSeconds"] * s["failureThreshold"] >= 300
-        assert (
-            live["periodSeconds"] * live["failureThreshold"]
-            > r["periodSeconds"] * r["failureThreshold"]
-        )
+        assert live["periodSeconds"] * live["failureThreshold"] > r["periodSeconds"] * r["failureThreshold"]
         listen = _env(ds)["NVGPU_LISTEN_ADDRESS"]
         assert listen.rpartition(":")[2] == str(port)
 
@@ -392,9 +384,7 @@ def test_daemonset_security(rendering: str) -> None:
         assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
         assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
         # Watching the GPUs must not take one: no GPU resource requested.
-        assert not any(
-            k.startswith("nvidia.com/") for section in c["resources"].values() for k in section
-        )
+        assert not any(k.startswith("nvidia.com/") for section in c["resources"].values() for k in section)
         volumes = pod["volumes"]
         host_paths = [v["hostPath"]["path"] for v in volumes if "hostPath" in v]
         assert host_paths == ["/var/lib/kubelet/pod-resources"], "only the pod-resources dir"
@@ -419,9 +409,7 @@ def test_daemonset_rollout_resources_and_placement(rendering: str) -> None:
             "limits": {"cpu": "500m", "memory": "256Mi"},
         }
         pod = ds["spec"]["template"]["spec"]
-        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
-            "tolerations"
-        ]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
         image = _container(ds)["image"]
         assert image.startswith("registry.example.com/platform/nvgpu-exporter:"), image
 
@@ -442,9 +430,7 @@ def test_canary_and_stable_split_the_gpu_nodes() -> None:
     # Same GPU-node terms otherwise.
     strip = [{k: v for k, v in t.items() if k != CANARY_LABEL} for t in _node_terms(stable)]
     assert strip == [{k: v for k, v in t.items() if k != CANARY_LABEL} for t in _node_terms(canary)]
-    assert {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"} == {
-        k for t in strip for k in t
-    }
+    assert {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"} == {k for t in strip for k in t}
     # Distinct selectors (a DaemonSet's selector is immutable and must not overlap another's).
     assert stable["spec"]["selector"]["matchLabels"][TRACK_LABEL] == "stable"
     assert canary["spec"]["selector"]["matchLabels"][TRACK_LABEL] == "canary"
@@ -473,9 +459,7 @@ def test_runtime_class_is_settable() -> None:
 
 def test_prometheusrule_is_referenced_iff_it_exists() -> None:
     text = (COMPONENTS / "prometheusrule" / "kustomization.yaml").read_text()
-    kinds = [
-        d["kind"] for d in rendered("canary+servicemonitor+runtime-class-nvidia+prometheusrule")
-    ]
+    kinds = [d["kind"] for d in rendered("canary+servicemonitor+runtime-class-nvidia+prometheusrule")]
     if PROMETHEUS_RULE.exists():
         assert "PrometheusRule" in kinds
     else:
@@ -532,16 +516,12 @@ def _promtool_check(path: Path) -> subprocess.CompletedProcess[str]:
     exe = _promtool()
     if exe is None:
         pytest.skip("promtool not installed (apt-get install prometheus)")
-    return subprocess.run(
-        [exe, "check", "config", str(path)], capture_output=True, text=True, timeout=60, check=False
-    )
+    return subprocess.run([exe, "check", "config", str(path)], capture_output=True, text=True, timeout=60, check=False)
 
 
 def _promtool_has_kubernetes_sd(tmp: Path) -> bool:
     probe = tmp / "probe.yml"
-    probe.write_text(
-        "scrape_configs:\n  - job_name: p\n    kubernetes_sd_configs:\n      - role: pod\n"
-    )
+    probe.write_text("scrape_configs:\n  - job_name: p\n    kubernetes_sd_configs:\n      - role: pod\n")
     return _promtool_check(probe).returncode == 0
 
 
@@ -579,3 +559,46 @@ def test_promtool_check_config_rest(tmp_dir: Path) -> None:
     job["relabel_configs"][0]["regex"] = "metrics("
     path.write_text(yaml.safe_dump(config))
     assert _promtool_check(path).returncode != 0
+
+
+# -- PromQL in the docs --------------------------------------------------------------------------
+
+
+def _promql_blocks(doc: Path) -> list[str]:
+    """Expressions in ```promql blocks: one per line, indented lines continue the previous one."""
+    exprs: list[str] = []
+    for block in re.findall(r"```promql\n(.*?)```", doc.read_text(encoding="utf-8"), re.S):
+        for line in textwrap.dedent(block).splitlines():
+            code = re.sub(r"\s+#.*$", "", line).rstrip()
+            if not code.strip() or code.lstrip().startswith("#"):
+                continue
+            if code[0].isspace() and exprs:
+                exprs[-1] += " " + code.strip()
+            else:
+                exprs.append(code)
+    return exprs
+
+
+@pytest.mark.parametrize("doc", ["rollout.md", "kubernetes.md"])
+def test_promql_in_docs_parses_and_uses_known_metrics(doc: str, tmp_dir: Path) -> None:
+    exprs = _promql_blocks(REPO / "docs" / doc)
+    assert exprs
+    documented = set(re.findall(r"`(nvgpu_[a-z_]+)`", (REPO / "docs" / "metrics.md").read_text()))
+    for expr in exprs:
+        for name in re.findall(r"\b(nvgpu_[a-z_]+)\b", expr):
+            assert name in documented, f"{doc}: {name} is not in docs/metrics.md"
+    rules = {
+        "groups": [
+            {
+                "name": "docs",
+                "rules": [{"record": f"docs:expr_{i}", "expr": e} for i, e in enumerate(exprs)],
+            }
+        ]
+    }
+    path = tmp_dir / "rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    exe = _promtool()
+    if exe is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    proc = subprocess.run([exe, "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
