@@ -2,7 +2,9 @@
 
 Sources: nvmlDeviceGetNumFans, nvmlDeviceGetFanSpeed_v2 (percent). Passive data-centre boards
 (H200 SXM) answer NOT_SUPPORTED, at ~160 µs per call even then (nvml-notes §3.2): the client caches
-the answer and never asks again on that GPU.
+the answer and never asks again on that GPU. A board that answers the fan count (0, or a count
+whose fans all answer NOT_SUPPORTED) is marked unsupported the same way, so the worker switches
+the feature off when no GPU has a readable fan.
 """
 
 from __future__ import annotations
@@ -24,13 +26,24 @@ class Reading:
 
 
 def read(dev: Any) -> Reading | None:
-    count = dev.get(FEATURE, "nvmlDeviceGetNumFans")
-    if not count:
+    count = dev.cache.get("fan_count")
+    if count is None:
+        value = dev.get(FEATURE, "nvmlDeviceGetNumFans")
+        if value is None:  # unsupported (cached by the client) or transient (asked again next time)
+            return None
+        count = dev.cache["fan_count"] = int(value)  # static: fans do not come and go
+    if count <= 0:
+        # A passive board may answer 0 instead of NOT_SUPPORTED: unsupported here, said once.
+        dev.nothing_to_read(FEATURE, "nvmlDeviceGetNumFans", "0 fans")
         return None
     speeds = []
-    for fan in range(int(count)):
+    for fan in range(count):
         speed = dev.get(FEATURE, "nvmlDeviceGetFanSpeed_v2", fan)
         if speed is None:
+            if all(("nvmlDeviceGetFanSpeed_v2", i) in dev.unsupported for i in range(fan + 1)):
+                # Every fan asked so far answered NOT_SUPPORTED (the client logged it once): the
+                # successful fan count must not keep the feature looking supported on this GPU.
+                dev.nothing_to_read(FEATURE, "nvmlDeviceGetNumFans", "fan speed not supported", announce=False)
             return None
         speeds.append(int(speed))
     return Reading(tuple(speeds))

@@ -175,6 +175,32 @@ class DeviceClient:
         self.feature_ok.add(feature)
         return value
 
+    def nothing_to_read(self, feature: str, function: str, why: str, announce: bool = True) -> None:
+        """Mark ``feature`` unsupported on this GPU although ``function`` answered.
+
+        For a discovery call that succeeds but leaves nothing to read: ``nvmlDeviceGetNumFans``
+        answering 0 on a passive board, or a fan count whose every fan answers NOT_SUPPORTED. The
+        discovery call's success must not keep the feature looking supported (the worker switches
+        a feature off with reason ``unsupported`` only when no GPU has it), and ``function`` is
+        never called again on this GPU.
+
+        Args:
+            feature: the feature (collector) name.
+            function: the discovery call, cached as unsupported (key ``(function,)``).
+            why: short reason for logs and the feature-state detail, e.g. ``"0 fans"``.
+            announce: log it once; False when the client already logged the unsupported call.
+        """
+        self.unsupported.setdefault((function,), (feature, why))
+        self.feature_unsupported.add(feature)
+        self.feature_ok.discard(feature)
+        if announce:
+            log_once(
+                log, logging.INFO, ("unsupported", self.uuid, function),
+                "%s on GPU %s: %s; its series are omitted and it is not called again",
+                function, self.uuid, why,
+                extra={"feature": feature, "function": function, "uuid": self.uuid},
+            )
+
     def first(self, feature: str, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> Any:
         """The first call in ``calls`` that is supported and answers; None if none does.
 
