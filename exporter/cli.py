@@ -98,7 +98,7 @@ async def serve(config: Config) -> int:
 
     from exporter import integrations
     from exporter.supervisor import Supervisor
-    from exporter.web import Renderer, make_app
+    from exporter.web import SUPERVISOR_TASK, Renderer, make_app
 
     supervisor = Supervisor(config)
     sup_check = supervisor.selfchecks["supervisor"]
@@ -132,7 +132,7 @@ async def serve(config: Config) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.ensure_future(supervisor.run())
-    app["supervisor_task"] = task
+    app[SUPERVISOR_TASK] = task
     extra_tasks = [asyncio.ensure_future(t) for t in extras]
     stop_wait = asyncio.ensure_future(stop.wait())
     await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)

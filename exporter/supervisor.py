@@ -253,7 +253,7 @@ class Supervisor:
             log.info("worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s", msg.get("pid"), len(msg.get("gpus", [])),
                      self.system.get("driver_version"), self.system.get("nvml_version"), self.system.get("nvidia_ml_py_version"))
         elif kind == "selfcheck":
-            result = {k: msg[k] for k in ("process", "modules", "problems", "notes") if k in msg}
+            result: dict[str, Any] = {k: msg[k] for k in ("process", "modules", "problems", "notes") if k in msg}
             self.selfchecks["worker"] = result
             for problem in result.get("problems", []):
                 log_once(log, logging.WARNING, ("selfcheck", "worker", problem), "self-check (worker): %s", problem)
@@ -527,7 +527,7 @@ class Supervisor:
         if out.lifetime_s >= max(30.0, 5 * self.config.interval_s) and self.last_snapshot is not None:
             self._consecutive = 0
         self._consecutive += 1
-        delay = min(self.config.backoff_initial_s * 2 ** (self._consecutive - 1), self.config.backoff_max_s)
+        delay = min(self.config.backoff_initial_s * float(2 ** (self._consecutive - 1)), self.config.backoff_max_s)
         self._changed()
         return delay
 

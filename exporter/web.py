@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
-
 from aiohttp import web
 
 from exporter import exposition, statuspage
@@ -21,7 +19,8 @@ from exporter.supervisor import Supervisor
 log = logging.getLogger(__name__)
 
 SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor", Supervisor)
-RENDERER: web.AppKey[Renderer] = web.AppKey("renderer", object)  # type: ignore[arg-type]
+RENDERER: web.AppKey[Renderer] = web.AppKey("renderer")
+SUPERVISOR_TASK: web.AppKey[asyncio.Task[None]] = web.AppKey("supervisor_task")
 
 
 class Renderer:
@@ -65,11 +64,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    sup = request.app[SUPERVISOR]
-    task: asyncio.Task[Any] | None = request.app.get("supervisor_task")  # type: ignore[call-overload]
+    task = request.app.get(SUPERVISOR_TASK)
     if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
         return web.Response(status=500, text=f"supervisor loop died: {task.exception()!r}\n")
-    del sup
     return web.Response(text="ok\n")
 
 

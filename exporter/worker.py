@@ -205,7 +205,7 @@ class Worker:
             self._attach(index)
         feature_time: dict[str, float] = {}
         feature_ok: dict[str, int] = {}
-        gpus = []
+        gpus: list[dict[str, Any]] = []
         errors_before = sum(self.client.errors.values())
         for dev in list(self.devices):
             readings: dict[str, Any] = {}
@@ -331,10 +331,10 @@ class Worker:
                     backoff = min(backoff * 2, 30.0)
                     continue
                 backoff = 1.0
-                dev = self._device_of(data.device, by_handle)
+                found = self._device_of(data.device, by_handle)
                 etype = int(data.eventType)
                 self.channel.send(
-                    "event", ts=time.time(), gpu=dev.index if dev else None, uuid=dev.uuid if dev else "",
+                    "event", ts=time.time(), gpu=found.index if found else None, uuid=found.uuid if found else "",
                     event_type=EVENT_TYPE_NAMES.get(etype, f"type_{etype:#x}"),
                     xid=int(data.eventData) if etype == 0x8 else None,
                 )
@@ -363,7 +363,8 @@ class Worker:
         if self.event_thread is not None:
             self.event_thread.join(drain_s)
             if self.event_thread.is_alive():
-                log.warning("NVML event thread still in a call after %.1f s; skipping nvmlShutdown", drain_s)
+                log.warning("NVML event thread still in a call after %.1f s; skipping nvmlShutdown",
+                            drain_s)
                 return False
         try:
             NvmlClient.raw(self.client, "shutdown", "nvmlShutdown", "")

@@ -237,9 +237,11 @@ class DeviceClient:
             elif entry.code == UNPOPULATED:
                 continue
             elif errors.classify_code(entry.code) is ErrorClass.UNSUPPORTED:
-                self.unsupported[("field", *pair)] = (feature, errors.code_name(entry.code))
+                field_key = ("field", *pair)
+                self.unsupported[field_key] = (feature, errors.code_name(entry.code))
             elif errors.classify_code(entry.code) is ErrorClass.DEVICE_LOST:
-                raise DeviceLost(NvmlFailure(entry.code, errors.code_name(entry.code), ErrorClass.DEVICE_LOST, "field value"), "nvmlDeviceGetFieldValues")
+                failure = NvmlFailure(entry.code, errors.code_name(entry.code), ErrorClass.DEVICE_LOST, "field value")
+                raise DeviceLost(failure, "nvmlDeviceGetFieldValues")
             else:
                 self.client.errors[(feature, errors.code_name(entry.code))] += 1
         if out:
