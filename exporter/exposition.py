@@ -114,8 +114,10 @@ def gpu_families(state: SupervisorState) -> tuple[list[Metric], set[str]]:
     up = GaugeMetricFamily("nvgpu_device_up", "1 if the GPU answered NVML in the last sample, 0 if it is lost (GPU_IS_LOST, handle lookup failure)", labels=["gpu", "uuid"])
     for g in snap["gpus"]:
         key = GpuKey(str(g["index"]), g["uuid"])
-        if g["uuid"]:
-            up.add_metric(list(key), 1.0 if g["up"] else 0.0)
+        # A GPU whose handle lookup failed before its UUID was ever read (Xid 79 can surface as
+        # UNKNOWN from nvmlDeviceGetHandleByIndex) is still a GPU that is down: device_up 0 with an
+        # empty uuid, rather than no series that an alert on device_up == 0 could see.
+        up.add_metric(list(key), 1.0 if g["up"] else 0.0)
         for feature, data in g["readings"].items():
             if feature not in collectors.COLLECTORS:
                 continue
