@@ -24,7 +24,7 @@ import types
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Final, Literal, cast, get_args
+from typing import Final, Literal, get_args
 
 __all__ = [
     "ACTIONS",
@@ -55,9 +55,7 @@ XidClass = Literal[
     "unknown",
 ]
 Severity = Literal["info", "warning", "critical"]
-Action = Literal[
-    "none", "restart_job", "investigate", "cordon", "reset_gpu", "reboot_node", "repair"
-]
+Action = Literal["none", "restart_job", "investigate", "cordon", "reset_gpu", "reboot_node", "repair"]
 
 CLASSES: Final[tuple[str, ...]] = get_args(XidClass)
 """Every class a catalog entry may have.
@@ -159,7 +157,8 @@ def _choice(obj: Mapping[str, object], where: str, field: str, allowed: tuple[st
     value = obj.get(field)
     if value not in allowed:
         raise _fail(where, field, f"expected one of {', '.join(allowed)}, got {value!r}")
-    return cast(str, value)
+    assert isinstance(value, str)
+    return value
 
 
 def _check_keys(obj: Mapping[str, object], where: str, fields: Mapping[str, bool]) -> None:
@@ -339,9 +338,7 @@ def codes_of_class(cls: str, catalog: Mapping[int, XidInfo] | None = None) -> tu
     return tuple(sorted(code for code, info in table.items() if info.xid_class == cls))
 
 
-def codes_of_severity(
-    severity: str, catalog: Mapping[int, XidInfo] | None = None
-) -> tuple[int, ...]:
+def codes_of_severity(severity: str, catalog: Mapping[int, XidInfo] | None = None) -> tuple[int, ...]:
     """Lists the catalog's codes with one default severity, ascending.
 
     Args:
