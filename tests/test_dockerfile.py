@@ -8,13 +8,13 @@ installs from that wheelhouse alone, and ``nvgpu-exporter selfcheck --strict`` r
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import pytest
@@ -27,9 +27,7 @@ DOCKERFILE = REPO / "Dockerfile"
 # The install commands, exactly as they appear in the Dockerfile (checked below) and as the slow
 # test runs them.
 BUILDER_WHEEL = 'pip wheel --wheel-dir /wheels ".[kubernetes]"'
-RUNTIME_INSTALL = (
-    'pip install --no-index --find-links=/wheels "nvgpu-exporter[kubernetes]==${VERSION}"'
-)
+RUNTIME_INSTALL = 'pip install --no-index --find-links=/wheels "nvgpu-exporter[kubernetes]==${VERSION}"'
 SELFCHECK = "RUN nvgpu-exporter selfcheck --strict"
 
 
@@ -75,9 +73,7 @@ def _hadolint() -> str:
 def test_hadolint_passes() -> None:
     exe = _hadolint()
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
-    proc = subprocess.run(
-        [exe, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, check=False
-    )
+    proc = subprocess.run([exe, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, f"{version.stdout.strip()}\n{proc.stdout}{proc.stderr}"
 
 
@@ -85,12 +81,8 @@ def test_hadolint_would_catch_a_shell_form_entrypoint(tmp_path: Path) -> None:
     """The linter run above is a real one: the same file with a shell-form entrypoint fails."""
     exe = _hadolint()
     bad = tmp_path / "Dockerfile"
-    bad.write_text(
-        DOCKERFILE.read_text().replace('ENTRYPOINT ["nvgpu-exporter"]', "ENTRYPOINT nvgpu-exporter")
-    )
-    proc = subprocess.run(
-        [exe, "--no-color", str(bad)], capture_output=True, text=True, check=False
-    )
+    bad.write_text(DOCKERFILE.read_text().replace('ENTRYPOINT ["nvgpu-exporter"]', "ENTRYPOINT nvgpu-exporter"))
+    proc = subprocess.run([exe, "--no-color", str(bad)], capture_output=True, text=True, check=False)
     assert proc.returncode != 0 and "DL3025" in proc.stdout, proc.stdout
 
 
@@ -146,9 +138,7 @@ DOCKERIGNORE_DROP = ["**/__pycache__", "**/*.pyc", "**/*.egg-info"]
 
 def test_dockerignore_is_an_allow_list() -> None:
     lines = [
-        ln.strip()
-        for ln in (REPO / ".dockerignore").read_text().splitlines()
-        if ln.strip() and not ln.startswith("#")
+        ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines() if ln.strip() and not ln.startswith("#")
     ]
     assert lines == ["*", *(f"!{p}" for p in DOCKERIGNORE_ALLOW), *DOCKERIGNORE_DROP]
 
@@ -166,34 +156,50 @@ def _build_context(dest: Path) -> Path:
     return dest
 
 
+def _image_python() -> str:
+    """A Python 3.12 like the image's (python:3.12-slim), else the interpreter running the tests."""
+    candidates = [shutil.which("python3.12"), *sorted(glob.glob(PYENV_312), reverse=True)]
+    for cand in filter(None, candidates):
+        probe = subprocess.run(
+            [cand, "-c", "import sys, venv; print(sys.version_info[:2] == (3, 12))"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.stdout.strip() == "True":
+            return cand
+    return sys.executable
+
+
+PYENV_312 = os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")
+
+
 @pytest.mark.slow
 def test_dockerfile_install_steps_in_a_fresh_venv(tmp_path: Path) -> None:
     """Builder: wheels of the project + deps; runtime: install from them only; self-check from /.
 
+    Runs on Python 3.12 (the image's) where one is installed, else on the test interpreter.
     Needs PyPI for the dependency wheels (as the image build does).
     """
+    python = _image_python()
     context = _build_context(tmp_path / "context")
     wheels = tmp_path / "wheels"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_CACHE_DIR="1")
 
     def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
         return proc
 
     # builder stage: RUN pip wheel --wheel-dir /wheels ".[kubernetes]"
-    run(
-        [sys.executable, "-m", "pip", "wheel", "--wheel-dir", str(wheels), ".[kubernetes]"], context
-    )
+    run([python, "-m", "pip", "wheel", "--wheel-dir", str(wheels), ".[kubernetes]"], context)
     built = sorted(p.name for p in wheels.glob("nvgpu_exporter-*.whl"))
     assert built == [f"nvgpu_exporter-{exporter.__version__}-py3-none-any.whl"], built
 
     # runtime stage, in a fresh virtual environment instead of the image's interpreter
     venv_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True, clear=True).create(venv_dir)
+    run([python, "-m", "venv", "--clear", str(venv_dir)], tmp_path)
     py = venv_dir / "bin" / "python"
     requirement = f"nvgpu-exporter[kubernetes]=={exporter.__version__}"
     run(
@@ -228,10 +234,7 @@ def test_dockerfile_install_steps_in_a_fresh_venv(tmp_path: Path) -> None:
     json.loads(report.stdout)  # well-formed
     assert str(REPO) not in report.stdout
     assert str(venv_dir) in report.stdout
-    probe = (
-        "import exporter, exporter.podresources as p; "
-        "print(exporter.__file__); print(p.unsupported_reason())"
-    )
+    probe = "import exporter, exporter.podresources as p; print(exporter.__file__); print(p.unsupported_reason())"
     out = run([str(py), "-c", probe], Path("/")).stdout.splitlines()
     assert out[0].startswith(str(venv_dir)), out
     assert out[1] == "None", "pod attribution's grpc/protobuf did not load from the extra"
