@@ -457,14 +457,13 @@ def test_runtime_class_is_settable() -> None:
         assert ds["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
 
 
-def test_prometheusrule_is_referenced_iff_it_exists() -> None:
-    text = (COMPONENTS / "prometheusrule" / "kustomization.yaml").read_text()
-    kinds = [d["kind"] for d in rendered("canary+servicemonitor+runtime-class-nvidia+prometheusrule")]
-    if PROMETHEUS_RULE.exists():
-        assert "PrometheusRule" in kinds
-    else:
-        assert "PrometheusRule" not in kinds
-        assert re.search(r"^#\s*-\s*\S*prometheus", text, re.M), "leave the commented reference"
+def test_prometheusrule_component_carries_the_generated_rules() -> None:
+    """components/prometheusrule renders deploy/prometheus/prometheusrule.yaml, unchanged."""
+    rule = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    (doc,) = _all("canary+servicemonitor+runtime-class-nvidia+prometheusrule", "PrometheusRule")
+    assert doc["metadata"]["namespace"] == NAMESPACE
+    assert doc["spec"] == rule["spec"]
+    assert "PrometheusRule" not in [d["kind"] for d in rendered("canary")]
 
 
 # -- plain Prometheus ----------------------------------------------------------------------------
