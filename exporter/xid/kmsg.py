@@ -259,13 +259,11 @@ def _parse_xid(message: str) -> KernelXidEvent | None:
     extended: Mapping[str, str] = _EMPTY
     nvlink = _NVLINK5_RE.match(tail)
     if nvlink is not None:
-        fields = {key: value for key, value in nvlink.groupdict().items() if value}
-        fields["link"] = str(int(fields["link"]))
+        fields = {key: value for key, value in nvlink.groupdict().items() if key != "extra"}
+        fields["link"] = str(int(fields["link"]))  # "08" -> "8", "-1" stays
         extra = " ".join(nvlink["extra"].split())
         if extra:
             fields["extra"] = extra
-        else:
-            fields.pop("extra", None)
         extended = types.MappingProxyType(fields)
     return KernelXidEvent(
         seq=None,
