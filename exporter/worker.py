@@ -398,10 +398,12 @@ def main() -> int:
 
     from exporter import selfcheck
 
-    check = selfcheck.run_in_process("worker")
+    # What this process imported, before NVML can fail; again with the driver version after init.
+    channel.send("selfcheck", **selfcheck.run_in_process("worker"))
     try:
         if not worker.init():
             return protocol.EXIT_NVML_FATAL
+        channel.send("selfcheck", **selfcheck.run_in_process("worker", worker.system.get("driver_version")))
         worker.resolve_features()
     except NvmlFatal as exc:
         channel.send("init_failed", code=exc.failure.code, error=exc.failure.name, message=str(exc))
@@ -411,7 +413,7 @@ def main() -> int:
         return protocol.EXIT_OK
     channel.send("hello", pid=os.getpid(), system=worker.system, gpus=[
         {"index": d.index, "uuid": d.uuid} for d in worker.devices
-    ], feature_states=worker.states, selfcheck=check)
+    ], feature_states=worker.states)
     worker.start_events()
     next_at = time.monotonic()
     try:
