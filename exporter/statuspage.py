@@ -1,9 +1,19 @@
-"""Server-rendered status page at ``/``: GPUs, features, worker, self-check, links. Never waits on NVML."""
+"""Server-rendered status page at ``/``: GPUs, features, worker, self-check, versions, links.
+
+For operators who port-forward to one exporter pod when something looks odd. Plain HTML and CSS,
+no script. It reads only the supervisor's in-memory state (:meth:`Supervisor.fresh_snapshot`,
+:meth:`~Supervisor.feature_states`, counters), so it never waits on NVML: a hung or crashing
+worker leaves the page as fast as ``/metrics``. Each section is rendered on its own; a section
+that fails says so and the rest of the page still renders.
+"""
 
 from __future__ import annotations
 
 import html
+import logging
+import signal
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from exporter import __version__
@@ -11,88 +21,305 @@ from exporter import __version__
 if TYPE_CHECKING:
     from exporter.supervisor import Supervisor
 
+log = logging.getLogger(__name__)
+
 CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}
-th{background:#f3f3f3}.bad{background:#fde2e2;font-weight:bold}.warn{background:#fff4d6}.ok{color:#176b2c}
-code{background:#f3f3f3;padding:0 .2em}
+:root{--bad:#b42318;--bad-bg:#fde8e7;--warn:#8a5a00;--warn-bg:#fff4d6;--ok:#176b2c;--ok-bg:#e6f4ea;--muted:#667085;--line:#d0d5dd}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d2939;background:#f9fafb}
+header{background:#101828;color:#fff;padding:.8em 1.5em;display:flex;flex-wrap:wrap;gap:.4em 1.5em;align-items:baseline}
+header h1{font-size:1.25em;margin:0}header a{color:#9ecbff}header .meta{color:#d0d5dd}
+main{padding:.5em 1.5em 2em}
+h2{font-size:1.05em;margin:1.4em 0 .4em}
+table{border-collapse:collapse;background:#fff;border:1px solid var(--line);margin:.2em 0 .6em}
+td,th{border-bottom:1px solid var(--line);padding:.3em .7em;text-align:left;vertical-align:top}
+th{background:#f2f4f7;font-weight:600;white-space:nowrap}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.bad td{background:var(--bad-bg)}tr.warn td{background:var(--warn-bg)}tr.off td{color:var(--muted)}
+code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
+.badge{display:inline-block;padding:0 .5em;border-radius:.6em;font-size:.85em;font-weight:600;white-space:nowrap}
+.badge.ok{background:var(--ok-bg);color:var(--ok)}.badge.bad{background:var(--bad);color:#fff}
+.badge.warn{background:var(--warn-bg);color:var(--warn);border:1px solid #f5d18a}
+.badge.off{background:#eaecf0;color:var(--muted)}
+.alert{border-left:4px solid var(--bad);background:var(--bad-bg);padding:.5em .9em;margin:.8em 0}
+.alert.warn{border-color:#f5b400;background:var(--warn-bg)}
+.small{font-size:.85em;color:var(--muted)}
+.cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(34em,1fr));gap:0 2em;align-items:start}
+dl{display:grid;grid-template-columns:max-content auto;gap:.15em 1em;margin:.2em 0}dt{font-weight:600}dd{margin:0}
 """
+
+GIB = 2**30
 
 
 def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _gpu_rows(sup: Supervisor) -> list[str]:
+def _badge(text: str, kind: str) -> str:
+    return f'<span class="badge {kind}">{_e(text)}</span>'
+
+
+def _utc(ts: float | None, fmt: str = "%Y-%m-%d %H:%M:%SZ") -> str:
+    return time.strftime(fmt, time.gmtime(ts)) if ts else "-"
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"{signal.Signals(number).name} ({number})"
+    except ValueError:
+        return str(number)
+
+
+def _xid_info(xid: int) -> tuple[str, str, str]:
+    """(class, severity, meaning) from the Xid catalog; blanks if the catalog cannot be read."""
+    try:
+        from exporter.xid import classify
+
+        info = classify(xid)
+        return info.xid_class, info.severity, info.meaning
+    except Exception:  # noqa: BLE001 - a broken catalog must not take the page down
+        log.debug("Xid catalog unavailable", exc_info=True)
+        return "", "", ""
+
+
+# -- sections ---------------------------------------------------------------------------------
+
+
+def _gpus(sup: Supervisor) -> str:
     snap = sup.fresh_snapshot()
-    if snap is None:
-        return ['<tr><td colspan="10">no fresh sample (see <a href="/readyz">/readyz</a>)</td></tr>']
+    xids: dict[str, list[tuple[int, float, float]]] = {}
+    for (_gpu, uuid, xid), (count, ts) in sup.xids.items():
+        xids.setdefault(uuid, []).append((xid, count, ts))
     rows = []
-    stuck = sup.stuck_state
-    for g in snap["gpus"]:
-        r = g["readings"]
-        ident = r.get("identity", {})
-        util = r.get("utilization", {})
-        mem = r.get("memory", {})
-        temp = r.get("temperature", {})
-        power = r.get("power", {})
-        last_xid = max(((x, ts) for (gi, u, x), (c, ts) in sup.xids.items() if u == g["uuid"]), key=lambda p: p[1], default=None)
-        util_s = f"{util['gpu_percent']} %" if util.get("gpu_percent") is not None else "-"
-        mem_s = (f"{mem['used_bytes'] / 2**30:.1f} / {mem['total_bytes'] / 2**30:.1f} GiB"
-                 if mem.get("used_bytes") is not None and mem.get("total_bytes") else "-")
-        temp_s = f"{temp['gpu_celsius']} °C" if temp.get("gpu_celsius") is not None else "-"
-        power_s = f"{power['usage_mw'] / 1000:.0f} W" if power.get("usage_mw") is not None else "-"
-        is_stuck = stuck(g["uuid"])
-        xid_s = f"Xid {last_xid[0]} at {time.strftime('%H:%M:%S', time.gmtime(last_xid[1]))}Z" if last_xid else "-"
-        cls = ' class="bad"' if not g["up"] or is_stuck else ""
-        rows.append(
-            f"<tr{cls}><td>{_e(g['index'])}</td><td><code>{_e(g['uuid'])}</code></td><td>{_e(ident.get('name'))}</td>"
-            f"<td>{_e(ident.get('pci_bus_id'))}</td><td>{'up' if g['up'] else 'LOST'}</td><td>{_e(util_s)}</td>"
-            f"<td>{_e(mem_s)}</td><td>{_e(temp_s)}</td><td>{_e(power_s)}</td>"
-            f"<td>{'STUCK' if is_stuck else 'no'}</td><td>{_e(xid_s)}</td></tr>"
+    if snap is None:
+        note = (
+            f'<div class="alert">No fresh NVML sample: GPU values are not shown (see <a href="/readyz">/readyz</a>: '
+            f"{_e(sup.ready()[1])}).</div>"
         )
-    return rows
+        known = sorted(sup.gpu_index.items(), key=lambda kv: (len(kv[1]), kv[1]))
+        gpus: list[dict[str, Any]] = [{"index": idx, "uuid": uuid, "up": None, "readings": {}} for uuid, idx in known]
+    else:
+        note = f'<p class="small">Sample taken {_e(_age(time.time() - float(snap.get("ts", time.time()))))} ago.</p>'
+        gpus = list(snap["gpus"])
+    for g in gpus:
+        uuid = g["uuid"] or ""
+        r = g.get("readings") or {}
+        ident, util, mem = r.get("identity", {}), r.get("utilization", {}), r.get("memory", {})
+        temp, power = r.get("temperature", {}), r.get("power", {})
+        stuck = bool(uuid) and sup.stuck_state(uuid)
+        if g["up"] is None:
+            state = _badge("no fresh sample", "warn")
+        elif g["up"]:
+            state = _badge("up", "ok")
+        else:
+            state = _badge("LOST", "bad")
+        util_s = f"{util['gpu_percent']} %" if util.get("gpu_percent") is not None else "-"
+        used, total = mem.get("used_bytes"), mem.get("total_bytes")
+        mem_s = (
+            f"{used / GIB:.1f} / {total / GIB:.1f} GiB ({100 * used / total:.0f} %)"
+            if used is not None and total
+            else "-"
+        )
+        temp_s = f"{temp['gpu_celsius']} °C" if temp.get("gpu_celsius") is not None else "-"
+        if temp.get("memory_celsius") is not None:
+            temp_s += f" (HBM {temp['memory_celsius']} °C)"
+        power_s = "-"
+        if power.get("usage_mw") is not None:
+            power_s = f"{power['usage_mw'] / 1000:.0f} W"
+            if power.get("limit_mw"):
+                power_s += f" / {power['limit_mw'] / 1000:.0f} W"
+        stuck_s = _badge("STUCK: busy, no memory, no processes", "bad") if stuck else _badge("no", "ok")
+        xid_s = "-"
+        if uuid in xids:
+            xid, _count, ts = max(xids[uuid], key=lambda x: x[2])
+            total_xids = sum(int(c) for _x, c, _t in xids[uuid])
+            cls, severity, meaning = _xid_info(xid)
+            kind = {"critical": "bad", "warning": "warn"}.get(severity, "off")
+            xid_s = (
+                f"{_badge(f'Xid {xid}', kind)} {_e(cls)}{f' / {_e(severity)}' if severity else ''} at "
+                f'{_e(_utc(ts, "%H:%M:%SZ"))}<br><span class="small">{_e(meaning)}'
+                f"{f' ({total_xids} Xids in total)' if total_xids > 1 else ''}</span>"
+            )
+        cls_row = "bad" if g["up"] is False or stuck else ""
+        rows.append(
+            f'<tr class="{cls_row}" data-uuid="{_e(uuid)}"><td class="num">{_e(g["index"])}</td>'
+            f"<td><code>{_e(uuid)}</code></td>"
+            f'<td>{_e(ident.get("name") or "-")}<br><span class="small">{_e(ident.get("pci_bus_id") or "")}</span></td>'
+            f'<td>{state}</td><td class="num">{_e(util_s)}</td><td class="num">{_e(mem_s)}</td>'
+            f'<td class="num">{_e(temp_s)}</td><td class="num">{_e(power_s)}</td>'
+            f"<td>{stuck_s}</td><td>{xid_s}</td></tr>"
+        )
+    if not rows:
+        rows.append('<tr><td colspan="10">no GPUs known yet</td></tr>')
+    return (
+        note
+        + '<table id="gpus"><tr><th>gpu</th><th>UUID</th><th>model / PCI bus id</th><th>state</th><th>utilization</th>'
+        "<th>memory used / total</th><th>temperature</th><th>power / limit</th><th>stuck signature</th>"
+        "<th>last Xid</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def _features(sup: Supervisor) -> str:
+    states = sup.feature_states()
+    rows = []
+    for name, st in sorted(states.items()):
+        reason = str(st.get("reason", ""))
+        if reason == "quarantined":
+            cls, badge = "bad", _badge("QUARANTINED", "bad")
+        elif st.get("enabled"):
+            cls, badge = "", _badge("on", "ok")
+        elif reason in ("known_issue", "unsupported"):
+            cls, badge = (
+                "warn" if reason == "known_issue" else "off",
+                _badge("off", "warn" if reason == "known_issue" else "off"),
+            )
+        else:
+            cls, badge = "off", _badge("off", "off")
+        rows.append(
+            f'<tr class="{cls}" data-feature="{_e(name)}" data-reason="{_e(reason)}"><td><code>{_e(name)}</code></td>'
+            f"<td>{badge}</td><td>{_e(reason)}</td><td>{_e(st.get('detail') or '')}</td></tr>"
+        )
+    return (
+        '<table id="features"><tr><th>feature</th><th>state</th><th>reason</th><th>detail</th></tr>'
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _quarantine_banner(sup: Supervisor) -> str:
+    quarantined = {k: v for k, v in sup.feature_states().items() if v.get("reason") == "quarantined"}
+    if not quarantined:
+        return ""
+    items = "".join(
+        f"<li><code>{_e(k)}</code>: {_e(v.get('detail') or '')}</li>" for k, v in sorted(quarantined.items())
+    )
+    return (
+        f'<div class="alert" id="quarantine-alert"><b>{len(quarantined)} feature{"s" if len(quarantined) > 1 else ""} '
+        f"quarantined</b> after worker crashes; every other metric continues. To retry: "
+        f"<code>nvgpu-exporter quarantine --clear &lt;feature&gt;</code> and restart.<ul>{items}</ul></div>"
+    )
+
+
+def _worker(sup: Supervisor) -> str:
+    now = time.time()
+    if sup.respawn_stopped:
+        state = _badge("respawning stopped (hung workers cannot be reaped)", "bad")
+    elif sup.worker_stuck:
+        state = _badge("stuck in the driver (D state)", "bad")
+    elif sup.last_init_error:
+        state = _badge("NVML unavailable", "bad")
+    elif sup.fresh_snapshot() is not None:
+        state = _badge("sampling", "ok")
+    else:
+        state = _badge("starting / no fresh sample", "warn")
+    restarts = ", ".join(f"{k}: {v}" for k, v in sorted(sup.restarts.items()) if v) or "none"
+    crashes = (
+        "<br>".join(f"<code>{_e(f)}</code> in <code>{_e(fn)}</code>: {n}" for (f, fn), n in sorted(sup.crashes.items()))
+        or "none"
+    )
+    uptime = f" (up {_age(now - sup.worker_started_at)})" if sup.worker_started_at else ""
+    snap = sup.last_snapshot
+    age = f"{_age(now - float(snap['ts']))} ago" if snap and snap.get("ts") else "none yet"
+    sig = _signal_name(sup.last_exit_signal) if sup.last_exit_signal else "none"
+    return (
+        f'<table id="worker"><tr><th>state</th><td>{state}</td></tr>'
+        f"<tr><th>pid</th><td>{_e(sup.worker_pid or '-')}</td></tr>"
+        f"<tr><th>started</th><td>{_e(_utc(sup.worker_started_at))}{_e(uptime)}</td></tr>"
+        f"<tr><th>last sample</th><td>{_e(age)}</td></tr>"
+        f'<tr class="{"warn" if restarts != "none" else ""}"><th>restarts</th><td>{_e(restarts)}</td></tr>'
+        f'<tr class="{"bad" if sup.crashes else ""}"><th>crashes by feature</th><td>{crashes}</td></tr>'
+        f"<tr><th>last exit signal / code</th><td>{_e(sig)} / {_e(sup.last_exit_code)}</td></tr>"
+        f'<tr class="{"bad" if sup.last_init_error else ""}"><th>NVML</th>'
+        f"<td>{_e(sup.last_init_error or 'initialised')}</td></tr>"
+        "</table>"
+    )
+
+
+def _selfcheck(sup: Supervisor) -> str:
+    rows = []
+    checks = dict(sup.selfchecks)
+    for process in sorted({*checks, "supervisor", "worker"}):
+        res = checks.get(process)
+        if res is None:
+            rows.append(
+                f'<tr class="warn" data-process="{_e(process)}"><td>{_e(process)}</td>'
+                f"<td>{_badge('not reported', 'warn')}</td>"
+                "<td>-</td><td>no self-check result from this process yet</td></tr>"
+            )
+            continue
+        problems = list(res.get("problems", []))
+        modules = res.get("modules", [])
+        mods = ", ".join(
+            f"{m.get('module')} {m.get('distribution_version') or m.get('version') or ''}".strip() for m in modules
+        )
+        rows.append(
+            f'<tr class="{"bad" if problems else ""}" data-process="{_e(process)}"><td>{_e(process)}</td>'
+            f"<td>{_badge('FAILED', 'bad') if problems else _badge('ok', 'ok')}</td>"
+            f'<td class="small">{_e(mods) or "-"}</td><td>{"<br>".join(_e(p) for p in problems) or "-"}</td></tr>'
+        )
+    return (
+        '<table id="selfcheck"><tr><th>process</th><th>result</th><th>modules imported</th><th>problems</th></tr>'
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _build(sup: Supervisor) -> str:
+    s = sup.system
+    items = [
+        ("exporter", __version__),
+        ("nvidia-ml-py", s.get("nvidia_ml_py_version")),
+        ("driver", s.get("driver_version")),
+        ("NVML", s.get("nvml_version")),
+        ("CUDA driver", s.get("cuda_driver_version")),
+        ("Python", sup.python_version),
+    ]
+    return '<dl id="build">' + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v or '?')}</dd>" for k, v in items) + "</dl>"
+
+
+def _section(title: str, render: Callable[[Supervisor], str], sup: Supervisor, anchor: str) -> str:
+    try:
+        body = render(sup)
+    except Exception as exc:  # noqa: BLE001 - one broken section must not hide the others
+        log.exception("status page section %r failed", title)
+        body = f'<div class="alert">this section could not be rendered: {_e(type(exc).__name__)}: {_e(exc)}</div>'
+    return f'<section id="{anchor}-section"><h2>{_e(title)}</h2>{body}</section>' if title else body
 
 
 def render(sup: Supervisor) -> str:
-    """The whole page as HTML text."""
+    """The whole page as HTML text (reads in-memory state only)."""
     ready, why = sup.ready()
-    features = []
-    for name, st in sorted(sup.feature_states().items()):
-        cls = "bad" if st["reason"] == "quarantined" else ("warn" if not st["enabled"] else "")
-        features.append(f'<tr class="{cls}"><td>{_e(name)}</td><td>{"on" if st["enabled"] else "off"}</td>'
-                        f'<td>{_e(st["reason"])}</td><td>{_e(st.get("detail", ""))}</td></tr>')
-    checks = []
-    for process, res in sorted(sup.selfchecks.items()):
-        problems = res.get("problems", [])
-        cls = "bad" if problems else "ok"
-        checks.append(f'<tr><td>{_e(process)}</td><td class="{cls}">{"FAILED" if problems else "ok"}</td>'
-                      f'<td>{"<br>".join(_e(p) for p in problems) or "-"}</td></tr>')
-    restarts = ", ".join(f"{k}: {v}" for k, v in sorted(sup.restarts.items())) or "none"
-    system = sup.system
-    started = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(sup.worker_started_at)) if sup.worker_started_at else "-"
+    ready_badge = _badge("ready", "ok") if ready else _badge(f"not ready: {why}", "bad")
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>nvgpu-exporter</title><style>{CSS}</style></head>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
+<title>nvgpu-exporter</title><style>{CSS}</style></head>
 <body>
-<h1>nvgpu-exporter {_e(__version__)}</h1>
-<p><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a>
- · ready: <b class="{'ok' if ready else 'bad'}">{'yes' if ready else 'no'}</b> ({_e(why)})</p>
-<h2>GPUs</h2>
-<table id="gpus"><tr><th>gpu</th><th>UUID</th><th>model</th><th>PCI bus id</th><th>state</th><th>utilization</th><th>memory</th>
-<th>temperature</th><th>power</th><th>stuck signature</th><th>last Xid</th></tr>
-{''.join(_gpu_rows(sup))}</table>
-<h2>Features</h2>
-<table id="features"><tr><th>feature</th><th>state</th><th>reason</th><th>detail</th></tr>{''.join(features)}</table>
-<h2>Worker</h2>
-<table id="worker"><tr><th>pid</th><td>{_e(sup.worker_pid)}</td></tr><tr><th>started</th><td>{_e(started)}</td></tr>
-<tr><th>restarts</th><td>{_e(restarts)}</td></tr><tr><th>last exit signal / code</th><td>{sup.last_exit_signal} / {sup.last_exit_code}</td></tr>
-<tr><th>stuck</th><td class="{'bad' if sup.worker_stuck else ''}">{'yes' if sup.worker_stuck else 'no'}</td></tr>
-<tr><th>NVML</th><td>{_e(sup.last_init_error or 'ok')}</td></tr></table>
-<h2>Self-check</h2>
-<table id="selfcheck"><tr><th>process</th><th>result</th><th>problems</th></tr>{''.join(checks)}</table>
-<h2>Build</h2>
-<p>exporter {_e(__version__)} · driver {_e(system.get('driver_version', '?'))} · NVML {_e(system.get('nvml_version', '?'))}
- · CUDA driver {_e(system.get('cuda_driver_version', '?'))} · nvidia-ml-py {_e(system.get('nvidia_ml_py_version', '?'))}
- · Python {_e(sup.python_version)}</p>
+<header><h1>nvgpu-exporter {_e(__version__)}</h1>
+<nav><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></nav>
+<span id="ready">{ready_badge}</span>
+<span class="meta">driver {_e(sup.system.get("driver_version", "?"))}
+ · page rendered {_e(_utc(time.time()))}</span></header>
+<main>
+{_section("", _quarantine_banner, sup, "quarantine")}
+{_section("GPUs", _gpus, sup, "gpus")}
+<div class="cols"><div>
+{_section("Features", _features, sup, "features")}
+</div><div>
+{_section("Worker", _worker, sup, "worker")}
+{_section("Self-check", _selfcheck, sup, "selfcheck")}
+{_section("Build", _build, sup, "build")}
+</div></div>
+</main>
 </body></html>
 """

@@ -1,0 +1,1101 @@
+"""Generate the Grafana dashboards in this directory from code.
+
+    python dashboards/generate.py           # rewrite gpu-fleet.json and exporter-health.json
+    python dashboards/generate.py --check   # exit 1 if the committed JSON differs from a fresh build
+
+Built with Grafana's own `grafana-foundation-sdk` (Python 3.11+, pinned in
+``dashboards/requirements.txt``: the SDK's version is a build timestamp, and each build may change
+the JSON it writes). It writes the current dashboard schema (``schemaVersion`` 41, the classic JSON
+model Grafana 11 and 12 import). Every panel and variable uses the ``datasource`` variable
+(``${datasource}``), never a data source UID, so the files import into any Grafana.
+
+Only metric names from docs/metrics.md are used (tests/test_dashboards.py checks), and every panel
+query is sent to a real Prometheus scraping the real exporter (tests/test_prometheus_e2e.py).
+The Xid class regexes come from exporter/xid/catalog.json, so a catalog change shows up here as
+a diff that the test asks you to regenerate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import (
+    bargauge,
+    common,
+    dashboard,
+    prometheus,
+    stat,
+    statetimeline,
+    table,
+    timeseries,
+)
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import prometheus as pm
+from grafana_foundation_sdk.models.common import DataSourceRef
+
+from exporter.xid import CLASSES, UNKNOWN_CLASS, codes_of_class, promql_regex
+
+HERE = Path(__file__).resolve().parent
+DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
+TAGS = ["nvgpu-exporter", "nvidia", "gpu"]
+
+# Label matchers. cluster and node are target labels that only some set-ups add (the scrape
+# config in deploy/prometheus adds `node`); the variables' "All" value is `.*`, which also
+# matches a series without the label, so the dashboards work with and without them.
+FLEET = 'cluster=~"$cluster", node=~"$node", instance=~"$instance"'
+GPU = FLEET + ', uuid=~"$gpu"'
+HEALTH = 'job=~"$job", cluster=~"$cluster", node=~"$node", instance=~"$instance"'
+GPU_LEGEND = "{{instance}} GPU {{gpu}}"
+TARGET_BY = "cluster, node, instance"
+GPU_BY = TARGET_BY + ", gpu, uuid"
+
+
+# -- small helpers over the SDK builders ------------------------------------------------------
+
+
+def _query(
+    expr: str, ref: str, legend: str | None = None, *, instant: bool = False, table: bool = False
+) -> prometheus.Dataquery:
+    """One Prometheus target: a range query, or an instant one (``table``: one frame with a row per series)."""
+    q = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DS)
+    if legend is not None:
+        q = q.legend_format(legend)
+    if instant:
+        q = q.instant().format(pm.PromQueryFormat.TABLE if table else pm.PromQueryFormat.TIME_SERIES)
+    else:
+        q = q.range()
+    return q
+
+
+def _targets(
+    panel: Any, queries: Sequence[tuple[str, str | None]], *, instant: bool = False, table: bool = False
+) -> Any:
+    for i, (expr, legend) in enumerate(queries):
+        panel = panel.with_target(_query(expr, chr(ord("A") + i), legend, instant=instant, table=table))
+    return panel
+
+
+def _thresholds(*steps: tuple[float | None, str]) -> dashboard.ThresholdsConfig:
+    return (
+        dashboard.ThresholdsConfig()
+        .mode(dm.ThresholdsMode.ABSOLUTE)
+        .steps([dm.Threshold(value=v, color=c) for v, c in steps])
+    )
+
+
+def _mapping(options: dict[str, tuple[str, str]]) -> list[dm.ValueMapping]:
+    return [
+        dm.ValueMap(
+            options={
+                k: dm.ValueMappingResult(text=t, color=c, index=i) for i, (k, (t, c)) in enumerate(options.items())
+            }
+        )
+    ]
+
+
+def timeseries_panel(
+    title: str,
+    description: str,
+    queries: Sequence[tuple[str, str | None]],
+    unit: str,
+    *,
+    w: int = 12,
+    h: int = 8,
+    stacked: bool = False,
+    bars: bool = False,
+    min_val: float | None = 0,
+    max_val: float | None = None,
+) -> timeseries.Panel:
+    p = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .unit(unit)
+        .span(w)
+        .height(h)
+        .legend(
+            common.VizLegendOptions()
+            .display_mode(cm.LegendDisplayMode.TABLE)
+            .placement(cm.LegendPlacement.BOTTOM)
+            .show_legend(True)
+            .calcs(["lastNotNull", "max"])
+        )
+        .tooltip(common.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING))
+        .fill_opacity(10 if not bars else 80)
+        .line_width(1)
+        .show_points(cm.VisibilityMode.NEVER)
+    )
+    if min_val is not None:
+        p = p.min(min_val)
+    if max_val is not None:
+        p = p.max(max_val)
+    if stacked:
+        p = p.stacking(common.StackingConfig().mode(cm.StackingMode.NORMAL))
+    if bars:
+        p = p.draw_style(cm.GraphDrawStyle.BARS)
+    return _targets(p, queries)
+
+
+def stat_panel(
+    title: str,
+    description: str,
+    expr: str,
+    unit: str,
+    thresholds: dashboard.ThresholdsConfig,
+    *,
+    w: int = 4,
+    h: int = 4,
+    mappings: list[dm.ValueMapping] | None = None,
+) -> stat.Panel:
+    p = (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .unit(unit)
+        .span(w)
+        .height(h)
+        .thresholds(thresholds)
+        .color_mode(cm.BigValueColorMode.BACKGROUND)
+        .graph_mode(cm.BigValueGraphMode.AREA)
+        .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
+    if mappings:
+        p = p.mappings(mappings)
+    return _targets(p, [(expr, None)])
+
+
+def table_panel(
+    title: str,
+    description: str,
+    queries: Sequence[tuple[str, str | None]],
+    *,
+    w: int = 12,
+    h: int = 8,
+    hide: Sequence[str] = (),
+    rename: dict[str, str] | None = None,
+    unit: str | None = None,
+    overrides: Sequence[tuple[str, list[dm.DynamicConfigValue]]] = (),
+    thresholds: dashboard.ThresholdsConfig | None = None,
+    color_column: str | None = None,
+) -> table.Panel:
+    """An instant-query table; several queries are merged on their common labels."""
+    p = table.Panel().title(title).description(description).datasource(DS).span(w).height(h).filterable(True)
+    if unit:
+        p = p.unit(unit)
+    if thresholds is not None:
+        p = p.thresholds(thresholds)
+    if len(queries) > 1:
+        p = p.with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))
+    excluded = {name: True for name in ("Time", "__name__", "job", *hide)}
+    p = p.with_transformation(
+        dm.DataTransformerConfig(
+            id_val="organize", options={"excludeByName": excluded, "renameByName": dict(rename or {})}
+        )
+    )
+    for name, props in overrides:
+        p = p.override_by_name(name, props)
+    if color_column:
+        p = p.override_by_name(
+            color_column, [dm.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"})]
+        )
+    return _targets(p, queries, instant=True, table=True)
+
+
+def bargauge_panel(
+    title: str,
+    description: str,
+    queries: Sequence[tuple[str, str | None]],
+    unit: str,
+    thresholds: dashboard.ThresholdsConfig,
+    *,
+    w: int = 12,
+    h: int = 8,
+) -> bargauge.Panel:
+    p = (
+        bargauge.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .unit(unit)
+        .span(w)
+        .height(h)
+        .min(0)
+        .thresholds(thresholds)
+        .orientation(cm.VizOrientation.HORIZONTAL)
+        .display_mode(cm.BarGaugeDisplayMode.GRADIENT)
+        .show_unfilled(True)
+        .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
+    return _targets(p, queries, instant=True)
+
+
+def state_timeline_panel(
+    title: str,
+    description: str,
+    queries: Sequence[tuple[str, str | None]],
+    mappings: list[dm.ValueMapping],
+    thresholds: dashboard.ThresholdsConfig,
+    *,
+    w: int = 12,
+    h: int = 8,
+) -> statetimeline.Panel:
+    p = (
+        statetimeline.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .span(w)
+        .height(h)
+        .mappings(mappings)
+        .thresholds(thresholds)
+        .show_value(cm.VisibilityMode.NEVER)
+        .merge_values(True)
+        .fill_opacity(80)
+        .line_width(0)
+        .color_scheme(dashboard.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
+    )
+    return _targets(p, queries)
+
+
+def variable(
+    name: str, label: str, query: str, *, all_value: str | None = ".*", description: str = ""
+) -> dashboard.QueryVariable:
+    v = (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .datasource(DS)
+        .query(query)
+        .multi(True)
+        .include_all(True)
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"]))
+    )
+    if all_value is not None:
+        v = v.all_value(all_value)
+    if description:
+        v = v.description(description)
+    return v
+
+
+def datasource_variable() -> dashboard.DatasourceVariable:
+    return (
+        dashboard.DatasourceVariable("datasource")
+        .label("Data source")
+        .type("prometheus")
+        .description("The Prometheus that scrapes nvgpu-exporter")
+    )
+
+
+def xid_classified(inner: str) -> str:
+    """``inner`` (series with an ``xid`` label) with a ``class`` label from the Xid catalog.
+
+    Every series first gets class ``unknown``; then one label_replace per catalog class overwrites
+    it for that class's codes (PromQL anchors the regex at both ends).
+    """
+    expr = f'label_replace({inner}, "class", "{UNKNOWN_CLASS}", "xid", ".*")'
+    for cls in CLASSES:
+        codes = codes_of_class(cls)
+        if cls == UNKNOWN_CLASS or not codes:
+            continue
+        expr = f'label_replace(\n  {expr},\n  "class", "{cls}", "xid", "{promql_regex(codes)}"\n)'
+    return expr
+
+
+def _ids(d: dict[str, Any]) -> dict[str, Any]:
+    """Give every panel (rows included) a stable id in layout order."""
+    for i, panel in enumerate(d["panels"], start=1):
+        panel["id"] = i
+    return d
+
+
+def to_json(builder: cogbuilder.Builder[Any]) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    return _ids(data)
+
+
+def _base(uid: str, title: str, description: str) -> dashboard.Dashboard:
+    return (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .refresh("30s")
+        .time("now-3h", "now")
+        .timezone("browser")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .timepicker(dashboard.TimePicker().refresh_intervals(["10s", "30s", "1m", "5m", "15m"]))
+    )
+
+
+def _link(title: str, uid: str) -> dashboard.DashboardLink:
+    return (
+        dashboard.DashboardLink(title)
+        .type(dm.DashboardLinkType.LINK)
+        .url(f"/d/{uid}?${{__url_time_range}}&${{__all_variables}}")
+        .icon("dashboard")
+        .keep_time(True)
+        .include_vars(False)
+        .target_blank(False)
+        .as_dropdown(False)
+    )
+
+
+FLEET_UID = "nvgpu-fleet"
+HEALTH_UID = "nvgpu-exporter-health"
+OK_RED = _thresholds((None, "green"), (1, "red"))
+ALWAYS_BLUE = _thresholds((None, "blue"))
+ALWAYS_GREEN = _thresholds((None, "green"))
+SOLID = dashboard.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS)
+
+
+# -- GPU fleet -------------------------------------------------------------------------------
+
+
+def gpu_fleet() -> dict[str, Any]:
+    d = (
+        _base(
+            FLEET_UID,
+            "NVIDIA GPU fleet (nvgpu-exporter)",
+            "Cluster -> node -> GPU drill-down from nvgpu-exporter metrics (docs/metrics.md). GPUs are named by UUID; "
+            "`gpu` is the NVML index on that node, not the index a container sees.",
+        )
+        .link(_link("Exporter health", HEALTH_UID))
+        .with_variable(datasource_variable())
+        .with_variable(
+            variable(
+                "cluster",
+                "Cluster",
+                "label_values(nvgpu_up, cluster)",
+                description="Target label `cluster`, if your Prometheus adds one (All = `.*` also matches none)",
+            )
+        )
+        .with_variable(
+            variable(
+                "node",
+                "Node",
+                'label_values(nvgpu_up{cluster=~"$cluster"}, node)',
+                description="Target label `node` (deploy/prometheus/scrape-config.yaml adds it; All also matches none)",
+            )
+        )
+        .with_variable(
+            variable("instance", "Instance", 'label_values(nvgpu_up{cluster=~"$cluster", node=~"$node"}, instance)')
+        )
+        .with_variable(variable("gpu", "GPU (UUID)", f"label_values(nvgpu_gpu_info{{{FLEET}}}, uuid)"))
+    )
+
+    d = (
+        d.with_row(dashboard.Row("Overview"))
+        .with_panel(
+            stat_panel(
+                "GPUs",
+                "GPUs reported by the selected exporters (nvgpu_device_up series).",
+                f"count(nvgpu_device_up{{{GPU}}})",
+                "none",
+                ALWAYS_BLUE,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "GPUs lost",
+                "GPUs whose handle NVML no longer returns (nvgpu_device_up 0): drained "
+                "from sampling, others unaffected.",
+                f"sum(1 - nvgpu_device_up{{{GPU}}})",
+                "none",
+                OK_RED,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "GPUs with the stuck signature",
+                "Busy, no memory used, no processes for NVGPU_STUCK_AFTER_SECONDS "
+                "(nvgpu_stuck_context_suspected). See the table below and docs/runbook.md.",
+                f"sum(nvgpu_stuck_context_suspected{{{GPU}}})",
+                "none",
+                OK_RED,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Mean GPU utilization",
+                "Mean of nvgpu_gpu_utilization_ratio over the selected GPUs.",
+                f"avg(nvgpu_gpu_utilization_ratio{{{GPU}}})",
+                "percentunit",
+                ALWAYS_BLUE,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Power draw",
+                "Sum of nvgpu_power_usage_watts over the selected GPUs.",
+                f"sum(nvgpu_power_usage_watts{{{GPU}}})",
+                "watt",
+                ALWAYS_BLUE,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Exporters without fresh data",
+                "Selected exporters whose nvgpu_up is 0 (NVML not initialised or "
+                "the last sample is stale). The Exporter health dashboard says why.",
+                f"sum(1 - nvgpu_up{{{FLEET}}})",
+                "none",
+                OK_RED,
+            )
+        )
+        .with_panel(
+            table_panel(
+                "GPU inventory",
+                "nvgpu_gpu_info: one row per GPU.",
+                [(f"nvgpu_gpu_info{{{GPU}}}", None)],
+                w=24,
+                h=6,
+                hide=("Value",),
+                rename={"name": "model", "gpu": "index"},
+            )
+        )
+    )
+
+    d = (
+        d.with_row(dashboard.Row("Utilization and memory"))
+        .with_panel(
+            timeseries_panel(
+                "GPU utilization",
+                "Share of time a kernel ran (nvmlDeviceGetUtilizationRates().gpu).",
+                [(f"nvgpu_gpu_utilization_ratio{{{GPU}}}", GPU_LEGEND)],
+                "percentunit",
+                max_val=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Memory used / total",
+                "Framebuffer memory used (v2: excluding driver-reserved) and total (nvmlDeviceGetMemoryInfo).",
+                [
+                    (f"nvgpu_memory_used_bytes{{{GPU}}}", GPU_LEGEND + " used"),
+                    (f"nvgpu_memory_total_bytes{{{GPU}}}", GPU_LEGEND + " total"),
+                ],
+                "bytes",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Memory bandwidth utilization",
+                "Share of time device memory was read or written (nvmlDeviceGetUtilizationRates().memory).",
+                [(f"nvgpu_memory_utilization_ratio{{{GPU}}}", GPU_LEGEND)],
+                "percentunit",
+                max_val=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Compute processes",
+                "Compute processes NVML lists (0 without hostPID: see docs).",
+                [(f"nvgpu_compute_processes{{{GPU}}}", GPU_LEGEND)],
+                "none",
+            )
+        )
+    )
+
+    d = (
+        d.with_row(dashboard.Row("Power, energy and temperature"))
+        .with_panel(
+            timeseries_panel(
+                "Power draw and limit",
+                "nvgpu_power_usage_watts and the enforced limit.",
+                [
+                    (f"nvgpu_power_usage_watts{{{GPU}}}", GPU_LEGEND),
+                    (f"nvgpu_power_limit_watts{{{GPU}}}", GPU_LEGEND + " limit"),
+                ],
+                "watt",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Average power from the energy counter",
+                "rate() of nvgpu_energy_consumption_joules_total: the mean power between samples, which the "
+                "instantaneous power reading can miss.",
+                [(f"rate(nvgpu_energy_consumption_joules_total{{{GPU}}}[$__rate_interval])", GPU_LEGEND)],
+                "watt",
+            )
+        )
+        .with_panel(
+            bargauge_panel(
+                "Energy in the time range",
+                "increase() of nvgpu_energy_consumption_joules_total over the dashboard's time range, in kWh.",
+                [(f"increase(nvgpu_energy_consumption_joules_total{{{GPU}}}[$__range]) / 3600000", GPU_LEGEND)],
+                "kwatth",
+                ALWAYS_BLUE,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Temperatures",
+                "GPU core and HBM temperature.",
+                [
+                    (f"nvgpu_gpu_temperature_celsius{{{GPU}}}", GPU_LEGEND + " core"),
+                    (f"nvgpu_memory_temperature_celsius{{{GPU}}}", GPU_LEGEND + " memory"),
+                ],
+                "celsius",
+                min_val=None,
+            )
+        )
+    )
+
+    d = (
+        d.with_row(dashboard.Row("Clocks and throttling"))
+        .with_panel(
+            timeseries_panel(
+                "Clocks",
+                "Current clocks per domain (nvmlDeviceGetClockInfo).",
+                [(f"nvgpu_clock_hertz{{{GPU}}}", GPU_LEGEND + " {{clock}}")],
+                "hertz",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "SM clock as a share of its maximum",
+                "nvgpu_clock_hertz / nvgpu_clock_max_hertz for the SM "
+                "clock: below 1 under load means a clock event reason (next panels) holds it down.",
+                [(f'nvgpu_clock_hertz{{{GPU}, clock="sm"}} / nvgpu_clock_max_hertz{{{GPU}, clock="sm"}}', GPU_LEGEND)],
+                "percentunit",
+                max_val=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "GPUs with a clock event reason active",
+                "Count of GPUs per active clock event (throttle) "
+                "reason (nvmlDeviceGetCurrentClocksEventReasons). gpu_idle is normal when idle; sw_power_cap "
+                "under load means the power limit is reached; *_thermal_* and hw_* need attention.",
+                [(f"sum by (reason) (nvgpu_clock_event_reason_active{{{GPU}}})", "{{reason}}")],
+                "none",
+                stacked=True,
+                bars=True,
+            )
+        )
+        .with_panel(
+            state_timeline_panel(
+                "Throttle reasons per GPU",
+                "One row per GPU and reason, coloured while the reason is active.",
+                [(f"nvgpu_clock_event_reason_active{{{GPU}}} == 1", GPU_LEGEND + " {{reason}}")],
+                _mapping({"1": ("active", "orange")}),
+                _thresholds((None, "orange")),
+            )
+        )
+    )
+
+    xid_table = xid_classified(f"max by ({GPU_BY}, xid) (nvgpu_xid_errors_total{{{GPU}}})")
+    xid_last = xid_classified(f"max by ({GPU_BY}, xid) (nvgpu_xid_last_timestamp_seconds{{{GPU}}}) * 1000")
+    d = (
+        d.with_row(dashboard.Row("ECC, row remapping and Xid"))
+        .with_panel(
+            table_panel(
+                "ECC error counters",
+                "nvgpu_ecc_errors_total: volatile (since the driver loaded) and aggregate "
+                "(lifetime) counts; uncorrected > 0 is critical.",
+                [(f"nvgpu_ecc_errors_total{{{GPU}}}", None)],
+                w=8,
+                hide=("cluster",),
+                rename={"Value": "errors"},
+                thresholds=OK_RED,
+                color_column="errors",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "ECC errors (volatile counter increase)",
+                "increase() of the volatile ECC counters.",
+                [
+                    (
+                        f"sum by ({GPU_BY}, error_type) "
+                        f'(increase(nvgpu_ecc_errors_total{{{GPU}, counter_type="volatile"}}'
+                        f"[$__rate_interval]))",
+                        GPU_LEGEND + " {{error_type}}",
+                    )
+                ],
+                "none",
+                w=8,
+                bars=True,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Row remapping and recovery action",
+                "Remapped rows by cause, a pending remap (reset the GPU to apply), a failed remap (RMA) and the "
+                "driver's recovery action (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset).",
+                [
+                    (f"nvgpu_remapped_rows{{{GPU}}}", GPU_LEGEND + " remapped {{cause}}"),
+                    (f"nvgpu_remapped_rows_pending{{{GPU}}}", GPU_LEGEND + " pending"),
+                    (f"nvgpu_remapped_rows_failure{{{GPU}}}", GPU_LEGEND + " failure"),
+                    (f"nvgpu_recovery_action{{{GPU}}}", GPU_LEGEND + " recovery action"),
+                ],
+                "none",
+                w=8,
+            )
+        )
+        .with_panel(
+            bargauge_panel(
+                "Xid errors by class",
+                "nvgpu_xid_errors_total summed by the class exporter/xid/catalog.json gives "
+                "each code (application, driver, memory, nvlink, ...), counted since each exporter started.",
+                [(f"sum by (class) ({xid_classified(f'nvgpu_xid_errors_total{{{GPU}}}')})", "{{class}}")],
+                "none",
+                _thresholds((None, "orange")),
+                w=8,
+            )
+        )
+        .with_panel(
+            table_panel(
+                "Xid errors by GPU and code",
+                "Per GPU and Xid code: count since the exporter started, the catalog "
+                "class, and the time of the last one. Xid 43 on a GPU that also shows the stuck signature means "
+                "the context was never cleaned up (docs/runbook.md).",
+                [(xid_table, None), (xid_last, None)],
+                w=16,
+                hide=("cluster",),
+                rename={"Value #A": "count", "Value #B": "last"},
+                overrides=[("last", [dm.DynamicConfigValue(id_val="unit", value="dateTimeAsIso")])],
+            )
+        )
+    )
+
+    d = (
+        d.with_row(dashboard.Row("Stuck-context signature"))
+        .with_panel(
+            state_timeline_panel(
+                "Stuck-context signature",
+                "nvgpu_stuck_context_suspected per GPU: busy (utilization at or above "
+                "NVGPU_STUCK_UTILIZATION_RATIO), no memory used and no compute processes for "
+                "NVGPU_STUCK_AFTER_SECONDS. The second incident in DESIGN.md.",
+                [(f"nvgpu_stuck_context_suspected{{{GPU}}}", GPU_LEGEND)],
+                _mapping({"0": ("ok", "green"), "1": ("STUCK", "red")}),
+                OK_RED,
+            )
+        )
+        .with_panel(
+            table_panel(
+                "GPUs showing the stuck signature now",
+                "Only GPUs whose signature holds now, and for how long.",
+                [
+                    (f"max by ({GPU_BY}) (nvgpu_stuck_context_suspected{{{GPU}}} == 1)", None),
+                    (f"max by ({GPU_BY}) (time() - nvgpu_stuck_context_since_timestamp_seconds{{{GPU}}})", None),
+                ],
+                hide=("Value #A", "cluster"),
+                rename={"Value #B": "for"},
+                overrides=[("for", [dm.DynamicConfigValue(id_val="unit", value="s")])],
+            )
+        )
+    )
+
+    d = (
+        d.with_row(dashboard.Row("NVLink"))
+        .with_panel(
+            timeseries_panel(
+                "NVLink transmit",
+                "rate() of nvgpu_nvlink_transmit_bytes_total summed over a GPU's links.",
+                [
+                    (
+                        f"sum by ({GPU_BY}) (rate(nvgpu_nvlink_transmit_bytes_total{{{GPU}}}[$__rate_interval]))",
+                        GPU_LEGEND,
+                    )
+                ],
+                "Bps",
+                w=8,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "NVLink receive",
+                "rate() of nvgpu_nvlink_receive_bytes_total summed over a GPU's links.",
+                [
+                    (
+                        f"sum by ({GPU_BY}) (rate(nvgpu_nvlink_receive_bytes_total{{{GPU}}}[$__rate_interval]))",
+                        GPU_LEGEND,
+                    )
+                ],
+                "Bps",
+                w=8,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "NVLink links up and errors",
+                "Links up (nvgpu_nvlink_up) and the increase of the link error counters (replay, recovery, CRC).",
+                [
+                    (f"sum by ({GPU_BY}) (nvgpu_nvlink_up{{{GPU}}})", GPU_LEGEND + " links up"),
+                    (
+                        f"sum by ({GPU_BY}, error_type) "
+                        f"(increase(nvgpu_nvlink_errors_total{{{GPU}}}[$__rate_interval]))",
+                        GPU_LEGEND + " {{error_type}} errors",
+                    ),
+                ],
+                "none",
+                w=8,
+            )
+        )
+    )
+
+    d = d.with_row(dashboard.Row("Pods")).with_panel(
+        table_panel(
+            "Pods on each GPU",
+            "nvgpu_gpu_pod_info from the kubelet PodResources API (feature pod_attribution): "
+            "one row per container holding a GPU.",
+            [(f"nvgpu_gpu_pod_info{{{GPU}}}", None)],
+            w=24,
+            h=7,
+            hide=("Value",),
+        )
+    )
+    return to_json(d)
+
+
+# -- Exporter health --------------------------------------------------------------------------
+
+
+def exporter_health() -> dict[str, Any]:
+    by = "cluster, node, instance"
+    d = (
+        _base(
+            HEALTH_UID,
+            "nvgpu-exporter health",
+            "Is the exporter itself healthy: targets, sample age, worker restarts and crashes, quarantined features, "
+            "per-feature "
+            "success and duration, self-check, versions in use. docs/metrics.md lists every metric.",
+        )
+        .link(_link("GPU fleet", FLEET_UID))
+        .with_variable(datasource_variable())
+        .with_variable(
+            variable(
+                "job",
+                "Job",
+                "label_values(nvgpu_up, job)",
+                all_value=None,
+                description="Scrape jobs that have nvgpu-exporter targets",
+            )
+        )
+        .with_variable(variable("cluster", "Cluster", 'label_values(nvgpu_up{job=~"$job"}, cluster)'))
+        .with_variable(variable("node", "Node", 'label_values(nvgpu_up{job=~"$job", cluster=~"$cluster"}, node)'))
+        .with_variable(
+            variable(
+                "instance",
+                "Instance",
+                'label_values(nvgpu_up{job=~"$job", cluster=~"$cluster", node=~"$node"}, instance)',
+            )
+        )
+    )
+
+    d = (
+        d.with_row(dashboard.Row("Targets and freshness"))
+        .with_panel(
+            stat_panel(
+                "Targets answering", "Scrape targets answering (up == 1).", f"sum(up{{{HEALTH}}})", "none", ALWAYS_GREEN
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Targets not answering",
+                "Scrape targets not answering (up == 0).",
+                f"sum(1 - up{{{HEALTH}}})",
+                "none",
+                OK_RED,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Exporters without fresh GPU data",
+                "nvgpu_up == 0: NVML not initialised or the last sample is older "
+                "than the stale bound (GPU series are dropped then).",
+                f"sum(1 - nvgpu_up{{{HEALTH}}})",
+                "none",
+                OK_RED,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Oldest sample",
+                "Largest time() - nvgpu_last_sample_timestamp_seconds over the selected exporters.",
+                f"max(time() - nvgpu_last_sample_timestamp_seconds{{{HEALTH}}})",
+                "s",
+                _thresholds((None, "green"), (30, "orange"), (120, "red")),
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Quarantined features (count)",
+                "Features switched off after repeated worker crashes in them "
+                '(nvgpu_feature_enabled{reason="quarantined"}).',
+                f'count(nvgpu_feature_enabled{{{HEALTH}, reason="quarantined"}}) '
+                f"or sum(nvgpu_feature_enabled{{{HEALTH}}}) * 0",
+                "none",
+                OK_RED,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Self-check failures",
+                "Sum of nvgpu_selfcheck_failures (shadowed or mismatched modules).",
+                f"sum(nvgpu_selfcheck_failures{{{HEALTH}}})",
+                "none",
+                OK_RED,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Targets up", "up per target.", [(f"up{{{HEALTH}}}", "{{instance}}")], "none", w=8, max_val=1
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Sample age",
+                "time() - nvgpu_last_sample_timestamp_seconds: grows when the worker is down or hung.",
+                [(f"time() - nvgpu_last_sample_timestamp_seconds{{{HEALTH}}}", "{{instance}}")],
+                "s",
+                w=8,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Sample duration",
+                "Wall time of the last NVML sample (nvgpu_sample_duration_seconds).",
+                [(f"nvgpu_sample_duration_seconds{{{HEALTH}}}", "{{instance}}")],
+                "s",
+                w=8,
+            )
+        )
+    )
+
+    d = (
+        d.with_row(dashboard.Row("Worker"))
+        .with_panel(
+            timeseries_panel(
+                "Worker restarts by reason",
+                "increase() of nvgpu_worker_restarts_total by reason: crash (signal), "
+                "hang (missed its deadline), exit, NVML unusable.",
+                [
+                    (
+                        f"sum by (reason) (increase(nvgpu_worker_restarts_total{{{HEALTH}}}[$__rate_interval]))",
+                        "{{reason}}",
+                    )
+                ],
+                "none",
+                w=8,
+                stacked=True,
+                bars=True,
+            )
+        )
+        .with_panel(
+            bargauge_panel(
+                "Worker crashes by feature",
+                "nvgpu_worker_crashes_total since each exporter started: the feature and "
+                "NVML function in flight when the worker crashed or hung.",
+                [
+                    (
+                        f"sum by (feature, function) (nvgpu_worker_crashes_total{{{HEALTH}}})",
+                        "{{feature}} / {{function}}",
+                    )
+                ],
+                "none",
+                _thresholds((None, "red")),
+                w=8,
+            )
+        )
+        .with_panel(
+            table_panel(
+                "Worker state",
+                "Per exporter: worker uptime, stuck (uninterruptible sleep or respawning stopped), "
+                "last exit signal and code.",
+                [
+                    (f"max by ({by}) (time() - nvgpu_worker_start_time_seconds{{{HEALTH}}})", None),
+                    (f"max by ({by}) (nvgpu_worker_stuck{{{HEALTH}}})", None),
+                    (f"max by ({by}) (nvgpu_worker_last_exit_signal{{{HEALTH}}})", None),
+                    (f"max by ({by}) (nvgpu_worker_last_exit_code{{{HEALTH}}})", None),
+                ],
+                w=8,
+                hide=("cluster",),
+                rename={
+                    "Value #A": "uptime",
+                    "Value #B": "stuck",
+                    "Value #C": "last signal",
+                    "Value #D": "last exit code",
+                },
+                overrides=[("uptime", [dm.DynamicConfigValue(id_val="unit", value="s")])],
+            )
+        )
+    )
+
+    d = (
+        d.with_row(dashboard.Row("Features"))
+        .with_panel(
+            table_panel(
+                "Quarantined features",
+                "Features the supervisor switched off after the worker crashed or hung in them "
+                "NVGPU_QUARANTINE_AFTER times. docs/runbook.md: how to clear.",
+                [(f'nvgpu_feature_enabled{{{HEALTH}, reason="quarantined"}}', None)],
+                w=8,
+                hide=("Value", "cluster"),
+            )
+        )
+        .with_panel(
+            table_panel(
+                "Feature states",
+                "nvgpu_feature_enabled: on (1) or off (0), and why (default, env, known_issue, "
+                "quarantined, unsupported).",
+                [(f"nvgpu_feature_enabled{{{HEALTH}}}", None)],
+                w=16,
+                hide=("cluster",),
+                rename={"Value": "enabled"},
+            )
+        )
+        .with_panel(
+            state_timeline_panel(
+                "Feature success",
+                "nvgpu_feature_success: the feature's last sample succeeded on every GPU.",
+                [(f"min by (feature) (nvgpu_feature_success{{{HEALTH}}})", "{{feature}}")],
+                _mapping({"0": ("failed", "red"), "1": ("ok", "green")}),
+                _thresholds((None, "red"), (1, "green")),
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Feature duration",
+                "Time spent per feature in the last sample (max over exporters).",
+                [(f"max by (feature) (nvgpu_feature_duration_seconds{{{HEALTH}}})", "{{feature}}")],
+                "s",
+                stacked=True,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "NVML errors by feature",
+                "rate() of nvgpu_nvml_errors_total: transient or unexpected NVML errors that omitted a sample.",
+                [
+                    (
+                        f"sum by (feature, error) (rate(nvgpu_nvml_errors_total{{{HEALTH}}}[$__rate_interval]))",
+                        "{{feature}} {{error}}",
+                    )
+                ],
+                "reqps",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "NVML calls",
+                "rate() of nvgpu_nvml_calls_total per exporter.",
+                [(f"sum by ({by}) (rate(nvgpu_nvml_calls_total{{{HEALTH}}}[$__rate_interval]))", "{{instance}}")],
+                "reqps",
+            )
+        )
+    )
+
+    d = (
+        d.with_row(dashboard.Row("Self-check and versions"))
+        .with_panel(
+            table_panel(
+                "Self-check results",
+                "nvgpu_selfcheck_failures per exporter and process (supervisor, worker): "
+                "0 = every imported module is the installed one. `nvgpu-exporter selfcheck` says which rule failed.",
+                [(f"nvgpu_selfcheck_failures{{{HEALTH}}}", None)],
+                w=8,
+                hide=("cluster",),
+                rename={"Value": "failures"},
+                thresholds=OK_RED,
+                color_column="failures",
+            )
+        )
+        .with_panel(
+            table_panel(
+                "Versions in use",
+                "nvgpu_build_info: how many exporters run each combination of exporter, "
+                "nvidia-ml-py, NVML, driver and Python.",
+                [
+                    (
+                        "count by (version, nvidia_ml_py_version, nvml_version, driver_version, python_version) "
+                        f"(nvgpu_build_info{{{HEALTH}}})",
+                        None,
+                    )
+                ],
+                w=16,
+                rename={"Value": "exporters"},
+            )
+        )
+        .with_panel(
+            table_panel(
+                "Modules imported",
+                "nvgpu_module_info: the file, __version__ and distribution each process really "
+                "imported (the first incident: a stale copy in the working directory was imported).",
+                [
+                    (
+                        "count by (process, module, version, distribution, distribution_version, path) "
+                        f"(nvgpu_module_info{{{HEALTH}}})",
+                        None,
+                    )
+                ],
+                w=24,
+                h=8,
+                rename={"Value": "exporters"},
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Kernel log and kubelet sources",
+                "nvgpu_kernel_log_up (feature kernel_xid) and nvgpu_pod_attribution_up (feature pod_attribution).",
+                [
+                    (f"nvgpu_kernel_log_up{{{HEALTH}}}", "{{instance}} kernel log"),
+                    (f"nvgpu_pod_attribution_up{{{HEALTH}}}", "{{instance}} kubelet pod-resources"),
+                ],
+                "none",
+                w=24,
+                h=6,
+                max_val=1,
+            )
+        )
+    )
+    return to_json(d)
+
+
+DASHBOARDS: dict[str, Callable[[], dict[str, Any]]] = {
+    "gpu-fleet.json": gpu_fleet,
+    "exporter-health.json": exporter_health,
+}
+
+
+def render(build: Callable[[], dict[str, Any]]) -> str:
+    """The file text for one dashboard: stable key order, two-space indent, final newline."""
+    return json.dumps(build(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the committed files instead of writing")
+    parser.add_argument("--out", type=Path, default=HERE, help="directory to write to (default: dashboards/)")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, build in DASHBOARDS.items():
+        path = args.out / name
+        text = render(build)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print(f"out of date: {', '.join(stale)}; run `python dashboards/generate.py`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Issue 7: the status page at ``/``, rendered by the real exporter and read by headless Chromium.
+
+The browser tests run the real exporter on h200x2-nvlink-crash.json (two H200s; the NVLink
+throughput query segfaults the worker) with NVGPU_QUARANTINE_AFTER=1, so nvlink_throughput is
+quarantined after the first crash. Chromium (Debian's `chromium`) dumps the DOM it built and takes
+a screenshot. NVGPU_UPDATE_SCREENSHOT=1 copies the screenshot to docs/statuspage.png.
+
+The unit tests render the page from a stand-in supervisor for the states a live exporter rarely
+shows (no fresh sample, a section that fails, hostile text).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+from exporter_proc import ROOT, SCENARIOS, Exporter, load_scenario, write_scenario
+
+from exporter import statuspage
+
+UUID0 = "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6"
+UUID1 = "GPU-094221fd-19f9-1561-7ef8-949bb0d57826"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's `chromium` is not installed (apt-get install chromium; .ci/run installs it)"
+)
+
+
+# -- DOM reading ------------------------------------------------------------------------------
+
+
+class Dom(HTMLParser):
+    """Elements with their attributes and the text inside them (enough to query a small page)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.elements: list[dict[str, Any]] = []
+        self._open: list[dict[str, Any]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        el = {"tag": tag, "attrs": {k: v or "" for k, v in attrs}, "text": ""}
+        self.elements.append(el)
+        if tag not in ("meta", "link", "br", "img", "input"):
+            self._open.append(el)
+
+    def handle_endtag(self, tag: str) -> None:
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i]["tag"] == tag:
+                del self._open[i:]
+                break
+
+    def handle_data(self, data: str) -> None:
+        for el in self._open:
+            el["text"] += data
+
+    def find(self, tag: str, **attrs: str) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.elements
+            if e["tag"] == tag and all(e["attrs"].get(k.replace("_", "-")) == v for k, v in attrs.items())
+        ]
+
+    def one(self, tag: str, **attrs: str) -> dict[str, Any]:
+        found = self.find(tag, **attrs)
+        assert len(found) == 1, f"<{tag} {attrs}> found {len(found)} times"
+        return found[0]
+
+
+def chromium(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        *extra,
+        url,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def png_info(data: bytes) -> tuple[int, int, int]:
+    """(width, height, distinct scanlines) of an 8-bit RGB/RGBA PNG, read with the standard library."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width, height, color = 8, b"", 0, 0, 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
+        crc = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])[0]
+        assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind!r}"
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and color in (2, 6), (depth, color)
+        elif kind == b"IDAT":
+            idat += body
+        elif kind == b"IEND":
+            break
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = 1 + width * (3 if color == 2 else 4)
+    assert len(raw) == stride * height, "truncated image data"
+    # Scanlines are filtered, so equal rows of a flat image still compress to identical bytes.
+    lines = {raw[i * stride + 1 : (i + 1) * stride] for i in range(height)}
+    return width, height, len(lines)
+
+
+# -- the real exporter in a real browser ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crashing_exporter(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    tmp = tmp_path_factory.mktemp("statuspage")
+    with Exporter(SCENARIOS / "h200x2-nvlink-crash.json", tmp, env={"NVGPU_QUARANTINE_AFTER": "1"}) as exp:
+        exp.wait_for(
+            lambda s: (
+                s.value("nvgpu_feature_enabled", feature="nvlink_throughput", reason="quarantined") == 0.0
+                and s.value("nvgpu_up") == 1.0
+                and s.gpus() == {"0", "1"}
+            ),
+            timeout=40,
+            what="nvlink_throughput quarantined",
+        )
+        yield exp
+
+
+@needs_chromium
+def test_dom_shows_both_gpus_and_the_quarantine(crashing_exporter: Exporter, tmp_path: Path) -> None:
+    res = chromium(crashing_exporter.base + "/", tmp_path, "--dump-dom")
+    assert res.returncode == 0, res.stderr[-3000:]
+    dom = Dom(res.stdout)
+    assert dom.one("title")["text"] == "nvgpu-exporter"
+    # One row per GPU, named by UUID, with its model and live values.
+    for index, uuid in (("0", UUID0), ("1", UUID1)):
+        row = dom.one("tr", data_uuid=uuid)
+        assert uuid in row["text"] and "NVIDIA H200" in row["text"] and "up" in row["text"], row["text"]
+        assert " W / 700 W" in row["text"] and "°C" in row["text"] and "GiB" in row["text"], row["text"]
+        assert row["text"].lstrip().startswith(index)
+    assert len(dom.find("tr", data_uuid=UUID0) + dom.find("tr", data_uuid=UUID1)) == 2
+    # The quarantined feature stands out: its row, its badge, and a banner above everything.
+    row = dom.one("tr", data_feature="nvlink_throughput")
+    assert row["attrs"]["data-reason"] == "quarantined" and row["attrs"]["class"] == "bad"
+    assert "QUARANTINED" in row["text"] and "nvmlDeviceGetFieldValues" in row["text"], row["text"]
+    banner = dom.one("div", id="quarantine-alert")
+    assert "1 feature quarantined" in banner["text"] and "nvlink_throughput" in banner["text"]
+    others = [
+        e for e in dom.find("tr") if "data-feature" in e["attrs"] and e["attrs"]["data-feature"] != "nvlink_throughput"
+    ]
+    assert others and all(e["attrs"]["data-reason"] != "quarantined" for e in others)
+    assert dom.one("tr", data_feature="utilization")["attrs"]["data-reason"] == "default"
+    # Worker: the crash is counted against the feature and function in flight.
+    worker = dom.one("table", id="worker")["text"]
+    assert (
+        "crash: 1" in worker
+        and "nvlink_throughput in nvmlDeviceGetFieldValues: 1" in worker
+        and "SIGSEGV (11)" in worker
+    )
+    # Self-check of both processes, build info and the links.
+    assert dom.one("tr", data_process="supervisor")["text"].count("ok") >= 1
+    build = dom.one("dl", id="build")["text"]
+    assert "580.159.04" in build and "nvidia-ml-py" in build
+    assert {a["attrs"]["href"] for a in dom.find("a")} >= {"/metrics", "/healthz", "/readyz"}
+
+
+@needs_chromium
+def test_screenshot_is_a_real_picture_of_the_page(crashing_exporter: Exporter, tmp_path: Path) -> None:
+    shot = tmp_path / "statuspage.png"
+    res = chromium(
+        crashing_exporter.base + "/", tmp_path, f"--screenshot={shot}", "--window-size=1400,1000", "--hide-scrollbars"
+    )
+    assert res.returncode == 0 and shot.exists(), res.stderr[-3000:]
+    width, height, distinct_lines = png_info(shot.read_bytes())
+    assert (width, height) == (1400, 1000)
+    assert distinct_lines > 100, f"only {distinct_lines} distinct scanlines: a blank or error page?"
+    if os.environ.get("NVGPU_UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(shot, ROOT / "docs" / "statuspage.png")
+
+
+def test_committed_screenshot_is_a_valid_png() -> None:
+    width, height, distinct_lines = png_info((ROOT / "docs" / "statuspage.png").read_bytes())
+    assert (width, height) == (1400, 1000) and distinct_lines > 100
+
+
+def test_page_answers_while_the_worker_hangs_in_nvml(tmp_path: Path) -> None:
+    data = load_scenario("h200x2")
+    data["faults"] = [
+        {"function": "nvmlDeviceGetPowerUsage", "gpu": 0, "from_s": 2, "action": "hang", "ignore_sigterm": True}
+    ]
+    with Exporter(write_scenario(tmp_path, data), tmp_path, env={"NVGPU_SAMPLE_DEADLINE_SECONDS": "60"}) as exp:
+        exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0)
+        # The worker is now stuck in nvmlDeviceGetPowerUsage; the sample stays stale.
+        exp.wait_for(lambda s: s.value("nvgpu_up") == 0.0, timeout=20, what="the hung sample going stale")
+        status, headers, body = exp.get("/", timeout=3)
+        assert status == 200 and headers["Content-Type"].startswith("text/html")
+        page = body.decode()
+        assert "No fresh NVML sample" in page and UUID0 in page and UUID1 in page
+
+
+# -- unit: states a live exporter rarely shows ------------------------------------------------
+
+
+class StandIn:
+    """The attributes and methods of Supervisor the page reads."""
+
+    def __init__(self) -> None:
+        self.system = {
+            "driver_version": "580.159.04",
+            "nvml_version": "13.580.159.04",
+            "nvidia_ml_py_version": "13.580.82",
+        }
+        self.python_version = "3.11.7"
+        self.snapshot: dict[str, Any] | None = None
+        self.gpu_index = {UUID0: "0", UUID1: "1"}
+        self.xids = {("1", UUID1, 43): [1.0, 1_700_000_000.0], ("1", UUID1, 13): [2.0, 1_699_999_000.0]}
+        self.restarts = {"crash": 0, "hang": 0}
+        self.crashes: dict[tuple[str, str], int] = {}
+        self.selfchecks = {"supervisor": {"modules": [], "problems": []}}
+        self.worker_pid, self.worker_started_at, self.last_snapshot = 42, 1_700_000_000.0, None
+        self.worker_stuck = self.respawn_stopped = False
+        self.last_exit_signal, self.last_exit_code, self.last_init_error = 0, 0, None
+        self.features = {"ecc": {"enabled": True, "reason": "default", "detail": ""}}
+
+    def fresh_snapshot(self) -> dict[str, Any] | None:
+        return self.snapshot
+
+    def ready(self) -> tuple[bool, str]:
+        return (self.snapshot is not None, "ok" if self.snapshot else "last NVML sample is 40 s old")
+
+    def feature_states(self) -> dict[str, dict[str, Any]]:
+        return self.features
+
+    def stuck_state(self, uuid: str) -> bool:
+        return uuid == UUID1
+
+
+def test_without_a_fresh_sample_known_gpus_and_xids_still_show() -> None:
+    dom = Dom(statuspage.render(StandIn()))  # type: ignore[arg-type]
+    assert "No fresh NVML sample" in dom.one("section", id="gpus-section")["text"]
+    assert "no fresh sample" in dom.one("tr", data_uuid=UUID0)["text"]
+    row = dom.one("tr", data_uuid=UUID1)
+    assert row["attrs"]["class"] == "bad" and "STUCK" in row["text"]
+    # The last Xid (by time) with the catalog's class and meaning, and the total.
+    assert "Xid 43" in row["text"] and "application" in row["text"] and "3 Xids in total" in row["text"]
+    assert "channel" in row["text"].lower()
+    assert "not ready" in dom.one("span", id="ready")["text"]
+    # The worker never reported a self-check: said so, not silently missing.
+    assert "not reported" in dom.one("tr", data_process="worker")["text"]
+
+
+def test_hostile_text_is_escaped_and_a_broken_section_stays_local() -> None:
+    sup = StandIn()
+    sup.features = {
+        "nvlink_throughput": {"enabled": False, "reason": "quarantined", "detail": "<script>alert(1)</script>"}
+    }
+    sup.selfchecks = {"supervisor": {"modules": [], "problems": ["shadowed by <b>./exporter</b>"]}}
+
+    def broken(uuid: str) -> bool:
+        raise RuntimeError("detector gone")
+
+    sup.stuck_state = broken  # type: ignore[method-assign]
+    page = statuspage.render(sup)  # type: ignore[arg-type]
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "shadowed by &lt;b&gt;./exporter&lt;/b&gt;" in page
+    dom = Dom(page)
+    assert "could not be rendered: RuntimeError: detector gone" in dom.one("section", id="gpus-section")["text"]
+    assert "QUARANTINED" in dom.one("tr", data_feature="nvlink_throughput")["text"]
+    assert "FAILED" in dom.one("tr", data_process="supervisor")["text"]
