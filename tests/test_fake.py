@@ -1,0 +1,525 @@
+"""exporter.nvml.fake: scenario validation, value specs, faults, events, and real crashes.
+
+Scenario time is driven by an injected clock (``FakeNvml(path, epoch=0, clock=...)``); crashes run
+in a child interpreter whose return code names the signal.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from exporter.nvml import errors
+from exporter.nvml.backend import UNPOPULATED, FakeBackend
+from exporter.nvml.fake import FakeNvml, ScenarioError
+
+UUID = "GPU-00000000-0000-0000-0000-000000000000"
+
+
+class Clock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def gpu(**values: Any) -> dict[str, Any]:
+    return {"uuid": UUID, "values": values}
+
+
+def make(tmp_path: Path, data: Any, clock: Clock | None = None, name: str = "s.json") -> FakeNvml:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return FakeNvml(str(path), epoch=0.0, clock=clock or Clock(100.0))
+
+
+def started(tmp_path: Path, data: dict[str, Any], clock: Clock | None = None) -> FakeNvml:
+    fake = make(tmp_path, data, clock)
+    fake.nvmlInit()
+    return fake
+
+
+def code_of(call: Any) -> int:
+    with pytest.raises(pynvml.NVMLError) as info:
+        call()
+    return int(info.value.value)
+
+
+# -- validation ----------------------------------------------------------------------------------
+
+INVALID: dict[str, tuple[Any, str, str]] = {
+    # name: (scenario, place named, expectation named)
+    "top_list": ([], "top level", "a JSON object"),
+    "top_unknown_key": ({"gpus": [], "gpu": []}, "unknown top-level keys ['gpu']", "only ["),
+    "gpus_missing": ({}, "gpus", "a list of GPU objects"),
+    "gpus_object": ({"gpus": {}}, "gpus", "a list of GPU objects"),
+    "gpu_not_object": ({"gpus": [1]}, "gpus[0]", "an object"),
+    "gpu_unknown_key": ({"gpus": [{"uuid": UUID, "valeus": {}}]}, "gpus[0] unknown keys ['valeus']", "only ["),
+    "gpu_uuid_missing": ({"gpus": [{"name": "x"}]}, "gpus[0].uuid", "a string"),
+    "values_list": ({"gpus": [{"uuid": UUID, "values": []}]}, "gpus[0].values", "an object"),
+    "fields_list": ({"gpus": [{"uuid": UUID, "fields": [1]}]}, "gpus[0].fields", "an object"),
+    "bad_error_name": (
+        {"gpus": [gpu(nvmlDeviceGetPowerUsage={"error": "GPU_GONE"})]},
+        "gpus[0] value 'nvmlDeviceGetPowerUsage'",
+        "unknown NVML error name 'GPU_GONE'",
+    ),
+    "bad_field_error": (
+        {"gpus": [{"uuid": UUID, "fields": {"138:3": {"error": "NOPE"}}}]},
+        "gpus[0] value '138:3'",
+        "unknown NVML error name 'NOPE'",
+    ),
+    "cycle_empty": ({"gpus": [gpu(f={"cycle": [], "step_s": 1})]}, "gpus[0] value 'f'", "cycle to be a non-empty list"),
+    "cycle_no_step": ({"gpus": [gpu(f={"cycle": [1, 2]})]}, "gpus[0] value 'f'", "step_s > 0 with cycle"),
+    "cycle_zero_step": ({"gpus": [gpu(f={"cycle": [1], "step_s": 0})]}, "gpus[0] value 'f'", "step_s > 0 with cycle"),
+    "ramp_no_rate": ({"gpus": [gpu(f={"ramp": 0})]}, "gpus[0] value 'f'", "per_s (a number) with ramp"),
+    "sequence_not_list": ({"gpus": [gpu(f={"sequence": {"value": 1}})]}, "gpus[0] value 'f'", "sequence to be a list"),
+    "nested_struct": (
+        {"gpus": [gpu(f={"gpu": {"error": "NOPE"}, "memory": 1})]},
+        "gpus[0] value 'f'.gpu",
+        "unknown NVML error name",
+    ),
+    "nested_list": (
+        {"gpus": [gpu(f=[{"usedGpuMemory": {"cycle": []}}])]},
+        "gpus[0] value 'f'[0].usedGpuMemory",
+        "cycle to be a non-empty list",
+    ),
+    "fault_not_object": ({"gpus": [], "faults": ["segfault"]}, "faults[0]", "an object"),
+    "fault_unknown_key": (
+        {"gpus": [], "faults": [{"action": "hang", "secs": 1}]},
+        "faults[0] unknown keys ['secs']",
+        "only [",
+    ),
+    "fault_bad_action": ({"gpus": [], "faults": [{"action": "explode"}]}, "faults[0].action='explode'", "one of ["),
+    "fault_no_action": ({"gpus": [], "faults": [{"function": "nvmlInit"}]}, "faults[0].action=None", "one of ["),
+    "fault_bad_error": (
+        {"gpus": [], "faults": [{"action": "error", "error": "LOST"}]},
+        "faults[0].error",
+        "unknown NVML error name 'LOST'",
+    ),
+    "fault_error_missing": (
+        {"gpus": [], "faults": [{"action": "error"}]},
+        "faults[0].error",
+        "unknown NVML error name",
+    ),
+    "event_bad_type": (
+        {"gpus": [], "events": [{"at_s": 1, "gpu": 0, "event_type": "Xid"}]},
+        "events[0].event_type",
+        "one of ['Clock'",
+    ),
+    "event_no_time": (
+        {"gpus": [], "events": [{"gpu": 0, "event_type": "XidCriticalError"}]},
+        "events[0]",
+        "numbers at_s and gpu",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INVALID))
+def test_validation_error_names_file_place_and_expectation(tmp_path: Path, name: str) -> None:
+    data, place, expected = INVALID[name]
+    with pytest.raises(ScenarioError) as info:
+        make(tmp_path, data, name=f"{name}.json")
+    message = str(info.value)
+    assert message.startswith(f"scenario {tmp_path / (name + '.json')}: "), message
+    assert place in message, message
+    assert "expected" in message and expected in message, message
+
+
+def test_unreadable_and_invalid_json(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"scenario .*missing\.json: cannot read"):
+        FakeNvml(str(tmp_path / "missing.json"))
+    (tmp_path / "broken.json").write_text('{"gpus": [}')
+    with pytest.raises(ScenarioError, match=r"scenario .*broken\.json: not valid JSON: .*line 1 column 11"):
+        FakeNvml(str(tmp_path / "broken.json"))
+
+
+@pytest.mark.parametrize("name", ["h200x1", "h200x2", "h200x8"])
+def test_shipped_scenarios_are_valid(name: str) -> None:
+    root = Path(__file__).resolve().parent.parent / "examples" / "scenarios"
+    fake = FakeNvml(str(root / f"{name}.json"))
+    fake.nvmlInit()
+    assert fake.nvmlDeviceGetCount() == int(name[-1])
+
+
+# -- values ----------------------------------------------------------------------------------------
+
+
+def test_cycle_steps_and_wraps(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    fake = started(tmp_path, {"gpus": [gpu(nvmlDeviceGetPowerUsage={"cycle": [10, 20, 30], "step_s": 5})]}, clock)
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    seen = []
+    for t in (0.0, 4.99, 5.0, 9.99, 10.0, 15.0, 36.0):
+        clock.t = t
+        seen.append(fake.nvmlDeviceGetPowerUsage(h))
+    assert seen == [10, 10, 20, 20, 30, 10, 20]
+
+
+def test_ramp_is_an_integer_counter_from_time_zero(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    fake = started(tmp_path, {"gpus": [gpu(nvmlDeviceGetTotalEnergyConsumption={"ramp": 1000, "per_s": 250})]}, clock)
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    values = []
+    for t in (-3.0, 0.0, 1.0, 2.5, 10.0):
+        clock.t = t
+        values.append(fake.nvmlDeviceGetTotalEnergyConsumption(h))
+    assert values == [1000, 1000, 1250, 1625, 3500]
+    assert all(isinstance(v, int) for v in values)
+
+
+def test_sequence_by_time_then_not_supported(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    spec = {"sequence": [{"until_s": 10, "value": 1}, {"until_s": 20, "value": {"cycle": [2, 3], "step_s": 5}}]}
+    fake = started(tmp_path, {"gpus": [gpu(nvmlDeviceGetPerformanceState=spec)]}, clock)
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    out = []
+    for t in (0.0, 9.9, 10.0, 15.0):
+        clock.t = t
+        out.append(fake.nvmlDeviceGetPerformanceState(h))
+    assert out == [1, 1, 2, 3]
+    clock.t = 20.0
+    assert code_of(lambda: fake.nvmlDeviceGetPerformanceState(h)) == errors.NOT_SUPPORTED
+
+
+def test_sequence_open_ended_entry(tmp_path: Path) -> None:
+    spec = {"sequence": [{"until_s": 60, "value": 0}, {"value": 7}]}
+    clock = Clock(61.0)
+    fake = started(tmp_path, {"gpus": [gpu(nvmlDeviceGetPcieReplayCounter=spec)]}, clock)
+    assert fake.nvmlDeviceGetPcieReplayCounter(fake.nvmlDeviceGetHandleByIndex(0)) == 7
+
+
+def test_error_spec_raises_real_pynvml_error(tmp_path: Path) -> None:
+    fake = started(
+        tmp_path,
+        {
+            "gpus": [
+                gpu(
+                    nvmlDeviceGetFanSpeed_v2={"error": "NOT_SUPPORTED"},
+                    nvmlDeviceGetPowerUsage={"error": 15},
+                    nvmlDeviceGetTemperature={"error": "NVML_ERROR_UNKNOWN"},
+                )
+            ]
+        },
+    )
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        fake.nvmlDeviceGetFanSpeed_v2(h, 0)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        fake.nvmlDeviceGetPowerUsage(h)
+    assert code_of(lambda: fake.nvmlDeviceGetTemperature(h, 0)) == errors.UNKNOWN
+
+
+def test_struct_values_and_lookup_precedence(tmp_path: Path) -> None:
+    fake = started(
+        tmp_path,
+        {
+            "gpus": [
+                gpu(
+                    **{
+                        "nvmlDeviceGetUtilizationRates": {"gpu": {"cycle": [5, 6], "step_s": 1000}, "memory": 1},
+                        "nvmlDeviceGetTotalEccErrors": 9,
+                        "nvmlDeviceGetTotalEccErrors:1": 8,
+                        "nvmlDeviceGetTotalEccErrors:1,1": 7,
+                    }
+                )
+            ]
+        },
+    )
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    util = fake.nvmlDeviceGetUtilizationRates(h)
+    assert (util.gpu, util.memory) == (5, 1)
+    assert fake.nvmlDeviceGetTotalEccErrors(h, 1, 1) == 7  # "fn:a1,a2"
+    assert fake.nvmlDeviceGetTotalEccErrors(h, 1, 0) == 8  # then "fn:a1"
+    assert fake.nvmlDeviceGetTotalEccErrors(h, 0, 0) == 9  # then "fn"
+
+
+def test_unknown_function_not_supported_and_non_device_attribute_missing(tmp_path: Path) -> None:
+    fake = started(tmp_path, {"gpus": [gpu()]})
+    assert code_of(lambda: fake.nvmlDeviceGetPowerUsage(fake.nvmlDeviceGetHandleByIndex(0))) == errors.NOT_SUPPORTED
+    with pytest.raises(AttributeError):
+        fake.nvmlSomethingElse  # noqa: B018 - not a device function: AttributeError like an old binding
+
+
+def test_uninitialised_and_missing_functions(tmp_path: Path) -> None:
+    fake = make(
+        tmp_path,
+        {
+            "gpus": [gpu(nvmlDeviceGetPowerUsage=1)],
+            "missing_functions": ["nvmlDeviceGetPowerUsage", "nvmlDeviceGetMemoryInfo_v2"],
+        },
+    )
+    assert code_of(fake.nvmlDeviceGetCount) == errors.UNINITIALIZED
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert code_of(lambda: fake.nvmlDeviceGetPowerUsage(h)) == errors.FUNCTION_NOT_FOUND
+    assert code_of(lambda: fake.nvmlDeviceGetHandleByIndex(1)) == errors.INVALID_ARGUMENT
+    fake.nvmlShutdown()
+    assert code_of(fake.nvmlDeviceGetCount) == errors.UNINITIALIZED
+
+
+def test_memory_info_v1_includes_reserved_v2_separates_it(tmp_path: Path) -> None:
+    mem = {"total": 1000, "reserved": 100, "free": 600, "used": 300}
+    fake = started(tmp_path, {"gpus": [gpu(nvmlDeviceGetMemoryInfo=mem)]})
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    v1 = fake.nvmlDeviceGetMemoryInfo(h)
+    v2 = fake.nvmlDeviceGetMemoryInfo(h, version=0x02000028)
+    assert (v1.total, v1.free, v1.used) == (1000, 600, 400)
+    assert (v2.total, v2.free, v2.used, v2.reserved) == (1000, 600, 300, 100)
+
+
+def test_per_link_calls_past_the_link_count(tmp_path: Path) -> None:
+    data = {"gpus": [{"uuid": UUID, "nvlink_link_count": 2, "values": {"nvmlDeviceGetNvLinkState": 1}}]}
+    fake = started(tmp_path, data)
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert [fake.nvmlDeviceGetNvLinkState(h, link) for link in (0, 1)] == [1, 1]
+    assert code_of(lambda: fake.nvmlDeviceGetNvLinkState(h, 2)) == errors.INVALID_ARGUMENT
+
+
+def test_field_values_per_entry_codes(tmp_path: Path) -> None:
+    data = {
+        "gpus": [
+            {
+                "uuid": UUID,
+                "nvlink_link_count": 4,
+                "default_field_error": "NO_PERMISSION",
+                "fields": {
+                    "91": 4,
+                    "82": 41.5,
+                    "138:0": {"ramp": 10, "per_s": 1},
+                    "138:3": {"error": "NOT_SUPPORTED"},
+                    "138:4294967295": 99,
+                },
+            }
+        ]
+    }
+    backend = FakeBackend.__new__(FakeBackend)
+    backend._fake = started(tmp_path, data, Clock(5.0))
+    h = backend._fake.nvmlDeviceGetHandleByIndex(0)
+    pairs = [(91, 0), (82, 0), (138, 0), (138, 3), (138, 4), (138, 0xFFFFFFFF), (230, 0)]
+    entries = {(e.field_id, e.scope_id): e for e in backend.field_values(h, pairs)}
+    assert [(e.field_id, e.scope_id) for e in entries.values()] == pairs
+    assert (entries[(91, 0)].code, entries[(91, 0)].value) == (0, 4)
+    assert (entries[(82, 0)].code, entries[(82, 0)].value) == (0, 41.5)  # a float comes back as dVal
+    assert (entries[(138, 0)].code, entries[(138, 0)].value) == (0, 15)
+    assert (entries[(138, 3)].code, entries[(138, 3)].value) == (errors.NOT_SUPPORTED, None)
+    assert entries[(138, 4)].code == errors.INVALID_ARGUMENT  # link past the count
+    assert entries[(138, 0xFFFFFFFF)].value == 99  # the all-links scope is not a link
+    assert entries[(230, 0)].code == errors.NO_PERMISSION  # unlisted: default_field_error
+    assert all(e.code != UNPOPULATED for e in entries.values())
+    assert code_of(lambda: backend._fake.nvmlDeviceGetFieldValues(h, [])) == errors.INVALID_ARGUMENT
+
+
+# -- faults ----------------------------------------------------------------------------------------
+
+
+def test_fault_by_call_numbers(tmp_path: Path) -> None:
+    fake = started(
+        tmp_path,
+        {
+            "gpus": [gpu(nvmlDeviceGetPowerUsage=5)],
+            "faults": [{"function": "nvmlDeviceGetPowerUsage", "calls": [2, 4], "action": "error", "error": "UNKNOWN"}],
+        },
+    )
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    out = []
+    for _ in range(5):
+        try:
+            out.append(fake.nvmlDeviceGetPowerUsage(h))
+        except pynvml.NVMLError as exc:
+            out.append(exc.value)
+    assert out == [5, 999, 5, 999, 5]
+    assert fake.call_counts()["nvmlDeviceGetPowerUsage"] == 5
+
+
+def test_fault_after_calls_and_per_gpu(tmp_path: Path) -> None:
+    data = {
+        "gpus": [gpu(nvmlDeviceGetPowerUsage=5), {"uuid": "GPU-1", "values": {"nvmlDeviceGetPowerUsage": 6}}],
+        "faults": [
+            {
+                "function": "nvmlDeviceGetPowerUsage",
+                "gpu": 1,
+                "after_calls": 3,
+                "action": "error",
+                "error": "GPU_IS_LOST",
+            }
+        ],
+    }
+    fake = started(tmp_path, data)
+    h0, h1 = fake.nvmlDeviceGetHandleByIndex(0), fake.nvmlDeviceGetHandleByIndex(1)
+    assert fake.nvmlDeviceGetPowerUsage(h1) == 6  # call 1
+    assert fake.nvmlDeviceGetPowerUsage(h0) == 5  # call 2 (counts are per function, all GPUs)
+    assert code_of(lambda: fake.nvmlDeviceGetPowerUsage(h1)) == errors.GPU_IS_LOST  # call 3
+    assert fake.nvmlDeviceGetPowerUsage(h0) == 5  # call 4: GPU 0 does not match
+    assert code_of(lambda: fake.nvmlDeviceGetPowerUsage(h1)) == errors.GPU_IS_LOST
+
+
+def test_fault_time_window_and_wildcard(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    data = {
+        "gpus": [gpu(nvmlDeviceGetPowerUsage=5)],
+        "faults": [{"function": "*", "from_s": 10, "until_s": 20, "action": "error", "error": "UNKNOWN"}],
+    }
+    fake = make(tmp_path, data, clock)
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    for t, fails in ((9.99, False), (10.0, True), (19.99, True), (20.0, False)):
+        clock.t = t
+        if fails:
+            assert code_of(lambda: fake.nvmlDeviceGetPowerUsage(h)) == errors.UNKNOWN
+            assert code_of(fake.nvmlInit) == errors.UNKNOWN  # "*" includes nvmlInit
+            assert code_of(fake.nvmlDeviceGetCount) == errors.UNKNOWN
+        else:
+            assert fake.nvmlDeviceGetPowerUsage(h) == 5
+
+
+def test_fault_on_requested_fields(tmp_path: Path) -> None:
+    data = {
+        "gpus": [{"uuid": UUID, "nvlink_link_count": 2, "fields": {"82": 40, "138:0": 1}}],
+        "faults": [
+            {"function": "nvmlDeviceGetFieldValues", "fields": [138, 139], "action": "error", "error": "UNKNOWN"}
+        ],
+    }
+    fake = started(tmp_path, data)
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert fake.nvmlDeviceGetFieldValues(h, [(82, 0)])[0].value.ullVal == 40
+    assert code_of(lambda: fake.nvmlDeviceGetFieldValues(h, [(82, 0), (138, 0)])) == errors.UNKNOWN
+
+
+def test_hang_with_seconds_returns(tmp_path: Path) -> None:
+    fake = started(
+        tmp_path,
+        {
+            "gpus": [gpu(nvmlDeviceGetPowerUsage=5)],
+            "faults": [{"function": "nvmlDeviceGetPowerUsage", "calls": [1], "action": "hang", "seconds": 0.3}],
+        },
+    )
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    t0 = time.monotonic()
+    assert fake.nvmlDeviceGetPowerUsage(h) == 5
+    assert time.monotonic() - t0 >= 0.3
+    t0 = time.monotonic()
+    assert fake.nvmlDeviceGetPowerUsage(h) == 5
+    assert time.monotonic() - t0 < 0.3
+
+
+def test_events_delivered_once_after_registration(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    data = {
+        "gpus": [gpu(nvmlDeviceGetSupportedEventTypes=0xFFFF)],
+        "events": [
+            {"at_s": -1, "gpu": 0, "event_type": "XidCriticalError", "data": 13},
+            {"at_s": 5, "gpu": 0, "event_type": "XidCriticalError", "data": 79},
+            {"at_s": 6, "gpu": 0, "event_type": "DoubleBitEccError"},
+        ],
+    }
+    fake = started(tmp_path, data, clock)
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    events = fake.nvmlEventSetCreate()
+    fake.nvmlDeviceRegisterEvents(h, 0x8 | 0x2, events)  # at t = 0: the event at -1 predates it
+    assert code_of(lambda: fake.nvmlEventSetWait_v2(events, 10)) == errors.TIMEOUT
+    clock.t = 7.0
+    got = [fake.nvmlEventSetWait_v2(events, 10) for _ in range(2)]
+    assert [(e.eventType, e.eventData) for e in got] == [(0x8, 79), (0x2, 0)]
+    assert got[0].device.index == 0 and got[0].gpuInstanceId == 0xFFFFFFFF
+    assert code_of(lambda: fake.nvmlEventSetWait_v2(events, 10)) == errors.TIMEOUT  # each once
+
+
+def test_register_events_outside_supported_mask(tmp_path: Path) -> None:
+    fake = started(tmp_path, {"gpus": [gpu(nvmlDeviceGetSupportedEventTypes=0x8)]})
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert (
+        code_of(lambda: fake.nvmlDeviceRegisterEvents(h, 0x8 | 0x2, fake.nvmlEventSetCreate())) == errors.NOT_SUPPORTED
+    )
+
+
+# -- real crashes, in a child interpreter ---------------------------------------------------------
+
+
+def run_child(tmp_path: Path, data: dict[str, Any], body: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "crash.json"
+    path.write_text(json.dumps(data))
+    code = (
+        textwrap.dedent(f"""
+        from exporter.nvml.fake import FakeNvml, FakeHandle
+        fake = FakeNvml({str(path)!r})
+        fake.nvmlInit()
+        print("before", flush=True)
+    """)
+        + textwrap.dedent(body)
+        + '\nprint("after", flush=True)\n'
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("handle", ["None", "0x7f00dead", "FakeHandle(5)", "'GPU-0'"])
+def test_bad_handle_segfaults(tmp_path: Path, handle: str) -> None:
+    """A call given a handle that is not a valid fake handle dies by SIGSEGV, as a wild pointer would."""
+    proc = run_child(tmp_path, {"gpus": [gpu(nvmlDeviceGetPowerUsage=5)]}, f"fake.nvmlDeviceGetPowerUsage({handle})")
+    assert proc.returncode == -signal.SIGSEGV, proc
+    assert proc.stdout == "before\n"
+
+
+def test_good_handle_in_child_exits_cleanly(tmp_path: Path) -> None:
+    proc = run_child(
+        tmp_path,
+        {"gpus": [gpu(nvmlDeviceGetPowerUsage=5)]},
+        "print(fake.nvmlDeviceGetPowerUsage(fake.nvmlDeviceGetHandleByIndex(0)))",
+    )
+    assert proc.returncode == 0 and proc.stdout == "before\n5\nafter\n", proc
+
+
+@pytest.mark.parametrize(
+    ("fault", "returncode"),
+    [
+        ({"action": "segfault"}, -signal.SIGSEGV),
+        ({"action": "abort"}, -signal.SIGABRT),
+        ({"action": "exit", "code": 3}, 3),
+        ({"action": "hang", "seconds": 60, "ignore_sigterm": True}, "hang"),
+    ],
+)
+def test_crash_faults_are_real(tmp_path: Path, fault: dict[str, Any], returncode: int | str) -> None:
+    data = {
+        "gpus": [gpu(nvmlDeviceGetPowerUsage=5)],
+        "faults": [{"function": "nvmlDeviceGetPowerUsage", "calls": [2], **fault}],
+    }
+    body = "\n".join(
+        [
+            "h = fake.nvmlDeviceGetHandleByIndex(0)",
+            "fake.nvmlDeviceGetPowerUsage(h)",
+            "print('first', flush=True)",
+            "fake.nvmlDeviceGetPowerUsage(h)",
+        ]
+    )
+    if returncode == "hang":
+        path = tmp_path / "crash.json"
+        path.write_text(json.dumps(data))
+        code = (
+            f"from exporter.nvml.fake import FakeNvml\nfake = FakeNvml({str(path)!r})\nfake.nvmlInit()\n"
+            + body
+            + "\nprint('after', flush=True)\n"
+        )
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline() == "first\n"
+            time.sleep(0.3)
+            child.send_signal(signal.SIGTERM)  # masked by the fault
+            with pytest.raises(subprocess.TimeoutExpired):
+                child.wait(1.0)
+        finally:
+            child.kill()
+            child.wait()
+        assert child.returncode == -signal.SIGKILL
+        return
+    proc = run_child(tmp_path, data, body)
+    assert proc.returncode == returncode, proc
+    assert proc.stdout == "before\nfirst\n"
