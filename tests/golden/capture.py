@@ -1,0 +1,253 @@
+"""Capture what a real worker sends for a golden scenario, at scenario time 0, as a JSON fixture.
+
+``python tests/golden/capture.py NAME`` (or ``UPDATE_GOLDEN=1 pytest tests/test_golden.py``) runs
+the real ``exporter.worker`` module in a child process on the golden's scenario, with the fake
+NVML's clock pinned to scenario time 0 (so cycles, ramps and sequences give their first values and
+field-value timestamps are fixed), reads its protocol lines from the message pipe, and writes
+``tests/golden/NAME.snapshot.json``. The test renders that fixture through a real Supervisor and
+compares the exposition with ``tests/golden/NAME.prom``.
+
+What varies from run to run or machine to machine is normalised: timestamps and durations
+(fixed values), the worker's pid, module paths and third-party versions (placeholders). The first
+snapshot is skipped (its call count includes one-off discovery and it may race the event thread's
+registration); the next ``snapshots`` are kept.
+
+Goldens:
+
+- ``h200x2``: the shipped two-GPU NVLink scenario as it is.
+- ``faults``: the same with a fan-cooled GPU 0 whose power reading fails (UNKNOWN), GPU 1 lost
+  (GPU_IS_LOST), ecc switched off and kernel_xid switched on by env, two NVML events on GPU 0 (Xid 79,
+  double-bit ECC) and GPU 0 showing the stuck-context signature (100 % busy, no memory, no
+  processes). The test adds the supervisor-side state a worker cannot send: a worker crash in
+  nvlink (quarantined after one crash), a readable kernel log and a kubelet pod holding GPU 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+SCENARIOS = ROOT / "examples" / "scenarios"
+
+T0 = 1_700_000_000.0  # Unix time of scenario time 0 in every fixture
+INTERVAL_S = 0.5
+PLACEHOLDER_VERSION = "0.0.0"
+
+
+def _h200x2() -> tuple[dict[str, Any], dict[str, str]]:
+    return json.loads((SCENARIOS / "h200x2.json").read_text()), {}
+
+
+def _faults() -> tuple[dict[str, Any], dict[str, str]]:
+    scenario, _ = _h200x2()
+    scenario["description"] = "golden 'faults': h200x2 with fans, a failing power reading, a lost GPU, events"
+    g0 = scenario["gpus"][0]["values"]
+    g0["nvmlDeviceGetNumFans"] = 2  # a fan-cooled board, to exercise the fan family
+    g0["nvmlDeviceGetFanSpeed_v2:0"] = 45
+    g0["nvmlDeviceGetFanSpeed_v2:1"] = 47
+    g0["nvmlDeviceGetPowerUsage"] = {"error": "UNKNOWN"}  # transient: counted, sample omitted
+    g0["nvmlDeviceGetUtilizationRates"] = {"gpu": 100, "memory": 0}  # stuck-context signature
+    g0["nvmlDeviceGetMemoryInfo"] = {"total": 150754820096, "reserved": 644939776, "free": 150109880320, "used": 0}
+    scenario["faults"] = [
+        {"function": "nvmlDeviceGetUtilizationRates", "gpu": 1, "action": "error", "error": "GPU_IS_LOST"}
+    ]
+    scenario["events"] = [
+        {"at_s": 0, "gpu": 0, "event_type": "XidCriticalError", "data": 79},
+        {"at_s": 0, "gpu": 0, "event_type": "DoubleBitEccError"},
+    ]
+    return scenario, {"ecc": "off", "kernel_xid": "on"}
+
+
+GOLDENS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, str]]]] = {"h200x2": _h200x2, "faults": _faults}
+SNAPSHOTS = {"h200x2": 1, "faults": 2}
+
+
+def fixture_path(name: str) -> Path:
+    return HERE / f"{name}.snapshot.json"
+
+
+# -- normalisation ---------------------------------------------------------------------------------
+
+
+def _site_dirs() -> list[str]:
+    import site
+    import sysconfig
+
+    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}
+    return sorted((d for d in dirs if d), key=len, reverse=True)
+
+
+def _norm_path(path: str | None) -> str | None:
+    if not path:
+        return path
+    for d in _site_dirs():
+        if path.startswith(d + os.sep):
+            return "<site-packages>/" + path[len(d) + 1 :]
+    if path.startswith(str(ROOT) + os.sep):
+        return "<repo>/" + path[len(str(ROOT)) + 1 :]
+    return re.sub(r"^.*/(site|dist)-packages/", "<site-packages>/", path)
+
+
+def normalise_selfcheck(result: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(result)
+    for m in out.get("modules", []):
+        m["path"] = _norm_path(m.get("path"))
+        for key in ("version", "distribution_version"):
+            if m.get(key):
+                m[key] = PLACEHOLDER_VERSION
+        if m.get("shadowed_by"):
+            m["shadowed_by"] = _norm_path(m["shadowed_by"])
+    return out
+
+
+def _norm_system(system: dict[str, Any]) -> dict[str, Any]:
+    system = dict(system)
+    if system.get("nvidia_ml_py_version"):
+        system["nvidia_ml_py_version"] = PLACEHOLDER_VERSION
+    return system
+
+
+def normalise(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    k = 0
+    for msg in copy.deepcopy(messages):
+        kind = msg["type"]
+        if kind == "selfcheck":
+            msg = {"v": msg["v"], "type": kind, **normalise_selfcheck(msg)}
+        elif kind == "hello":
+            msg["pid"] = 0
+            msg["system"] = _norm_system(msg.get("system", {}))
+        elif kind == "event":
+            msg["ts"] = T0
+        elif kind == "snapshot":
+            msg["ts"] = T0 + k * INTERVAL_S
+            k += 1
+            msg["duration_s"] = 0.004
+            msg["system"] = _norm_system(msg.get("system", {}))
+            for f in msg["features"].values():
+                f["duration_s"] = 0.0005
+        out.append(msg)
+    return out
+
+
+# -- capture -------------------------------------------------------------------------------------------
+
+
+def _child() -> None:
+    """Run the real worker module with the fake's clock pinned at scenario time 0."""
+    import runpy
+
+    from exporter.nvml import fake
+
+    original = fake.FakeNvml.__init__
+
+    def pinned(self: Any, path: str, epoch: float | None = None, clock: Any = None) -> None:
+        original(self, path, epoch=T0, clock=lambda: T0)
+
+    fake.FakeNvml.__init__ = pinned  # type: ignore[method-assign]
+    runpy.run_module("exporter.worker", run_name="__main__", alter_sys=True)
+
+
+def capture(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Run the worker on golden ``name``; returns the fixture (also written to disk)."""
+    from exporter import selfcheck
+    from exporter.config import Config
+    from guards import features as gf
+
+    scenario, modes = GOLDENS[name]()
+    keep = SNAPSHOTS[name]
+    want_events = len(scenario.get("events", []))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.json"
+        path.write_text(json.dumps(scenario))
+        config = Config(
+            nvml_backend=f"fake:{path}",
+            interval_s=INTERVAL_S,
+            feature_modes={**dict.fromkeys(gf.FEATURES, gf.Mode.AUTO), **{k: gf.Mode(v) for k, v in modes.items()}},
+            log_level="ERROR",
+        )
+        read_fd, write_fd = os.pipe()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
+        env.update(NVGPU_WORKER_CONFIG=json.dumps(config.worker_config({})), NVGPU_WORKER_FD=str(write_fd))
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--child"],
+            env=env,
+            pass_fds=(write_fd,),
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=str(ROOT),
+        )
+        os.close(write_fd)
+        messages: list[dict[str, Any]] = []
+        snapshots = events = 0
+        buf = b""
+        deadline = time.monotonic() + timeout_s
+        try:
+            while snapshots < keep + 1 or events < want_events:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(
+                        f"worker gave {snapshots} snapshots, {events} events; stderr:\n"
+                        f"{proc.stderr.read().decode() if proc.poll() is not None and proc.stderr else ''}"
+                    )
+                ready, _, _ = select.select([read_fd], [], [], 0.2)
+                if not ready:
+                    continue
+                buf += os.read(read_fd, 1 << 20)
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    msg = json.loads(line)
+                    if msg["type"] == "snapshot":
+                        snapshots += 1
+                        if snapshots == 1:
+                            continue  # discovery calls; may race event registration
+                        if snapshots > keep + 1:
+                            continue
+                    if msg["type"] == "event":
+                        events += 1
+                    messages.append(msg)
+        finally:
+            if proc.stdin:
+                proc.stdin.write(b'{"type": "shutdown"}\n')
+                proc.stdin.close()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            os.close(read_fd)
+    snaps = [m for m in messages if m["type"] == "snapshot"]
+    if scenario.get("events") and not all(m.get("events_enabled") for m in snaps):
+        raise RuntimeError("event registration had not finished by the second snapshot; run again")
+    # events first, then snapshots, so the fixture reads in the order a supervisor applies them
+    order = {"selfcheck": 0, "hello": 1, "event": 2, "snapshot": 3}
+    messages.sort(key=lambda m: order.get(m["type"], 9))
+    fixture = {
+        "comment": f"captured by tests/golden/capture.py from the real worker on golden {name!r} at scenario time 0",
+        "golden": name,
+        "modes": modes,
+        "supervisor_selfcheck": normalise_selfcheck(selfcheck.run_in_process("supervisor")),
+        "messages": normalise(messages),
+    }
+    fixture_path(name).write_text(json.dumps(fixture, indent=1, sort_keys=True) + "\n")
+    return fixture
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--child"]:
+        _child()
+    else:
+        for arg in sys.argv[1:] or sorted(GOLDENS):
+            capture(arg)
+            print(f"wrote {fixture_path(arg)}")
