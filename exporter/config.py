@@ -244,7 +244,7 @@ class Config:
         problems.extend(feature_problems)
         known = {s.env for s in SETTINGS} | {"NVGPU_FAKE_EPOCH", "NVGPU_WORKER_CONFIG", "NVGPU_WORKER_FD", "NVGPU_BREADCRUMB_FD"}
         for key in sorted(environ):
-            if key.startswith("NVGPU_") and not key.startswith("NVGPU_FEATURE_") and key not in known:
+            if key.startswith("NVGPU_") and not key.upper().startswith(gf.ENV_PREFIX.rstrip("_")) and key not in known:
                 import difflib
 
                 close = difflib.get_close_matches(key, sorted(known - {"NVGPU_FAKE_EPOCH"}), n=1)

@@ -191,8 +191,10 @@ class Supervisor:
         for (gpu, uuid, etype), count in sorted(self.events.items()):
             events.add_metric([gpu, uuid, etype], float(count))
         enabled = GaugeMetricFamily("nvgpu_events_enabled", "1 if NVML event registration succeeded for this GPU", labels=["gpu", "uuid"])
+        live = {g["uuid"] for g in snap["gpus"] if g["up"]}
         for uuid, ok in sorted(self.events_enabled.items()):
-            enabled.add_metric([self.gpu_index.get(uuid, ""), uuid], 1.0 if ok else 0.0)
+            if uuid in live:
+                enabled.add_metric([self.gpu_index.get(uuid, ""), uuid], 1.0 if ok else 0.0)
         out += [xid_total, xid_last, events, enabled]
         for hook in self.gpu_family_hooks:
             out.extend(hook(snap))

@@ -206,7 +206,7 @@ class Worker:
         feature_time: dict[str, float] = {}
         feature_ok: dict[str, int] = {}
         gpus: list[dict[str, Any]] = []
-        errors_before = sum(self.client.errors.values())
+        calls_before, ok_before = self.client.calls, self.client.ok_calls
         for dev in list(self.devices):
             readings: dict[str, Any] = {}
             up = True
@@ -249,9 +249,7 @@ class Worker:
                 gpus.append({"index": index, "uuid": uuid, "up": False, "readings": {}})
         gpus.sort(key=lambda g: g["index"])
         self._mark_unsupported()
-        if self.devices and sum(self.client.errors.values()) > errors_before and not any(
-            g["readings"] for g in gpus
-        ):
+        if self.devices and self.client.calls > calls_before and self.client.ok_calls == ok_before:
             # Every call of every GPU failed: NVML is in a bad state ("Unknown Error" after a driver
             # problem). Re-initialising in a fresh worker is the cure; the supervisor backs off.
             raise NvmlFatal(errors.NvmlFailure(errors.UNKNOWN, "UNKNOWN", errors.ErrorClass.FATAL,

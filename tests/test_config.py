@@ -151,15 +151,6 @@ def test_unknown_feature_switch_with_suggestion() -> None:
     assert len(found) == 1 and "did you mean NVGPU_FEATURE_NVLINK_THROUGHPUT" in found[0], found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "config.py Config.from_env skips only keys starting with 'NVGPU_FEATURE_' in its unknown-variable "
-        "check, but guards.features.parse_feature_env already reports every key starting with "
-        "'NVGPU_FEATURE' (e.g. NVGPU_FEATURES_NVLINK): the variable is reported twice, the second time "
-        "with a misleading suggestion"
-    ),
-)
 @pytest.mark.parametrize("typo", ["NVGPU_FEATURES_NVLINK", "NVGPU_FEATURE"])
 def test_feature_prefix_typo_reported_once(typo: str) -> None:
     found = problems({typo: "on"})

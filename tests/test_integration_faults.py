@@ -269,13 +269,6 @@ def test_lost_gpu_dropped_others_fresh_every_scrape_200(tmp_path: Path) -> None:
         assert exp.terminate() == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "supervisor.extra_gpu_families renders nvgpu_events_enabled for every UUID ever registered "
-        "(self.events_enabled is only ever updated), so a lost GPU keeps nvgpu_events_enabled 1"
-    ),
-)
 def test_lost_gpu_has_no_events_enabled_series(tmp_path: Path) -> None:
     """DESIGN failure model: a lost GPU's series are gone; only device_up 0 remains for its UUID."""
     scenario = four_gpus_with_gpu2_lost(2.0)
@@ -467,14 +460,6 @@ def test_content_negotiation_matches_body(tmp_path: Path, gzipped: bool) -> None
 # -- 8. every call fails for a while ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "worker.Worker.sample treats 'every NVML call failed' as fatal only when no GPU has any reading, "
-        "but identity (and cached max clocks / PCIe maxima) readings are served from dev.cache without a "
-        "call, so the worker never exits: nvgpu_up stays 1, /readyz 200, no re-initialisation"
-    ),
-)
 def test_every_call_unknown_then_recovers(tmp_path: Path) -> None:
     """Every NVML call answers UNKNOWN from t = 8 s to 16 s (the issue says 60 s; scaled down to keep
     CI short): once stale, the old GPU values are gone, nvgpu_up is 0 and /readyz 503; NVML is

@@ -57,6 +57,7 @@ class NvmlClient:
         self.crumbs = crumbs
         self.slot = slot
         self.calls = 0
+        self.ok_calls = 0  # calls that returned: "every call failing" is told apart from "no call needed"
         self.errors: Counter[tuple[str, str]] = Counter()  # (feature, error name) -> count
         self._fns: dict[str, Callable[..., Any]] = {}
 
@@ -78,9 +79,11 @@ class NvmlClient:
         self.crumbs.enter(self.slot, feature, function, uuid)
         self.calls += 1
         try:
-            return self._fn(function)(*args, **kwargs)
+            value = self._fn(function)(*args, **kwargs)
         finally:
             self.crumbs.exit(self.slot)
+        self.ok_calls += 1
+        return value
 
     def field_values(self, feature: str, uuid: str, handle: Any, pairs: list[tuple[int, int]]) -> list[FieldValue]:
         """``nvmlDeviceGetFieldValues`` through the backend's safe implementation."""
@@ -88,9 +91,10 @@ class NvmlClient:
         self.calls += 1
         try:
             result: list[FieldValue] = self.backend.field_values(handle, pairs)
-            return result
         finally:
             self.crumbs.exit(self.slot)
+        self.ok_calls += 1
+        return result
 
 
 class DeviceClient:
