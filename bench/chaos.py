@@ -23,7 +23,9 @@ What it does (issue 3, "Chaos benchmark and real hardware"; docs/reliability.md 
   random intervals (seeded RNG);
 - meanwhile one client scrapes ``/metrics`` at ~20 requests/s (keep-alive, like Prometheus) and every
   few seconds a burst of 200 concurrent requests is fired (aiohttp, ``limit=0``, a fresh connection
-  each, like 200 independent clients). Both send ``Accept-Encoding: gzip`` as Prometheus does;
+  each, like 200 independent clients). Both send ``Accept-Encoding: gzip`` as Prometheus does. Each
+  is its own process (``chaos.py _client``), so client-side work is not counted as the exporter's
+  latency (docs/reliability.md has the profile that led to this);
 - a monitor thread records the supervisor's RSS and the number of worker processes alive or unreaped
   at once.
 
@@ -32,7 +34,7 @@ random external kill is attributed to whatever feature happens to be in flight (
 GPUs is ~15 % of the interval, spread over a dozen features) and each hang window to its feature;
 with the default 3, a 5-minute run would quarantine features by chance and the later part of the run
 would test less. With 8, chance attributions stay below it (the hang windows rotate over five
-features) while the deliberate SIGSEGV, which hits every new worker, reaches it within seconds.
+features) while the deliberate SIGSEGV, which hits every new worker, reaches it within ~25 s.
 
 Goals (exit status 1 if one is missed): no non-200 answer, no connection error or timeout, max scrape
 latency < 1 s, supervisor RSS growth after warm-up (first 20 % of the run) < 10 %, at most 2 worker
