@@ -12,7 +12,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from exporter import __version__, protocol
 from exporter.config import SETTINGS, Config, ConfigError
@@ -71,9 +72,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logs.setup(config.log_level, config.log_format)
     try:
-        return asyncio.run(serve(config))
+        return _run(serve(config))
     except KeyboardInterrupt:
         return protocol.EXIT_OK
+
+
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    """Run on uvloop when it is installed (the ``fast`` extra): about twice the requests per second
+    under 1000 concurrent scrapes (docs/performance.md); asyncio's own loop otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return int(uvloop.run(main))
 
 
 def _quarantine(config: Config, args: argparse.Namespace) -> int:
