@@ -27,7 +27,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 # .dockerignore admits only pyproject.toml, README/LICENSE, exporter/ and guards/.
 COPY . .
-RUN pip wheel --wheel-dir /wheels ".[kubernetes]"
+RUN pip wheel --wheel-dir /wheels ".[kubernetes,fast]"
 
 # ---------------------------------------------------------------------------------------------
 # runtime: the installed wheel and nothing else of the source.
@@ -61,7 +61,7 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 # pin makes the build fail when VERSION (the label) is not the version of the wheel. The wheels
 # are bind-mounted, so they leave no layer behind.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels "nvgpu-exporter[kubernetes]==${VERSION}"
+    pip install --no-index --find-links=/wheels "nvgpu-exporter[kubernetes,fast]==${VERSION}"
 
 # The incident: the working directory held an old copy of the package, and Python imported that
 # instead of the installed one. / holds no source, and the self-check proves which files run.

@@ -26,8 +26,8 @@ DOCKERFILE = REPO / "Dockerfile"
 
 # The install commands, exactly as they appear in the Dockerfile (checked below) and as the slow
 # test runs them.
-BUILDER_WHEEL = 'pip wheel --wheel-dir /wheels ".[kubernetes]"'
-RUNTIME_INSTALL = 'pip install --no-index --find-links=/wheels "nvgpu-exporter[kubernetes]==${VERSION}"'
+BUILDER_WHEEL = 'pip wheel --wheel-dir /wheels ".[kubernetes,fast]"'
+RUNTIME_INSTALL = 'pip install --no-index --find-links=/wheels "nvgpu-exporter[kubernetes,fast]==${VERSION}"'
 SELFCHECK = "RUN nvgpu-exporter selfcheck --strict"
 
 
@@ -192,8 +192,8 @@ def test_dockerfile_install_steps_in_a_fresh_venv(tmp_path: Path) -> None:
         assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
         return proc
 
-    # builder stage: RUN pip wheel --wheel-dir /wheels ".[kubernetes]"
-    run([python, "-m", "pip", "wheel", "--wheel-dir", str(wheels), ".[kubernetes]"], context)
+    # builder stage: RUN pip wheel --wheel-dir /wheels ".[kubernetes,fast]"
+    run([python, "-m", "pip", "wheel", "--wheel-dir", str(wheels), ".[kubernetes,fast]"], context)
     built = sorted(p.name for p in wheels.glob("nvgpu_exporter-*.whl"))
     assert built == [f"nvgpu_exporter-{exporter.__version__}-py3-none-any.whl"], built
 
@@ -201,7 +201,7 @@ def test_dockerfile_install_steps_in_a_fresh_venv(tmp_path: Path) -> None:
     venv_dir = tmp_path / "venv"
     run([python, "-m", "venv", "--clear", str(venv_dir)], tmp_path)
     py = venv_dir / "bin" / "python"
-    requirement = f"nvgpu-exporter[kubernetes]=={exporter.__version__}"
+    requirement = f"nvgpu-exporter[kubernetes,fast]=={exporter.__version__}"
     run(
         [str(py), "-m", "pip", "install", "--no-index", f"--find-links={wheels}", requirement],
         Path("/"),
