@@ -159,7 +159,8 @@ async def measure(exp: load.ServerProcess, args: argparse.Namespace) -> dict[str
     rounds = []
     for i in range(args.rounds):
         print(f"concurrent {args.concurrency}, round {i + 1}/{args.rounds} …", flush=True)
-        r, procs = await load.under_load(exp.pid, load.concurrent(url, args.concurrency, timeout_s=args.timeout), role)
+        r, procs = await load.under_load(
+            exp.pid, load.concurrent_procs(url, args.concurrency, args.client_procs, timeout_s=args.timeout), role)
         r["processes"] = procs
         rounds.append(r)
         await asyncio.sleep(2.0)
@@ -275,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="client processes for the goal rounds (1: one aiohttp client process, as recorded)")
     p.add_argument("--no-gzip-round", dest="gzip_round", action="store_false",
                    help="skip the informational concurrent round with Prometheus 3's headers and gzip")
     p.add_argument("--no-raw-round", dest="raw_round", action="store_false",
@@ -309,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"scenario": str(scenario.relative_to(ROOT)), "interval_s": args.interval,
                    "idle_seconds": args.idle_seconds, "sequential": args.sequential,
                    "concurrency": args.concurrency, "rounds": args.rounds, "timeout_s": args.timeout,
+                   "client_procs": args.client_procs,
                    "env": exp.env},
         "goals": GOALS,
     }

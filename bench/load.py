@@ -233,8 +233,24 @@ async def _raw_fetch(host: str, port: int, request: bytes, timeout_s: float) -> 
         transport.close()
 
 
+async def _go_at(go: asyncio.Event, start_at: float | None) -> float:
+    """Release every waiting request at wall-clock ``start_at`` (now if None or past); returns the
+    lateness in seconds (a child process that started after ``start_at``)."""
+    await asyncio.sleep(0)  # every task is now waiting on `go`
+    late = 0.0
+    if start_at is not None:
+        delay = start_at - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            late = -delay
+    go.set()
+    return late
+
+
 async def concurrent(url: str, c: int, headers: Mapping[str, str] | None = None,
-                     timeout_s: float = DEFAULT_TIMEOUT_S, client: str = "aiohttp") -> dict[str, Any]:
+                     timeout_s: float = DEFAULT_TIMEOUT_S, client: str = "aiohttp",
+                     start_at: float | None = None, keep_latencies: bool = False) -> dict[str, Any]:
     """``c`` requests at once, each on its own connection, each with a ``timeout_s`` total timeout.
 
     Args:
@@ -242,6 +258,9 @@ async def concurrent(url: str, c: int, headers: Mapping[str, str] | None = None,
             (an asyncio Protocol sending a fixed GET: about half the CPU per request, to tell the
             load generator's own CPU cost from the server's on a small machine). The raw client's
             timeout covers connect and response separately; ``body_bytes`` includes the headers.
+        start_at: wall-clock time (``time.time()``) to fire at, so several processes fire together
+            (:func:`concurrent_procs`).
+        keep_latencies: also return every latency (``latencies_s``), for merging.
 
     Returns:
         requests, ok (200), non_200, timeouts, errors (by exception type), success_rate,
@@ -252,7 +271,7 @@ async def concurrent(url: str, c: int, headers: Mapping[str, str] | None = None,
     headers = dict(PLAIN_HEADERS if headers is None else headers)
     raise_nofile(c + 256)
     if client == "raw":
-        return await _concurrent_raw(url, c, headers, timeout_s)
+        return await _concurrent_raw(url, c, headers, timeout_s, start_at, keep_latencies)
     if client != "aiohttp":
         raise ValueError(f"client {client!r}: expected aiohttp or raw")
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
@@ -283,12 +302,15 @@ async def concurrent(url: str, c: int, headers: Mapping[str, str] | None = None,
 
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
         tasks = [asyncio.ensure_future(one(session)) for _ in range(c)]
-        await asyncio.sleep(0)  # every task is now waiting on `go`
+        late = await _go_at(go, start_at)
         t0 = time.perf_counter()
-        go.set()
         await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0
-    return _concurrent_result("aiohttp", c, statuses, timeouts, errors, timeout_s, wall, size, latencies)
+    out = _concurrent_result("aiohttp", c, statuses, timeouts, errors, timeout_s, wall, size, latencies)
+    out["late_start_s"] = round(late, 3)
+    if keep_latencies:
+        out["latencies_s"] = latencies
+    return out
 
 
 def _concurrent_result(client: str, c: int, statuses: dict[str, int], timeouts: int, errors: dict[str, int],
@@ -303,7 +325,62 @@ def _concurrent_result(client: str, c: int, statuses: dict[str, int], timeouts: 
     }
 
 
-async def _concurrent_raw(url: str, c: int, headers: Mapping[str, str], timeout_s: float) -> dict[str, Any]:
+async def concurrent_procs(url: str, c: int, procs: int, headers: Mapping[str, str] | None = None,
+                           timeout_s: float = DEFAULT_TIMEOUT_S, client: str = "aiohttp") -> dict[str, Any]:
+    """:func:`concurrent` spread over ``procs`` client processes that fire at the same instant.
+
+    Still ``c`` connections, each its own, each with one request; only the client's CPU is spread,
+    so that on a machine with cores to spare the server, not the one-core Python client, is what is
+    measured. ``procs <= 1`` is :func:`concurrent` in this process. The processes are started with
+    this Python, fire at a common wall-clock time 2 s later (``late_start_s`` says if one missed it)
+    and their latencies are merged; ``wall_s`` is the longest process's.
+    """
+    check_loopback(url)
+    if procs <= 1:
+        return await concurrent(url, c, headers, timeout_s, client)
+    headers = dict(PLAIN_HEADERS if headers is None else headers)
+    counts = [n for n in (c // procs + (1 if i < c % procs else 0) for i in range(procs)) if n]
+    start_at = time.time() + 2.0 + 0.05 * len(counts)
+    children = []
+    for n in counts:
+        spec = json.dumps({"url": url, "c": n, "headers": headers, "timeout_s": timeout_s, "client": client,
+                           "start_at": start_at})
+        children.append(await asyncio.create_subprocess_exec(
+            sys.executable, os.path.abspath(__file__), "--child", spec,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE))
+    outs = await asyncio.gather(*(ch.communicate() for ch in children))
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    failures: list[str] = []
+    timeouts = size = 0
+    wall = late = 0.0
+    for (stdout, stderr), n in zip(outs, counts, strict=True):
+        try:
+            r = json.loads(stdout)
+        except ValueError:
+            errors["ClientProcessFailed"] = errors.get("ClientProcessFailed", 0) + n
+            failures.append(stderr.decode("utf-8", "replace")[-500:])
+            continue
+        latencies += r["latencies_s"]
+        for k, v in r["statuses"].items():
+            statuses[k] = statuses.get(k, 0) + v
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+        timeouts += r["timeouts"]
+        size = r["body_bytes"] or size
+        wall = max(wall, r["wall_s"])
+        late = max(late, r.get("late_start_s", 0.0))
+    out = _concurrent_result(client, c, statuses, timeouts, errors, timeout_s, wall, size, latencies)
+    out["client_procs"] = len(counts)
+    out["late_start_s"] = round(late, 3)
+    if failures:
+        out["client_failures"] = failures
+    return out
+
+
+async def _concurrent_raw(url: str, c: int, headers: Mapping[str, str], timeout_s: float,
+                          start_at: float | None = None, keep_latencies: bool = False) -> dict[str, Any]:
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     port = parts.port or 80
@@ -335,12 +412,15 @@ async def _concurrent_raw(url: str, c: int, headers: Mapping[str, str], timeout_
             size = n
 
     tasks = [asyncio.ensure_future(one()) for _ in range(c)]
-    await asyncio.sleep(0)
+    late = await _go_at(go, start_at)
     t0 = time.perf_counter()
-    go.set()
     await asyncio.gather(*tasks)
     wall = time.perf_counter() - t0
-    return _concurrent_result("raw", c, statuses, timeouts, errors, timeout_s, wall, size, latencies)
+    out = _concurrent_result("raw", c, statuses, timeouts, errors, timeout_s, wall, size, latencies)
+    out["late_start_s"] = round(late, 3)
+    if keep_latencies:
+        out["latencies_s"] = latencies
+    return out
 
 
 # -- processes -------------------------------------------------------------------------------------
@@ -508,7 +588,10 @@ class ProcTreeSampler:
         # guest time is already inside user/nice in /proc/stat; idle and iowait are not busy
         busy = sum(delta(n) for n in ("user", "nice", "system", "irq", "softirq", "steal"))
         kernel = delta("irq") + delta("softirq")  # network stack work not charged to a process
-        me = (self._self1.user + self._self1.system) - (self._self0.user + self._self0.system)
+        def own(t: Any) -> float:  # this process and its reaped children (client processes)
+            return float(t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0))
+
+        me = own(self._self1) - own(self._self0)
         return {
             "ncpu": psutil.cpu_count(), "busy_cores": round(busy / window, 3),
             "client_cpu_fraction": round(me / window, 4),
@@ -700,7 +783,7 @@ async def _main_async(args: argparse.Namespace) -> dict[str, Any]:
         out["sequential"] = await sequential(args.url, args.sequential, headers, timeout_s=args.timeout)
     rounds = []
     for _ in range(args.rounds if args.concurrency > 0 else 0):
-        load = concurrent(args.url, args.concurrency, headers, args.timeout, args.client)
+        load = concurrent_procs(args.url, args.concurrency, args.client_procs, headers, args.timeout, args.client)
         if args.pid:
             res, procs = await under_load(args.pid, load)
             res["processes"] = procs
@@ -712,7 +795,19 @@ async def _main_async(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _child(spec_json: str) -> int:
+    """One client process of :func:`concurrent_procs`: prints its result with every latency."""
+    spec = json.loads(spec_json)
+    result = asyncio.run(concurrent(spec["url"], int(spec["c"]), spec["headers"], float(spec["timeout_s"]),
+                                    spec["client"], float(spec["start_at"]), keep_latencies=True))
+    json.dump(result, sys.stdout)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:
+        return _child(argv[1])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--url", required=True, help="loopback /metrics URL")
     p.add_argument("--pid", type=int, default=0, help="exporter PID: sample it and its children")
@@ -721,6 +816,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="concurrent rounds")
     p.add_argument("--idle-seconds", type=float, default=0.0, help="idle CPU/RSS window first (needs --pid)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-request timeout, seconds")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="spread the concurrent connections over this many client processes")
     p.add_argument("--client", choices=("aiohttp", "raw"), default="aiohttp",
                    help="concurrent client: aiohttp (reference) or raw (cheaper per request)")
     p.add_argument("--prometheus-headers", action="store_true",
@@ -743,6 +840,7 @@ if __name__ == "__main__":
 
 __all__ = [
     "PLAIN_HEADERS", "PROMETHEUS3_HEADERS", "ProcTreeSampler", "ServerProcess", "check_loopback", "concurrent",
+    "concurrent_procs",
     "free_port", "idle", "mb", "percentile", "raise_nofile", "sequential", "summarize_ms", "tree_rss",
     "under_load", "wait_quiet",
 ]

@@ -266,7 +266,8 @@ async def measure(server: load.ServerProcess, args: argparse.Namespace, role: An
             res["died"] = f"exited with code {server.proc.returncode} before the {c}-connection round"
             break
         print(f"  concurrent {c} …", flush=True)
-        r, procs = await load.under_load(server.pid, load.concurrent(url, c, args.headers, args.timeout), role)
+        r, procs = await load.under_load(
+            server.pid, load.concurrent_procs(url, c, args.client_procs, args.headers, args.timeout), role)
         r["processes"] = procs
         res["concurrent"][str(c)] = r
         lat = r["latency"]
@@ -419,7 +420,9 @@ def markdown(report: dict[str, Any], concurrency: list[int]) -> str:
         f"Run {report['date']} on {env['hostname']} ({env['nproc']} CPUs, {env['cpu_model']}): {gpus}; "
         f"driver {nvml.get('driver_version', '?')}; nvidia-ml-py {v.get('nvidia-ml-py')}; "
         f"nvitop {v.get('nvitop')} / nvitop-exporter {v.get('nvitop-exporter')}; Python {env['python']}; "
-        f"our backend `{report['config']['our_backend']}`.",
+        f"our backend `{report['config']['our_backend']}`; load client: aiohttp in "
+        f"{report['config']['client_procs']} process(es), one connection per request, "
+        f"{'Prometheus 3 headers + gzip' if report['config']['headers'].get('Accept') else 'no compression'}.",
         "",
         "| | nvitop-exporter | nvgpu-exporter (ours) |",
         "|---|---|---|",
@@ -450,7 +453,7 @@ def markdown(report: dict[str, Any], concurrency: list[int]) -> str:
 
     def load_cpu(res: Any) -> str:
         rounds = (res or {}).get("concurrent") or {}
-        return " / ".join(f"{c}: {r['processes']['cpu_fraction'] * 100:.0f} %" for c, r in rounds.items()) or "-"
+        return " / ".join(f"{c}: {r['processes']['cpu_s']:.2f} s" for c, r in rounds.items()) or "-"
 
     def peak(res: Any) -> str:
         p = _peak_rss(res)
@@ -463,7 +466,7 @@ def markdown(report: dict[str, Any], concurrency: list[int]) -> str:
     lines.append(both("idle PSS, all processes (shared pages split)", idle_pss))
     for c in concurrency:
         lines.append(both(f"{c} concurrent", lambda r, c=c: _cell_conc(r, str(c))))
-    lines.append(both("CPU during the concurrent rounds", load_cpu))
+    lines.append(both("exporter CPU time per concurrent round (all its processes)", load_cpu))
     lines.append(both("peak RSS (idle + load)", peak))
     for name in ("nvitop_exporter", "ours"):
         err = _get(report, name, "error")
@@ -509,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sequential", type=int, default=200)
     p.add_argument("--concurrency", default="100,1000", help="comma-separated concurrent rounds")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
+    p.add_argument("--client-procs", type=int, default=0,
+                   help="client processes for the concurrent rounds (0 = auto: 1 below 8 CPUs, else CPUs/4, at most 8)")
     p.add_argument("--prometheus-headers", action="store_true",
                    help="send Prometheus 3's Accept and Accept-Encoding: gzip (default: identity, no Accept)")
     p.add_argument("--our-backend", default="nvml", help="nvml, or fake:<scenario> for a dry run without a GPU")
@@ -530,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
         args.sample_wait_max = min(args.sample_wait_max, 40.0)
         args.floor_spacing = min(args.floor_spacing, 0.25)
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    if args.client_procs <= 0:
+        ncpu = len(os.sched_getaffinity(0))
+        args.client_procs = 1 if ncpu < 8 else min(8, ncpu // 4)
     args.headers = load.PROMETHEUS3_HEADERS if args.prometheus_headers else load.PLAIN_HEADERS
     nofile = load.raise_nofile(2 * max(args.concurrency or [0]) + 512)  # servers inherit it
     fake = args.our_backend[len("fake:"):] if args.our_backend.startswith("fake:") else None
@@ -547,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             "our_interval_s": args.our_interval, "our_samples": args.our_samples,
             "nvitop_interval_s": args.nvitop_interval or "default (1.0)", "floor_samples": args.floor_samples,
             "floor_spacing_s": args.floor_spacing,
-            "quick": args.quick, "nofile": nofile,
+            "quick": args.quick, "nofile": nofile, "client_procs": args.client_procs,
         },
     }
 
