@@ -40,6 +40,7 @@ SCRAPE_CONFIG = REPO / "deploy" / "prometheus" / "scrape-config.yaml"
 PROMETHEUS_RULE = REPO / "deploy" / "prometheus" / "prometheusrule.yaml"
 
 NAMESPACE = "nvgpu-exporter"
+PAUSE_LABEL = "nvgpu-exporter/paused"
 CANARY_LABEL = "nvgpu-exporter/canary"
 TRACK_LABEL = "nvgpu-exporter/track"
 OPERATOR_GROUP = "monitoring.coreos.com/"
@@ -430,7 +431,12 @@ def test_canary_and_stable_split_the_gpu_nodes() -> None:
     # Same GPU-node terms otherwise.
     strip = [{k: v for k, v in t.items() if k != CANARY_LABEL} for t in _node_terms(stable)]
     assert strip == [{k: v for k, v in t.items() if k != CANARY_LABEL} for t in _node_terms(canary)]
-    assert {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"} == {k for t in strip for k in t}
+    assert {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present", PAUSE_LABEL} == {
+        k for t in strip for k in t
+    }
+    # Every term keeps the exporter off a node labelled for a GPU reset / MIG change.
+    for term in [*_node_terms(stable), *_node_terms(canary)]:
+        assert term[PAUSE_LABEL] == {"key": PAUSE_LABEL, "operator": "NotIn", "values": ["true"]}
     # Distinct selectors (a DaemonSet's selector is immutable and must not overlap another's).
     assert stable["spec"]["selector"]["matchLabels"][TRACK_LABEL] == "stable"
     assert canary["spec"]["selector"]["matchLabels"][TRACK_LABEL] == "canary"
