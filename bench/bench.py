@@ -115,18 +115,30 @@ def machine_info() -> dict[str, Any]:
             "nvgpu-exporter": exporter_version,
             "aiohttp": _version("aiohttp"), "prometheus-client": _version("prometheus-client"),
             "psutil": _version("psutil"), "nvidia-ml-py": _version("nvidia-ml-py"),
+            "uvloop": _version("uvloop"),
         },
         "git_commit": _git("rev-parse", "HEAD"),
         "git_exporter_dirty": bool(status) if status is not None else None,
     }
 
 
-def start_exporter(env: dict[str, str], port: int, log_path: Path, cwd: Path = ROOT) -> load.ServerProcess:
+def hide_uvloop() -> str:
+    """A directory whose ``uvloop`` cannot be imported: on PYTHONPATH, the exporter runs on asyncio's loop."""
+    d = tempfile.mkdtemp(prefix="no-uvloop-")
+    os.mkdir(os.path.join(d, "uvloop"))
+    with open(os.path.join(d, "uvloop", "__init__.py"), "w") as fh:
+        fh.write('raise ImportError("uvloop hidden by bench.py --no-uvloop")\n')
+    return d
+
+
+def start_exporter(env: dict[str, str], port: int, log_path: Path, cwd: Path = ROOT,
+                   no_uvloop: bool = False) -> load.ServerProcess:
     """``python -m exporter`` on 127.0.0.1:``port`` with ``env`` (NVGPU_* from outside dropped)."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
     full.update(env)
     full["NVGPU_LISTEN_ADDRESS"] = f"127.0.0.1:{port}"
-    full["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), full.get("PYTHONPATH", "")) if p)
+    paths = [hide_uvloop()] if no_uvloop else []
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, str(cwd), full.get("PYTHONPATH", "")) if p)
     server = load.ServerProcess([sys.executable, "-m", "exporter"], full, port, str(log_path), str(cwd))
     server.env = {k: v for k, v in full.items() if k.startswith("NVGPU_")}  # type: ignore[attr-defined]
     return server
@@ -284,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip the diagnostic concurrent round with the bare asyncio client")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="first wait up to SECONDS for the machine to be idle (shared machines)")
+    p.add_argument("--no-uvloop", action="store_true",
+                   help="run the exporter on asyncio's own loop even where uvloop is installed")
     p.add_argument("--out", help="result JSON (default bench/results/local-<date>.json)")
     args = p.parse_args(argv)
 
@@ -304,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         "NVGPU_STATE_FILE": "",
         "NVGPU_SAMPLE_INTERVAL_SECONDS": f"{args.interval:g}",
     }
-    exp = start_exporter(env, load.free_port(), log_path)
+    exp = start_exporter(env, load.free_port(), log_path, no_uvloop=args.no_uvloop)
     print(f"exporter pid {exp.pid} on {exp.base} (log {log_path})", flush=True)
     result: dict[str, Any] = {
         "benchmark": "issue-2 local", "date": started.isoformat(timespec="seconds"),
@@ -313,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                    "idle_seconds": args.idle_seconds, "sequential": args.sequential,
                    "concurrency": args.concurrency, "rounds": args.rounds, "timeout_s": args.timeout,
                    "client_procs": args.client_procs,
+                   "event_loop": ("asyncio" if args.no_uvloop or not _version("uvloop")
+                                  else f"uvloop {_version('uvloop')}"),
                    "env": exp.env},
         "goals": GOALS,
     }

@@ -149,7 +149,7 @@ def environment() -> dict[str, Any]:
             "nvgpu-exporter": ours, "nvidia-ml-py": _version("nvidia-ml-py"),
             "nvitop": _version("nvitop"), "nvitop-exporter": _version("nvitop-exporter"),
             "prometheus-client": _version("prometheus-client"), "aiohttp": _version("aiohttp"),
-            "psutil": _version("psutil"),
+            "psutil": _version("psutil"), "uvloop": _version("uvloop"),
         },
         "nvml": gpu, "nvidia_smi_topo": topo,
         "git_commit": _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"])[1] or None,
@@ -420,7 +420,8 @@ def markdown(report: dict[str, Any], concurrency: list[int]) -> str:
         f"Run {report['date']} on {env['hostname']} ({env['nproc']} CPUs, {env['cpu_model']}): {gpus}; "
         f"driver {nvml.get('driver_version', '?')}; nvidia-ml-py {v.get('nvidia-ml-py')}; "
         f"nvitop {v.get('nvitop')} / nvitop-exporter {v.get('nvitop-exporter')}; Python {env['python']}; "
-        f"our backend `{report['config']['our_backend']}`; load client: aiohttp in "
+        f"our backend `{report['config']['our_backend']}` on "
+        f"{'uvloop ' + v['uvloop'] if v.get('uvloop') else 'the asyncio loop'}; load client: aiohttp in "
         f"{report['config']['client_procs']} process(es), one connection per request, "
         f"{'Prometheus 3 headers + gzip' if report['config']['headers'].get('Accept') else 'no compression'}.",
         "",
