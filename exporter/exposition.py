@@ -13,7 +13,6 @@ import gzip
 import logging
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import exposition as text_format
@@ -34,24 +33,6 @@ TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
-@dataclass
-class Rendered:
-    """One rendering in both formats; gzip variants are made lazily and kept."""
-
-    text: bytes
-    openmetrics: bytes
-    _gzip: dict[bool, bytes] = field(default_factory=dict)
-
-    def body(self, openmetrics: bool, gzipped: bool) -> bytes:
-        """The body for a format, compressed if asked."""
-        raw = self.openmetrics if openmetrics else self.text
-        if not gzipped:
-            return raw
-        if openmetrics not in self._gzip:
-            self._gzip[openmetrics] = gzip.compress(raw, compresslevel=6, mtime=0)
-        return self._gzip[openmetrics]
-
-
 class _Families:
     """A ``collect()``-able bag of families that merges families of the same name."""
 
@@ -68,6 +49,36 @@ class _Families:
 
     def collect(self) -> Iterator[Metric]:
         return iter(self._by_name.values())
+
+
+class Rendered:
+    """One rendering: the text format eagerly; OpenMetrics and gzip bodies on first request, kept.
+
+    Rendering OpenMetrics costs about twice the text format in prometheus_client (it validates
+    every label name), and most scrapers of a cluster ask for one format only.
+    """
+
+    def __init__(self, families: _Families) -> None:
+        self._families = families
+        self.text: bytes = text_format.generate_latest(families)  # type: ignore[arg-type]
+        self._openmetrics: bytes | None = None
+        self._gzip: dict[bool, bytes] = {}
+
+    @property
+    def openmetrics(self) -> bytes:
+        """OpenMetrics 1.0.0 body (ends with ``# EOF``)."""
+        if self._openmetrics is None:
+            self._openmetrics = om_format.generate_latest(self._families)  # type: ignore[arg-type]
+        return self._openmetrics
+
+    def body(self, openmetrics: bool, gzipped: bool) -> bytes:
+        """The body for a format, compressed if asked."""
+        raw = self.openmetrics if openmetrics else self.text
+        if not gzipped:
+            return raw
+        if openmetrics not in self._gzip:
+            self._gzip[openmetrics] = gzip.compress(raw, compresslevel=6, mtime=0)
+        return self._gzip[openmetrics]
 
 
 def negotiate(accept: str | None) -> bool:
@@ -219,4 +230,4 @@ def render(state: SupervisorState) -> Rendered:
     gpu, failed = gpu_families(state)
     bag.add(gpu)
     bag.add(self_families(state, failed))
-    return Rendered(text=text_format.generate_latest(bag), openmetrics=om_format.generate_latest(bag))  # type: ignore[arg-type]
+    return Rendered(bag)

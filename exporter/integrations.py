@@ -161,6 +161,7 @@ class PodAttribution:
         client = PodResourcesClient(self.config.pod_resources_socket, timeout_s=min(5.0, self.config.pod_refresh_s))
         try:
             while True:
+                before = (self.up, self.assignments)
                 try:
                     self.assignments = await asyncio.to_thread(client.list_gpu_assignments)
                     if self.up is False:
@@ -171,7 +172,8 @@ class PodAttribution:
                         log.warning("pod_attribution: %s; nvgpu_pod_attribution_up is 0, nothing else changes", exc)
                     self.up, self._last_error = False, str(exc)
                     self.assignments = {}
-                self.supervisor._changed()
+                if (self.up, self.assignments) != before:
+                    self.supervisor._changed()  # re-render only when something changed
                 await asyncio.sleep(self.config.pod_refresh_s)
         finally:
             client.close()

@@ -41,7 +41,15 @@ class Scraper(threading.Thread):
 
 
 def _workers(exp: Exporter) -> list[psutil.Process]:
-    return [p for p in psutil.Process(exp.proc.pid).children(recursive=True) if "exporter.worker" in " ".join(p.cmdline())]
+    """Live worker processes of the exporter (a zombie being reaped counts as gone)."""
+    found = []
+    for p in psutil.Process(exp.proc.pid).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "exporter.worker" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
 
 
 def test_nvlink_segfault_is_quarantined_and_survives_restart(tmp_path: Path) -> None:

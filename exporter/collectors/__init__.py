@@ -37,8 +37,12 @@ COLLECTORS: dict[str, ModuleType] = {
 
 
 def to_json(reading: Any) -> dict[str, Any]:
-    """A Reading as a JSON-ready dict (worker side)."""
-    return dataclasses.asdict(reading)
+    """A Reading as a JSON-ready dict (worker side).
+
+    Shallow: Reading fields hold plain numbers, strings, tuples and flat dicts, so
+    ``dataclasses.asdict``'s deep copy (a third of a sample's time on 8 GPUs) buys nothing.
+    """
+    return {f.name: getattr(reading, f.name) for f in dataclasses.fields(reading)}
 
 
 def from_json(feature: str, data: dict[str, Any]) -> Any:

@@ -10,9 +10,10 @@ raise DeviceLost / NvmlFatal, everything else is a missing value), and
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+if TYPE_CHECKING:  # the worker imports collectors for read(); only the supervisor renders
+    from prometheus_client.core import Metric
 
 GPU_LABELS = ("gpu", "uuid")
 
@@ -53,6 +54,8 @@ class Family:
     """Builds one metric family over GPUs; adds nothing for a None value."""
 
     def __init__(self, name: str, doc: str, extra_labels: Sequence[str] = (), counter: bool = False) -> None:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         labels = [*GPU_LABELS, *extra_labels]
         if counter:
             self.metric: Metric = CounterMetricFamily(name, doc, labels=labels)

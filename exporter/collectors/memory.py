@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import Metric
 
 from exporter.collectors.base import Family, GpuKey
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 FEATURE = "memory"
 NVML_MEMORY_V2 = 0x02000028  # sizeof(nvmlMemory_v2_t) | 2 << 24

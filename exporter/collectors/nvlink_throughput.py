@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import Metric
 
 from exporter.collectors.base import Family, GpuKey, kib_to_bytes
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 FEATURE = "nvlink_throughput"
 NVML_FI_DEV_NVLINK_LINK_COUNT = 91

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import Metric
 
 from exporter.collectors.base import Family, GpuKey, mj_to_joules, mw_to_watts
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 FEATURE = "power"
 
