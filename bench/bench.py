@@ -79,8 +79,9 @@ def _version(dist: str) -> str | None:
 
 def _git(*args: str) -> str | None:
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -107,14 +108,20 @@ def machine_info() -> dict[str, Any]:
     status = _git("status", "--porcelain", "--untracked-files=no", "--", "exporter", "guards")
     return {
         "hostname": platform.node(),
-        "nproc": affinity, "cpu_count": os.cpu_count(), "cpu_model": model,
+        "nproc": affinity,
+        "cpu_count": os.cpu_count(),
+        "cpu_model": model,
         "mem_total_bytes": psutil.virtual_memory().total,
-        "kernel": platform.release(), "platform": platform.platform(),
-        "python": platform.python_version(), "python_executable": sys.executable,
+        "kernel": platform.release(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
         "versions": {
             "nvgpu-exporter": exporter_version,
-            "aiohttp": _version("aiohttp"), "prometheus-client": _version("prometheus-client"),
-            "psutil": _version("psutil"), "nvidia-ml-py": _version("nvidia-ml-py"),
+            "aiohttp": _version("aiohttp"),
+            "prometheus-client": _version("prometheus-client"),
+            "psutil": _version("psutil"),
+            "nvidia-ml-py": _version("nvidia-ml-py"),
             "uvloop": _version("uvloop"),
         },
         "git_commit": _git("rev-parse", "HEAD"),
@@ -131,8 +138,9 @@ def hide_uvloop() -> str:
     return d
 
 
-def start_exporter(env: dict[str, str], port: int, log_path: Path, cwd: Path = ROOT,
-                   no_uvloop: bool = False) -> load.ServerProcess:
+def start_exporter(
+    env: dict[str, str], port: int, log_path: Path, cwd: Path = ROOT, no_uvloop: bool = False
+) -> load.ServerProcess:
     """``python -m exporter`` on 127.0.0.1:``port`` with ``env`` (NVGPU_* from outside dropped)."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
     full.update(env)
@@ -166,13 +174,15 @@ async def measure(exp: load.ServerProcess, args: argparse.Namespace) -> dict[str
     seq, seq_procs = await load.under_load(exp.pid, load.sequential(url, args.sequential, timeout_s=args.timeout), role)
     seq["processes"] = seq_procs
     res["sequential"] = seq
-    res["sequential_prometheus_gzip"] = await load.sequential(url, 200, load.PROMETHEUS3_HEADERS,
-                                                              timeout_s=args.timeout)
+    res["sequential_prometheus_gzip"] = await load.sequential(
+        url, 200, load.PROMETHEUS3_HEADERS, timeout_s=args.timeout
+    )
     rounds = []
     for i in range(args.rounds):
         print(f"concurrent {args.concurrency}, round {i + 1}/{args.rounds} …", flush=True)
         r, procs = await load.under_load(
-            exp.pid, load.concurrent_procs(url, args.concurrency, args.client_procs, timeout_s=args.timeout), role)
+            exp.pid, load.concurrent_procs(url, args.concurrency, args.client_procs, timeout_s=args.timeout), role
+        )
         r["processes"] = procs
         rounds.append(r)
         await asyncio.sleep(2.0)
@@ -180,8 +190,9 @@ async def measure(exp: load.ServerProcess, args: argparse.Namespace) -> dict[str
     if args.gzip_round:
         # For information: what a Prometheus 3 server sends (OpenMetrics preferred, gzip).
         print(f"concurrent {args.concurrency}, Prometheus 3 headers + gzip (information) …", flush=True)
-        r, procs = await load.under_load(exp.pid, load.concurrent(url, args.concurrency, load.PROMETHEUS3_HEADERS,
-                                                                  timeout_s=args.timeout), role)
+        r, procs = await load.under_load(
+            exp.pid, load.concurrent(url, args.concurrency, load.PROMETHEUS3_HEADERS, timeout_s=args.timeout), role
+        )
         r["processes"] = procs
         res["concurrent_prometheus_gzip"] = r
         await asyncio.sleep(2.0)
@@ -189,8 +200,9 @@ async def measure(exp: load.ServerProcess, args: argparse.Namespace) -> dict[str
         # Diagnostic, not a goal: the same load from a bare asyncio client, a few times cheaper per
         # request than aiohttp's, to tell the load generator's CPU from the exporter's.
         print(f"concurrent {args.concurrency}, raw client (diagnostic) …", flush=True)
-        r, procs = await load.under_load(exp.pid, load.concurrent(url, args.concurrency, timeout_s=args.timeout,
-                                                                  client="raw"), role)
+        r, procs = await load.under_load(
+            exp.pid, load.concurrent(url, args.concurrency, timeout_s=args.timeout, client="raw"), role
+        )
         r["processes"] = procs
         res["concurrent_raw_client"] = r
         await asyncio.sleep(2.0)
@@ -208,26 +220,46 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
     rounds = res["concurrent"]
     worst_p99 = max((r["latency"]["p99_ms"] or float("inf")) for r in rounds) if rounds else None
     all_ok = bool(rounds) and all(r["ok"] == r["requests"] for r in rounds)
-    rows.append({
-        "goal": f"{rounds[0]['requests'] if rounds else '?'} concurrent: all 200 and p99 < 1 s (every round)",
-        "value": f"{sum(r['ok'] for r in rounds)}/{sum(r['requests'] for r in rounds)} OK, "
-                 f"worst p99 {_fmt_ms(worst_p99)}",
-        "pass": all_ok and worst_p99 is not None and worst_p99 < GOALS["concurrent_p99_ms"],
-    })
+    rows.append(
+        {
+            "goal": f"{rounds[0]['requests'] if rounds else '?'} concurrent: all 200 and p99 < 1 s (every round)",
+            "value": f"{sum(r['ok'] for r in rounds)}/{sum(r['requests'] for r in rounds)} OK, "
+            f"worst p99 {_fmt_ms(worst_p99)}",
+            "pass": all_ok and worst_p99 is not None and worst_p99 < GOALS["concurrent_p99_ms"],
+        }
+    )
     p50 = res["sequential"]["latency"]["p50_ms"]
-    rows.append({"goal": "sequential p50 < 2 ms", "value": _fmt_ms(p50),
-                 "pass": p50 is not None and p50 < GOALS["sequential_p50_ms"]})
-    peaks = [res["idle"]["rss_max_bytes"], res["sequential"]["processes"]["rss_max_bytes"],
-             res["after_load"]["rss_max_bytes"], *(r["processes"]["rss_max_bytes"] for r in rounds)]
+    rows.append(
+        {
+            "goal": "sequential p50 < 2 ms",
+            "value": _fmt_ms(p50),
+            "pass": p50 is not None and p50 < GOALS["sequential_p50_ms"],
+        }
+    )
+    peaks = [
+        res["idle"]["rss_max_bytes"],
+        res["sequential"]["processes"]["rss_max_bytes"],
+        res["after_load"]["rss_max_bytes"],
+        *(r["processes"]["rss_max_bytes"] for r in rounds),
+    ]
     peak = max(peaks) / 1e6
     idle_rss = res["idle"]["rss_last_bytes"] / 1e6
-    rows.append({"goal": "supervisor + worker RSS < 120 MB (peak over the run)",
-                 "value": f"peak {peak:.1f} MB (idle {idle_rss:.1f} MB)", "pass": peak < GOALS["rss_total_mb"]})
+    rows.append(
+        {
+            "goal": "supervisor + worker RSS < 120 MB (peak over the run)",
+            "value": f"peak {peak:.1f} MB (idle {idle_rss:.1f} MB)",
+            "pass": peak < GOALS["rss_total_mb"],
+        }
+    )
     worker = res["idle"]["by_role"].get("worker", {})
     wcpu = worker.get("cpu_fraction")
-    rows.append({"goal": "worker CPU < 2 % of a core (5 s interval, 8 GPUs, idle)",
-                 "value": "-" if wcpu is None else f"{wcpu * 100:.2f} %",
-                 "pass": wcpu is not None and wcpu < GOALS["worker_cpu_fraction"]})
+    rows.append(
+        {
+            "goal": "worker CPU < 2 % of a core (5 s interval, 8 GPUs, idle)",
+            "value": "-" if wcpu is None else f"{wcpu * 100:.2f} %",
+            "pass": wcpu is not None and wcpu < GOALS["worker_cpu_fraction"],
+        }
+    )
     return rows
 
 
@@ -251,8 +283,10 @@ def print_summary(res: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         r = idle.get(name, {})
         print(f"{name:<12} {r.get('cpu_fraction', 0) * 100:6.2f} %  {load.mb(r.get('rss_last_bytes'))} MB")
     s = res["sequential"]["latency"]
-    print(f"sequential {res['sequential']['requests']}: p50 {_fmt_ms(s['p50_ms'])}, p99 {_fmt_ms(s['p99_ms'])}, "
-          f"max {_fmt_ms(s['max_ms'])}")
+    print(
+        f"sequential {res['sequential']['requests']}: p50 {_fmt_ms(s['p50_ms'])}, p99 {_fmt_ms(s['p99_ms'])}, "
+        f"max {_fmt_ms(s['max_ms'])}"
+    )
     rounds = [(f"round {i}", r) for i, r in enumerate(res["concurrent"], 1)]
     if res.get("concurrent_prometheus_gzip"):
         rounds.append(("Prometheus+gzip", res["concurrent_prometheus_gzip"]))
@@ -263,12 +297,14 @@ def print_summary(res: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         procs = r["processes"]
         sup = procs["by_role"].get("supervisor", {})
         system = procs.get("system", {})
-        print(f"concurrent {r['requests']} {name}: ok {r['ok']}, non-200 {r['non_200']}, timeouts {r['timeouts']}, "
-              f"errors {sum(r['errors'].values())}; p50 {_fmt_ms(lat['p50_ms'])}, p99 {_fmt_ms(lat['p99_ms'])}, "
-              f"max {_fmt_ms(lat['max_ms'])}; wall {r['wall_s']:.2f} s; CPU s: supervisor {sup.get('cpu_s', 0):.2f}, "
-              f"client {system.get('client_cpu_fraction', 0) * procs['window_s']:.2f}, "
-              f"irq/softirq {system.get('irq_softirq_cpu_fraction', 0) * procs['window_s']:.2f}, "
-              f"other processes {system.get('other_cpu_fraction', 0) * procs['window_s']:.2f}")
+        print(
+            f"concurrent {r['requests']} {name}: ok {r['ok']}, non-200 {r['non_200']}, timeouts {r['timeouts']}, "
+            f"errors {sum(r['errors'].values())}; p50 {_fmt_ms(lat['p50_ms'])}, p99 {_fmt_ms(lat['p99_ms'])}, "
+            f"max {_fmt_ms(lat['max_ms'])}; wall {r['wall_s']:.2f} s; CPU s: supervisor {sup.get('cpu_s', 0):.2f}, "
+            f"client {system.get('client_cpu_fraction', 0) * procs['window_s']:.2f}, "
+            f"irq/softirq {system.get('irq_softirq_cpu_fraction', 0) * procs['window_s']:.2f}, "
+            f"other processes {system.get('other_cpu_fraction', 0) * procs['window_s']:.2f}"
+        )
     disturbed = disturbance(res)
     if disturbed:
         print(f"WARNING: other processes used CPU during the measurement ({disturbed}); the machine is shared")
@@ -279,8 +315,9 @@ def print_summary(res: dict[str, Any], rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Issue 2 benchmark on the 8-GPU fake scenario")
-    p.add_argument("--scenario", default="examples/scenarios/h200x8.json",
-                   help="fake scenario (relative to the repo root)")
+    p.add_argument(
+        "--scenario", default="examples/scenarios/h200x8.json", help="fake scenario (relative to the repo root)"
+    )
     p.add_argument("--interval", type=float, default=5.0, help="sample interval, seconds")
     p.add_argument("--idle-seconds", type=float, default=60.0, help="idle CPU window")
     p.add_argument("--settle-seconds", type=float, default=3.0, help="wait after ready before the idle window")
@@ -288,24 +325,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
-    p.add_argument("--client-procs", type=int, default=1,
-                   help="client processes for the goal rounds (1: one aiohttp client process, as recorded)")
-    p.add_argument("--no-gzip-round", dest="gzip_round", action="store_false",
-                   help="skip the informational concurrent round with Prometheus 3's headers and gzip")
-    p.add_argument("--no-raw-round", dest="raw_round", action="store_false",
-                   help="skip the diagnostic concurrent round with the bare asyncio client")
-    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                   help="first wait up to SECONDS for the machine to be idle (shared machines)")
-    p.add_argument("--no-uvloop", action="store_true",
-                   help="run the exporter on asyncio's own loop even where uvloop is installed")
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="client processes for the goal rounds (1: one aiohttp client process, as recorded)",
+    )
+    p.add_argument(
+        "--no-gzip-round",
+        dest="gzip_round",
+        action="store_false",
+        help="skip the informational concurrent round with Prometheus 3's headers and gzip",
+    )
+    p.add_argument(
+        "--no-raw-round",
+        dest="raw_round",
+        action="store_false",
+        help="skip the diagnostic concurrent round with the bare asyncio client",
+    )
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to SECONDS for the machine to be idle (shared machines)",
+    )
+    p.add_argument(
+        "--no-uvloop", action="store_true", help="run the exporter on asyncio's own loop even where uvloop is installed"
+    )
     p.add_argument("--out", help="result JSON (default bench/results/local-<date>.json)")
     args = p.parse_args(argv)
 
     nofile = load.raise_nofile(args.concurrency * 2 + 512)  # the exporter inherits it
     quiet = load.wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
     if quiet is not None:
-        print(f"machine {'quiet' if quiet['quiet'] else 'still busy'}: {quiet['busy_cores']} cores busy "
-              f"after {quiet['waited_s']} s", flush=True)
+        print(
+            f"machine {'quiet' if quiet['quiet'] else 'still busy'}: {quiet['busy_cores']} cores busy "
+            f"after {quiet['waited_s']} s",
+            flush=True,
+        )
     scenario = (ROOT / args.scenario).resolve()
     if not scenario.is_file():
         print(f"bench.py: scenario {scenario} not found", file=sys.stderr)
@@ -321,15 +379,23 @@ def main(argv: list[str] | None = None) -> int:
     exp = start_exporter(env, load.free_port(), log_path, no_uvloop=args.no_uvloop)
     print(f"exporter pid {exp.pid} on {exp.base} (log {log_path})", flush=True)
     result: dict[str, Any] = {
-        "benchmark": "issue-2 local", "date": started.isoformat(timespec="seconds"),
-        "machine": machine_info(), "nofile": nofile, "wait_quiet": quiet,
-        "config": {"scenario": str(scenario.relative_to(ROOT)), "interval_s": args.interval,
-                   "idle_seconds": args.idle_seconds, "sequential": args.sequential,
-                   "concurrency": args.concurrency, "rounds": args.rounds, "timeout_s": args.timeout,
-                   "client_procs": args.client_procs,
-                   "event_loop": ("asyncio" if args.no_uvloop or not _version("uvloop")
-                                  else f"uvloop {_version('uvloop')}"),
-                   "env": exp.env},
+        "benchmark": "issue-2 local",
+        "date": started.isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "nofile": nofile,
+        "wait_quiet": quiet,
+        "config": {
+            "scenario": str(scenario.relative_to(ROOT)),
+            "interval_s": args.interval,
+            "idle_seconds": args.idle_seconds,
+            "sequential": args.sequential,
+            "concurrency": args.concurrency,
+            "rounds": args.rounds,
+            "timeout_s": args.timeout,
+            "client_procs": args.client_procs,
+            "event_loop": ("asyncio" if args.no_uvloop or not _version("uvloop") else f"uvloop {_version('uvloop')}"),
+            "env": exp.env,
+        },
         "goals": GOALS,
     }
     try:

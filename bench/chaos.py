@@ -141,14 +141,24 @@ def plan_faults(cfg: ChaosConfig, gpu_count: int) -> Plan:
         start = first + spacing * (i + 0.5) + rng.uniform(-0.25, 0.25) * spacing
         feature, function = HANG_TARGETS[i % len(HANG_TARGETS)]
         variant = HANG_VARIANTS[i % len(HANG_VARIANTS)]
-        hangs.append({
-            "comment": f"chaos hang window {i} ({feature})", "function": function, "gpu": rng.randrange(gpu_count),
-            "from_s": round(start, 2), "until_s": round(start + cfg.hang_window, 2), "action": "hang", **variant,
-        })
+        hangs.append(
+            {
+                "comment": f"chaos hang window {i} ({feature})",
+                "function": function,
+                "gpu": rng.randrange(gpu_count),
+                "from_s": round(start, 2),
+                "until_s": round(start + cfg.hang_window, 2),
+                "action": "hang",
+                **variant,
+            }
+        )
     deliberate = {
         "comment": f"chaos: deliberate repeated SIGSEGV in {DELIBERATE_FEATURE}, expected to be quarantined",
-        "function": DELIBERATE_FUNCTION, "fields": NVLINK_THROUGHPUT_FIELDS, "gpu": rng.randrange(gpu_count),
-        "from_s": round(cfg.deliberate_at_fraction * cfg.duration, 2), "action": "segfault",
+        "function": DELIBERATE_FUNCTION,
+        "fields": NVLINK_THROUGHPUT_FIELDS,
+        "gpu": rng.randrange(gpu_count),
+        "from_s": round(cfg.deliberate_at_fraction * cfg.duration, 2),
+        "action": "segfault",
     }
     gaps, sigs = [], []
     total = 2.0
@@ -188,8 +198,14 @@ class ExporterProcess:
         full = dict(env)
         full["NVGPU_LISTEN_ADDRESS"] = f"127.0.0.1:{self.port}"
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "exporter"], env=full, cwd=str(workdir),
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter"],
+            env=full,
+            cwd=str(workdir),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.pid = self.proc.pid
         self.created = time.time()  # scenario time 0 (the supervisor's start) is a fraction of a second later
 
@@ -431,8 +447,15 @@ GZIP_MAGIC = b"\x1f\x8b"
 BODY_MARKER = b"nvgpu_worker_restarts_total"
 
 
-async def _one(session: aiohttp.ClientSession, url: str, kind: str, stats: LoadStats, t0: float,
-               timeout: aiohttp.ClientTimeout, check_full: bool) -> bytes | None:
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    kind: str,
+    stats: LoadStats,
+    t0: float,
+    timeout: aiohttp.ClientTimeout,
+    check_full: bool,
+) -> bytes | None:
     stats.attempted += 1
     start = time.monotonic()
     try:
@@ -513,8 +536,17 @@ def machine_busy_s() -> float:
     return busy / ticks
 
 
-async def _bursts(url: str, stats: LoadStats, t0: float, stop_at: float, size: int, every: float, seed: int,
-                  timeout_s: float, sup_pid: int) -> None:
+async def _bursts(
+    url: str,
+    stats: LoadStats,
+    t0: float,
+    stop_at: float,
+    size: int,
+    every: float,
+    seed: int,
+    timeout_s: float,
+    sup_pid: int,
+) -> None:
     """Every ``every`` s (x0.7..1.3): ``size`` concurrent requests, each on a fresh connection.
 
     Each burst is attributed: how long the supervisor's event loop ran and waited for a CPU, the same
@@ -530,18 +562,25 @@ async def _bursts(url: str, stats: LoadStats, t0: float, stop_at: float, size: i
         start = time.monotonic()
         before = len(stats.latencies["burst"])
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False) as session:
-            await asyncio.gather(*(_one(session, url, "burst", stats, t0, timeout, check_full=(i == 0))
-                                   for i in range(size)))
+            await asyncio.gather(
+                *(_one(session, url, "burst", stats, t0, timeout, check_full=(i == 0)) for i in range(size))
+            )
         wall = time.monotonic() - start
         sup1, me1, busy1 = schedstat(sup_pid), schedstat(), machine_busy_s()
         lat = stats.latencies["burst"][before:]
-        stats.bursts.append({
-            "t": round(start - t0, 2), "wall_s": round(wall, 3), "max_s": round(max(lat), 4) if lat else None,
-            "answered": len(lat),
-            "supervisor_run_s": round(sup1[0] - sup0[0], 3), "supervisor_wait_s": round(sup1[1] - sup0[1], 3),
-            "client_run_s": round(me1[0] - me0[0], 3), "client_wait_s": round(me1[1] - me0[1], 3),
-            "machine_busy_cpus": round((busy1 - busy0) / wall, 2) if wall > 0 else None,
-        })
+        stats.bursts.append(
+            {
+                "t": round(start - t0, 2),
+                "wall_s": round(wall, 3),
+                "max_s": round(max(lat), 4) if lat else None,
+                "answered": len(lat),
+                "supervisor_run_s": round(sup1[0] - sup0[0], 3),
+                "supervisor_wait_s": round(sup1[1] - sup0[1], 3),
+                "client_run_s": round(me1[0] - me0[0], 3),
+                "client_wait_s": round(me1[1] - me0[1], 3),
+                "machine_busy_cpus": round((busy1 - busy0) / wall, 2) if wall > 0 else None,
+            }
+        )
 
 
 def client_main(argv: list[str]) -> int:
@@ -569,10 +608,16 @@ def client_main(argv: list[str]) -> int:
     else:
         asyncio.run(_bursts(a.url, stats, t0, stop_at, a.size, a.every, a.seed, a.timeout, a.sup_pid))
     out = {
-        "kind": a.kind, "latencies": [round(x, 5) for x in stats.latencies[a.kind]],
-        "statuses": {str(k): v for k, v in stats.statuses.items()}, "errors": dict(stats.errors),
-        "attempted": stats.attempted, "bad_body": stats.bad_body, "fresh": stats.fresh, "checked": stats.checked,
-        "bursts": stats.bursts, "slowest": sorted(stats.slowest, reverse=True)[:50],
+        "kind": a.kind,
+        "latencies": [round(x, 5) for x in stats.latencies[a.kind]],
+        "statuses": {str(k): v for k, v in stats.statuses.items()},
+        "errors": dict(stats.errors),
+        "attempted": stats.attempted,
+        "bad_body": stats.bad_body,
+        "fresh": stats.fresh,
+        "checked": stats.checked,
+        "bursts": stats.bursts,
+        "slowest": sorted(stats.slowest, reverse=True)[:50],
         "cpu_s": round(time.process_time() - cpu0, 2),
     }
     a.out.write_text(json.dumps(out))
@@ -585,12 +630,31 @@ Client = tuple["subprocess.Popen[bytes]", Path]
 def start_clients(cfg: ChaosConfig, url: str, t0_wall: float, workdir: Path, sup_pid: int) -> list[Client]:
     """The steady scraper and the burst client, each in its own process."""
     me = str(Path(__file__).resolve())
-    common = ["--url", url, "--t0-wall", repr(t0_wall), "--duration", str(cfg.duration),
-              "--timeout", str(cfg.request_timeout)]
+    common = [
+        "--url",
+        url,
+        "--t0-wall",
+        repr(t0_wall),
+        "--duration",
+        str(cfg.duration),
+        "--timeout",
+        str(cfg.request_timeout),
+    ]
     specs = [
         ("steady", ["--rate", str(cfg.scrape_rate)]),
-        ("burst", ["--size", str(cfg.burst_size), "--every", str(cfg.burst_every), "--seed", str(cfg.seed + 1),
-                   "--sup-pid", str(sup_pid)]),
+        (
+            "burst",
+            [
+                "--size",
+                str(cfg.burst_size),
+                "--every",
+                str(cfg.burst_every),
+                "--seed",
+                str(cfg.seed + 1),
+                "--sup-pid",
+                str(sup_pid),
+            ],
+        ),
     ]
     procs = []
     for kind, extra in specs:
@@ -658,8 +722,9 @@ def versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[dist] = "absent"
     try:
-        out["git"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, timeout=5).stdout.strip()
+        out["git"] = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
     return out
@@ -674,9 +739,14 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpus": os.cpu_count(), "cpu_affinity": len(os.sched_getaffinity(0)), "cpu_model": model,
-            "memory_bytes": psutil.virtual_memory().total, "kernel": platform.release(),
-            "platform": platform.platform()}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "memory_bytes": psutil.virtual_memory().total,
+        "kernel": platform.release(),
+        "platform": platform.platform(),
+    }
 
 
 def run(cfg: ChaosConfig) -> dict[str, Any]:
@@ -689,17 +759,19 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
     scenario["faults"] = list(base_scenario.get("faults", [])) + plan.hangs + [plan.deliberate]
     scenario_path = workdir / "chaos-scenario.json"
     scenario_path.write_text(json.dumps(scenario, indent=1))
-    env = exporter_env({
-        "NVGPU_NVML_BACKEND": f"fake:{scenario_path}",
-        "NVGPU_SAMPLE_INTERVAL_SECONDS": str(cfg.interval),
-        "NVGPU_SAMPLE_DEADLINE_SECONDS": str(cfg.sample_deadline),
-        "NVGPU_RESTART_BACKOFF_SECONDS": str(cfg.backoff),
-        "NVGPU_RESTART_BACKOFF_MAX_SECONDS": str(cfg.backoff_max),
-        "NVGPU_QUARANTINE_AFTER": str(cfg.quarantine_after),
-        "NVGPU_STATE_FILE": str(workdir / "state.json"),
-        "NVGPU_KMSG_PATH": str(workdir / "no-kmsg"),
-        "NVGPU_POD_RESOURCES_SOCKET": str(workdir / "no-kubelet.sock"),
-    })
+    env = exporter_env(
+        {
+            "NVGPU_NVML_BACKEND": f"fake:{scenario_path}",
+            "NVGPU_SAMPLE_INTERVAL_SECONDS": str(cfg.interval),
+            "NVGPU_SAMPLE_DEADLINE_SECONDS": str(cfg.sample_deadline),
+            "NVGPU_RESTART_BACKOFF_SECONDS": str(cfg.backoff),
+            "NVGPU_RESTART_BACKOFF_MAX_SECONDS": str(cfg.backoff_max),
+            "NVGPU_QUARANTINE_AFTER": str(cfg.quarantine_after),
+            "NVGPU_STATE_FILE": str(workdir / "state.json"),
+            "NVGPU_KMSG_PATH": str(workdir / "no-kmsg"),
+            "NVGPU_POD_RESOURCES_SOCKET": str(workdir / "no-kubelet.sock"),
+        }
+    )
     started_at = dt.datetime.now(dt.timezone.utc)
     exp = ExporterProcess(workdir, env)
     monitor = injector = None
@@ -736,8 +808,9 @@ def run(cfg: ChaosConfig) -> dict[str, Any]:
                 proc.kill()
                 proc.wait()
         exit_code, stop_s = exp.stop()
-    report = build_report(cfg, plan, workdir, exp, started_at, elapsed, stats, monitor, injector, final,
-                          exit_code, stop_s, cpu)
+    report = build_report(
+        cfg, plan, workdir, exp, started_at, elapsed, stats, monitor, injector, final, exit_code, stop_s, cpu
+    )
     report["t0_unix"] = t0_wall
     return report
 
@@ -812,15 +885,33 @@ def hang_outcomes(plan: Plan, scenario: Mapping[str, Any], log_path: Path, epoch
             if function == h["function"] and uuid == uuids[h["gpu"]] and h["from_s"] - 1 <= t <= h["until_s"] + 15:
                 outcome = "deadline" if reason == "hang" else "killed while hung"
                 break
-        out.append({"from_s": h["from_s"], "function": h["function"], "gpu": h["gpu"],
-                    "variant": {k: h[k] for k in ("seconds", "ignore_sigterm") if k in h} or "forever",
-                    "outcome": outcome})
+        out.append(
+            {
+                "from_s": h["from_s"],
+                "function": h["function"],
+                "gpu": h["gpu"],
+                "variant": {k: h[k] for k in ("seconds", "ignore_sigterm") if k in h} or "forever",
+                "outcome": outcome,
+            }
+        )
     return out
 
 
-def build_report(cfg: ChaosConfig, plan: Plan, workdir: Path, exp: ExporterProcess, started_at: dt.datetime,
-                 elapsed: float, stats: LoadStats, monitor: Monitor, injector: Injector, final: dict[str, Any],
-                 exit_code: int | None, stop_s: float, cpu: dict[str, Any]) -> dict[str, Any]:
+def build_report(
+    cfg: ChaosConfig,
+    plan: Plan,
+    workdir: Path,
+    exp: ExporterProcess,
+    started_at: dt.datetime,
+    elapsed: float,
+    stats: LoadStats,
+    monitor: Monitor,
+    injector: Injector,
+    final: dict[str, Any],
+    exit_code: int | None,
+    stop_s: float,
+    cpu: dict[str, Any],
+) -> dict[str, Any]:
     all_lat = stats.latencies["steady"] + stats.latencies["burst"]
     warm_t = cfg.warmup_fraction * cfg.duration
     rss_warm = next((v for t, v in monitor.rss if t >= warm_t), None)
@@ -844,10 +935,12 @@ def build_report(cfg: ChaosConfig, plan: Plan, workdir: Path, exp: ExporterProce
         "non_200": goal(non_200, "0", non_200 == 0),
         "connection_errors": goal(conn_errors, "0", conn_errors == 0),
         "bad_bodies": goal(stats.bad_body, "0", stats.bad_body == 0),
-        "max_latency_s": goal(None if max_lat is None else round(max_lat, 4), "< 1.0",
-                              max_lat is not None and max_lat < 1.0),
-        "rss_growth_ratio": goal(None if growth is None else round(growth, 4), "< 0.10",
-                                 growth is not None and growth < 0.10),
+        "max_latency_s": goal(
+            None if max_lat is None else round(max_lat, 4), "< 1.0", max_lat is not None and max_lat < 1.0
+        ),
+        "rss_growth_ratio": goal(
+            None if growth is None else round(growth, 4), "< 0.10", growth is not None and growth < 0.10
+        ),
         "max_workers_at_once": goal(monitor.max_workers, "<= 2", monitor.max_workers <= 2),
         "restarts": goal(restarts_total, "> 0", restarts_total > 0),
         "quarantined": goal(quarantined, f"[{DELIBERATE_FEATURE!r}]", quarantined == [DELIBERATE_FEATURE]),
@@ -857,12 +950,15 @@ def build_report(cfg: ChaosConfig, plan: Plan, workdir: Path, exp: ExporterProce
     return {
         "benchmark": "chaos",
         "date": started_at.isoformat(timespec="seconds"),
-        "command": " ".join(["python", "bench/chaos.py", *sys.argv[1:]]) if Path(sys.argv[0]).name == "chaos.py"
+        "command": " ".join(["python", "bench/chaos.py", *sys.argv[1:]])
+        if Path(sys.argv[0]).name == "chaos.py"
         else None,
         "machine": machine(),
         "versions": versions(),
-        "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()},
-                   "workdir": str(workdir)},
+        "config": {
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()},
+            "workdir": str(workdir),
+        },
         "duration_s": round(elapsed, 2),
         "scrapes": {
             "attempted": stats.attempted,
@@ -912,8 +1008,12 @@ def build_report(cfg: ChaosConfig, plan: Plan, workdir: Path, exp: ExporterProce
             "timeline": [(round(t, 1), v) for t, v in monitor.rss[:: max(1, len(monitor.rss) // 60)]],
         },
         "cpu": cpu,
-        "exporter": {"exit_code": exit_code, "stop_s": round(stop_s, 2), "log": str(exp.log_path),
-                     "died_at_s": monitor.exporter_died_at},
+        "exporter": {
+            "exit_code": exit_code,
+            "stop_s": round(stop_s, 2),
+            "log": str(exp.log_path),
+            "died_at_s": monitor.exporter_died_at,
+        },
         "goals": goals,
         "ok": all(g["ok"] for g in goals.values()),
     }
@@ -922,8 +1022,12 @@ def build_report(cfg: ChaosConfig, plan: Plan, workdir: Path, exp: ExporterProce
 def _lat_summary(values: list[float]) -> dict[str, Any]:
     if not values:
         return {"n": 0}
-    return {"n": len(values), "p50_s": round(statistics.median(values), 4),
-            "p99_s": round(percentile(values, 99) or 0, 4), "max_s": round(max(values), 4)}
+    return {
+        "n": len(values),
+        "p50_s": round(statistics.median(values), 4),
+        "p99_s": round(percentile(values, 99) or 0, 4),
+        "max_s": round(max(values), 4),
+    }
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -939,10 +1043,12 @@ def summary(report: dict[str, Any]) -> str:
         f"steady max {s['steady'].get('max_s')} s; bursts ({s['bursts']} x {report['config']['burst_size']}) "
         f"p99 {s['burst'].get('p99_s')} s, max {s['burst'].get('max_s')} s",
         f"steady answers with fresh GPU data (nvgpu_up 1): {s['steady_fresh_ratio']:.1%}",
-        *[f"slowest burst at {b['t']} s: wall {b['wall_s']} s; supervisor loop on CPU {b.get('supervisor_run_s')} s, "
-          f"waiting for a CPU {b.get('supervisor_wait_s')} s; client on CPU {b.get('client_run_s')} s, waiting "
-          f"{b.get('client_wait_s')} s; machine busy {b.get('machine_busy_cpus')} CPUs"
-          for b in s["slowest_bursts"][:3]],
+        *[
+            f"slowest burst at {b['t']} s: wall {b['wall_s']} s; supervisor loop on CPU {b.get('supervisor_run_s')} s, "
+            f"waiting for a CPU {b.get('supervisor_wait_s')} s; client on CPU {b.get('client_run_s')} s, waiting "
+            f"{b.get('client_wait_s')} s; machine busy {b.get('machine_busy_cpus')} CPUs"
+            for b in s["slowest_bursts"][:3]
+        ],
         f"burst wall median {s['burst_wall_median_s']} s",
         f"CPU: machine busy {c['machine_busy_ratio']:.0%} of {c['cpus']} CPUs; CPU s {c['cpu_seconds']}; "
         f"other processes {c['other_processes_cpu_seconds']} CPU s ({c['other_processes_cpu_ratio']:.0%}), "
@@ -954,14 +1060,19 @@ def summary(report: dict[str, Any]) -> str:
         f"quarantined {w['quarantined']}",
         f"workers at once: max {w['max_workers_at_once']} (live {w['max_live_workers_at_once']}), "
         f"distinct workers {w['distinct_workers_seen']}",
-        (f"supervisor RSS after warm-up ({r['warmup_s']} s) {r['after_warmup_bytes'] / mib:.1f} MiB, end "
-         f"{r['end_bytes'] / mib:.1f} MiB, growth {r['growth_ratio']:+.1%}, "
-         f"max {r['max_after_warmup_bytes'] / mib:.1f} MiB")
-        if r["after_warmup_bytes"] and r["end_bytes"] else "supervisor RSS: not measured",
+        (
+            f"supervisor RSS after warm-up ({r['warmup_s']} s) {r['after_warmup_bytes'] / mib:.1f} MiB, end "
+            f"{r['end_bytes'] / mib:.1f} MiB, growth {r['growth_ratio']:+.1%}, "
+            f"max {r['max_after_warmup_bytes'] / mib:.1f} MiB"
+        )
+        if r["after_warmup_bytes"] and r["end_bytes"]
+        else "supervisor RSS: not measured",
         f"exporter exit code {report['exporter']['exit_code']} after {report['exporter']['stop_s']} s; "
         f"log {report['exporter']['log']}",
-        "goals: " + ", ".join(f"{k} {'ok' if g['ok'] else 'MISSED'} ({g['value']}, goal {g['goal']})"
-                              for k, g in report["goals"].items()),
+        "goals: "
+        + ", ".join(
+            f"{k} {'ok' if g['ok'] else 'MISSED'} ({g['value']}, goal {g['goal']})" for k, g in report["goals"].items()
+        ),
         "RESULT: " + ("all goals met" if report["ok"] else "GOAL MISSED"),
     ]
     return "\n".join(lines)
@@ -971,20 +1082,32 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_client"]:
         return client_main(argv[1:])
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--duration", type=float, default=300.0, help="seconds of load and faults (default 300)")
     p.add_argument("--seed", type=int, default=1, help="seed of the fault plan, kill schedule and burst jitter")
-    p.add_argument("--scenario", type=Path, default=SCENARIOS / "h200x8.json",
-                   help="base scenario (default examples/scenarios/h200x8.json); its faults are kept")
+    p.add_argument(
+        "--scenario",
+        type=Path,
+        default=SCENARIOS / "h200x8.json",
+        help="base scenario (default examples/scenarios/h200x8.json); its faults are kept",
+    )
     p.add_argument("--out", type=Path, help="write the JSON report here")
     p.add_argument("--workdir", type=Path, help="scenario copy, state file and exporter log (default: a new temp dir)")
     p.add_argument("--quarantine-after", type=int, default=8, help="NVGPU_QUARANTINE_AFTER (default 8, see above)")
     p.add_argument("--burst-size", type=int, default=200)
     p.add_argument("--rate", type=float, default=20.0, help="steady scraper requests per second")
     args = p.parse_args(argv)
-    cfg = ChaosConfig(duration=args.duration, seed=args.seed, scenario=args.scenario, workdir=args.workdir,
-                      quarantine_after=args.quarantine_after, burst_size=args.burst_size, scrape_rate=args.rate)
+    cfg = ChaosConfig(
+        duration=args.duration,
+        seed=args.seed,
+        scenario=args.scenario,
+        workdir=args.workdir,
+        quarantine_after=args.quarantine_after,
+        burst_size=args.burst_size,
+        scrape_rate=args.rate,
+    )
     report = run(cfg)
     text = json.dumps(report, indent=2)
     if args.out:

@@ -117,8 +117,14 @@ def mover_main(argv: list[str]) -> int:
     for i in (0, 1):
         props = torch.cuda.get_device_properties(i)
         uuid = getattr(props, "uuid", None)
-        devices.append({"cuda": i, "name": props.name, "uuid": f"GPU-{uuid}" if uuid is not None else None,
-                        "pci_bus_id": getattr(props, "pci_bus_id", None)})
+        devices.append(
+            {
+                "cuda": i,
+                "name": props.name,
+                "uuid": f"GPU-{uuid}" if uuid is not None else None,
+                "pci_bus_id": getattr(props, "pci_bus_id", None),
+            }
+        )
     size = int(a.gib * (1 << 30))
     src = torch.empty(size, dtype=torch.uint8, device="cuda:0")
     src.fill_(0x5A)
@@ -131,11 +137,20 @@ def mover_main(argv: list[str]) -> int:
     dst.copy_(src)  # warm-up: enables peer access, not counted
     src.copy_(dst)
     sync()
-    _append(a.out, {"event": "start", "wall": time.time(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                    "devices": devices, "bytes_per_copy": size,
-                    "peer_access_0_1": bool(torch.cuda.can_device_access_peer(0, 1)),
-                    "peer_access_1_0": bool(torch.cuda.can_device_access_peer(1, 0)),
-                    "env": {k: os.environ.get(k) for k in (*MULTICAST_OFF, "CUDA_DEVICE_ORDER")}})
+    _append(
+        a.out,
+        {
+            "event": "start",
+            "wall": time.time(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "devices": devices,
+            "bytes_per_copy": size,
+            "peer_access_0_1": bool(torch.cuda.can_device_access_peer(0, 1)),
+            "peer_access_1_0": bool(torch.cuda.can_device_access_peer(1, 0)),
+            "env": {k: os.environ.get(k) for k in (*MULTICAST_OFF, "CUDA_DEVICE_ORDER")},
+        },
+    )
     b01 = b10 = copies = 0
     start = last_log = time.time()
     _append(a.out, {"event": "progress", "wall": start, "b01": 0, "b10": 0})
@@ -153,8 +168,17 @@ def mover_main(argv: list[str]) -> int:
             last_log = now
     now = time.time()
     _append(a.out, {"event": "progress", "wall": now, "b01": b01, "b10": b10})
-    _append(a.out, {"event": "end", "wall": now, "b01": b01, "b10": b10, "copies": copies,
-                    "gbytes_per_s_each_way": round(b01 / max(1e-9, now - start) / 1e9, 1)})
+    _append(
+        a.out,
+        {
+            "event": "end",
+            "wall": now,
+            "b01": b01,
+            "b10": b10,
+            "copies": copies,
+            "gbytes_per_s_each_way": round(b01 / max(1e-9, now - start) / 1e9, 1),
+        },
+    )
     return 0
 
 
@@ -186,8 +210,10 @@ def _parse(text: str) -> dict[str, Any]:
             elif s.name == "nvgpu_worker_start_time_seconds":
                 rec["worker_start"] = s.value
             elif s.name == "nvgpu_gpu_info":
-                rec.setdefault("gpus", {})[lab["gpu"]] = {k: lab.get(k) for k in (
-                    "uuid", "name", "pci_bus_id", "driver_version", "nvml_version", "cuda_driver_version")}
+                rec.setdefault("gpus", {})[lab["gpu"]] = {
+                    k: lab.get(k)
+                    for k in ("uuid", "name", "pci_bus_id", "driver_version", "nvml_version", "cuda_driver_version")
+                }
             elif s.name == "nvgpu_build_info":
                 rec["build"] = dict(lab)
             elif s.name == "nvgpu_nvlink_up" and s.value == 1.0:
@@ -238,18 +264,23 @@ def run(cfg: Mapping[str, Any], state: Path) -> dict[str, Any]:
     os.environ.update(MULTICAST_OFF)
     (state / "runner.pid").write_text(str(os.getpid()))
     duration = float(cfg["duration"])
-    progress = {"phase": "starting", "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "duration_s": duration}
+    progress = {
+        "phase": "starting",
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": duration,
+    }
     _write_json(state / "progress.json", progress)
-    env = chaos.exporter_env({
-        "NVGPU_NVML_BACKEND": cfg["backend"],
-        "NVGPU_FEATURE_NVLINK_THROUGHPUT": "on",
-        "NVGPU_SAMPLE_INTERVAL_SECONDS": str(cfg["interval"]),
-        "NVGPU_STATE_FILE": str(state / "state.json"),
-        "NVGPU_QUARANTINE_AFTER": "1000",
-        "NVGPU_RESTART_BACKOFF_MAX_SECONDS": "5",
-        **MULTICAST_OFF,
-    })
+    env = chaos.exporter_env(
+        {
+            "NVGPU_NVML_BACKEND": cfg["backend"],
+            "NVGPU_FEATURE_NVLINK_THROUGHPUT": "on",
+            "NVGPU_SAMPLE_INTERVAL_SECONDS": str(cfg["interval"]),
+            "NVGPU_STATE_FILE": str(state / "state.json"),
+            "NVGPU_QUARANTINE_AFTER": "1000",
+            "NVGPU_RESTART_BACKOFF_MAX_SECONDS": "5",
+            **MULTICAST_OFF,
+        }
+    )
     exp = chaos.ExporterProcess(state, env)
     mover: subprocess.Popen[bytes] | None = None
     killer: Killer | None = None
@@ -265,9 +296,24 @@ def run(cfg: Mapping[str, Any], state: Path) -> dict[str, Any]:
             mover_env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", **MULTICAST_OFF)
             with open(state / "mover.log", "wb") as log:
                 mover = subprocess.Popen(
-                    [sys.executable, str(Path(__file__).resolve()), "_mover", "--out", str(mover_path),
-                     "--until-wall", repr(t0_wall + duration), "--stop-file", str(stop_file), "--gib", str(cfg["gib"])],
-                    env=mover_env, stdout=log, stderr=subprocess.STDOUT, cwd=str(state))
+                    [
+                        sys.executable,
+                        str(Path(__file__).resolve()),
+                        "_mover",
+                        "--out",
+                        str(mover_path),
+                        "--until-wall",
+                        repr(t0_wall + duration),
+                        "--stop-file",
+                        str(stop_file),
+                        "--gib",
+                        str(cfg["gib"]),
+                    ],
+                    env=mover_env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=str(state),
+                )
         killer = Killer(exp.pid, t0, float(cfg["kill_every"]), end - 10.0, kills_path)
         killer.start()
         progress.update(phase="running", exporter_pid=exp.pid, t0_wall=t0_wall)
@@ -279,8 +325,14 @@ def run(cfg: Mapping[str, Any], state: Path) -> dict[str, Any]:
             failed += rec["status"] != 200
             _append(scrapes_path, rec)
             kills = len(_read_jsonl(kills_path))
-            progress.update(elapsed_s=round(time.monotonic() - t0, 1), scrapes=n, failed_scrapes=failed, kills=kills,
-                            restarts=rec.get("restarts"), mover_running=mover is not None and mover.poll() is None)
+            progress.update(
+                elapsed_s=round(time.monotonic() - t0, 1),
+                scrapes=n,
+                failed_scrapes=failed,
+                kills=kills,
+                restarts=rec.get("restarts"),
+                mover_running=mover is not None and mover.poll() is None,
+            )
             _write_json(state / "progress.json", progress)
             next_at += float(cfg["scrape_every"])
             time.sleep(max(0.0, next_at - time.monotonic()))
@@ -375,8 +427,16 @@ def analyze(state: Path) -> dict[str, Any]:
                 if key in last:
                     prev, prev_t, prev_total = last[key]
                     if value < prev:
-                        decreases.append({"series": f"{direction}|{key}", "t_before": prev_t, "before": prev,
-                                          "t_after": s["t"], "after": value, "restarts_between": total - prev_total})
+                        decreases.append(
+                            {
+                                "series": f"{direction}|{key}",
+                                "t_before": prev_t,
+                                "before": prev,
+                                "t_after": s["t"],
+                                "after": value,
+                                "restarts_between": total - prev_total,
+                            }
+                        )
                     if total > prev_total:
                         across_restart_pairs += 1
                         restart_boundaries_covered.add(total)
@@ -384,8 +444,10 @@ def analyze(state: Path) -> dict[str, Any]:
 
     first_rest = restarts_total(ok_scrapes[0]) if ok_scrapes else 0.0
     last_rec = ok_scrapes[-1] if ok_scrapes else {}
-    restarts_by_reason = {k: v - (ok_scrapes[0].get("restarts", {}).get(k, 0.0) if ok_scrapes else 0.0)
-                          for k, v in last_rec.get("restarts", {}).items()}
+    restarts_by_reason = {
+        k: v - (ok_scrapes[0].get("restarts", {}).get(k, 0.0) if ok_scrapes else 0.0)
+        for k, v in last_rec.get("restarts", {}).items()
+    }
     restarts_counted = restarts_total(last_rec) - first_rest if ok_scrapes else 0.0
     kills_sent = sum(1 for k in kills if k.get("result") == "sent")
 
@@ -395,15 +457,20 @@ def analyze(state: Path) -> dict[str, Any]:
 
     checks = {
         "no_scrape_failed": {"ok": not failed and bool(scrapes), "value": f"{len(failed)} of {len(scrapes)} failed"},
-        "counters_monotonic": {"ok": not decreases and bool(series_seen),
-                               "value": f"{len(decreases)} decreases over {len(series_seen)} series; "
-                                        f"{len(restart_boundaries_covered)} restarts crossed by counter pairs "
-                                        f"({across_restart_pairs} series-pairs)"},
-        "restarts_equal_kills": {"ok": restarts_counted == kills_sent and kills_sent > 0,
-                                 "value": f"restarts {restarts_counted:.0f} {restarts_by_reason}, "
-                                          f"kills sent {kills_sent}"},
-        "nvlink_throughput_enabled": {"ok": nvlink_state.get("enabled") == 1.0,
-                                      "value": nvlink_state or "no nvgpu_feature_enabled for nvlink_throughput"},
+        "counters_monotonic": {
+            "ok": not decreases and bool(series_seen),
+            "value": f"{len(decreases)} decreases over {len(series_seen)} series; "
+            f"{len(restart_boundaries_covered)} restarts crossed by counter pairs "
+            f"({across_restart_pairs} series-pairs)",
+        },
+        "restarts_equal_kills": {
+            "ok": restarts_counted == kills_sent and kills_sent > 0,
+            "value": f"restarts {restarts_counted:.0f} {restarts_by_reason}, kills sent {kills_sent}",
+        },
+        "nvlink_throughput_enabled": {
+            "ok": nvlink_state.get("enabled") == 1.0,
+            "value": nvlink_state or "no nvgpu_feature_enabled for nvlink_throughput",
+        },
         "counters_match_mover": mover_check["check"],
     }
     first_info = next((s for s in ok_scrapes if s.get("gpus")), {})
@@ -415,15 +482,25 @@ def analyze(state: Path) -> dict[str, Any]:
         "versions": {**_chaos().versions(), "build_info": first_info.get("build")},
         "gpus": first_info.get("gpus"),
         "nvlink_links_up": first_info.get("links_up"),
-        "scrapes": {"attempted": len(scrapes), "ok": len(ok_scrapes), "failed": failed[:20],
-                    "with_nvlink_counters": len(with_counters),
-                    "max_latency_s": max((s.get("latency_s", 0.0) for s in scrapes), default=None)},
+        "scrapes": {
+            "attempted": len(scrapes),
+            "ok": len(ok_scrapes),
+            "failed": failed[:20],
+            "with_nvlink_counters": len(with_counters),
+            "max_latency_s": max((s.get("latency_s", 0.0) for s in scrapes), default=None),
+        },
         "kills": {"sent": kills_sent, "log": kills},
-        "restarts": {"counted": restarts_counted, "by_reason": restarts_by_reason,
-                     "crashes_by_feature_function": last_rec.get("crashes", {})},
-        "monotonic": {"series": len(series_seen), "decreases": decreases[:50],
-                      "restarts_crossed": len(restart_boundaries_covered),
-                      "series_pairs_across_restarts": across_restart_pairs},
+        "restarts": {
+            "counted": restarts_counted,
+            "by_reason": restarts_by_reason,
+            "crashes_by_feature_function": last_rec.get("crashes", {}),
+        },
+        "monotonic": {
+            "series": len(series_seen),
+            "decreases": decreases[:50],
+            "restarts_crossed": len(restart_boundaries_covered),
+            "series_pairs_across_restarts": across_restart_pairs,
+        },
         "mover": mover_check["detail"],
         "exporter": exit_info,
         "checks": checks,
@@ -431,8 +508,9 @@ def analyze(state: Path) -> dict[str, Any]:
     }
 
 
-def _mover_ratio(mover: list[dict[str, Any]], with_counters: list[dict[str, Any]],
-                 cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _mover_ratio(
+    mover: list[dict[str, Any]], with_counters: list[dict[str, Any]], cfg: Mapping[str, Any]
+) -> dict[str, Any]:
     if not cfg.get("torch"):
         return {"check": {"ok": None, "value": "skipped (--no-torch)"}, "detail": None}
     start = next((m for m in mover if m.get("event") == "start"), None)
@@ -440,8 +518,10 @@ def _mover_ratio(mover: list[dict[str, Any]], with_counters: list[dict[str, Any]
     errors = [m for m in mover if m.get("event") == "error"]
     progress = [m for m in mover if m.get("event") == "progress"]
     if start is None or len(progress) < 2:
-        return {"check": {"ok": False, "value": f"mover did not run: {errors or 'no progress records'}"},
-                "detail": {"errors": errors}}
+        return {
+            "check": {"ok": False, "value": f"mover did not run: {errors or 'no progress records'}"},
+            "detail": {"errors": errors},
+        }
     # CUDA device -> NVML GPU index, by UUID (fallback: PCI order = NVML order)
     nvml_by_uuid = {}
     for s in with_counters:
@@ -454,8 +534,10 @@ def _mover_ratio(mover: list[dict[str, Any]], with_counters: list[dict[str, Any]
     lo_wall, hi_wall = progress[0]["wall"], progress[-1]["wall"]
     window = [s for s in with_counters if s.get("sample_ts") and lo_wall <= s["sample_ts"] <= hi_wall]
     if len(window) < 2:
-        return {"check": {"ok": False, "value": "fewer than 2 counter samples while the mover ran"},
-                "detail": {"start": start, "end": end}}
+        return {
+            "check": {"ok": False, "value": "fewer than 2 counter samples while the mover ran"},
+            "detail": {"start": start, "end": end},
+        }
     a, b = window[0], window[-1]
 
     def delta(direction: str, gpu: str) -> float:
@@ -469,8 +551,10 @@ def _mover_ratio(mover: list[dict[str, Any]], with_counters: list[dict[str, Any]
     moved10 = (_interp(progress, b["sample_ts"], "b10") or 0.0) - (_interp(progress, a["sample_ts"], "b10") or 0.0)
     g0, g1 = cuda_to_gpu.get(0, "0"), cuda_to_gpu.get(1, "1")
     d = {
-        "tx_gpu_src_0to1": delta("tx", g0), "rx_gpu_dst_0to1": delta("rx", g1),
-        "tx_gpu_src_1to0": delta("tx", g1), "rx_gpu_dst_1to0": delta("rx", g0),
+        "tx_gpu_src_0to1": delta("tx", g0),
+        "rx_gpu_dst_0to1": delta("rx", g1),
+        "tx_gpu_src_1to0": delta("tx", g1),
+        "rx_gpu_dst_1to0": delta("rx", g0),
     }
     ratios = {
         f"gpu{g0}_tx / bytes 0->1": d["tx_gpu_src_0to1"] / moved01 if moved01 else None,
@@ -482,10 +566,15 @@ def _mover_ratio(mover: list[dict[str, Any]], with_counters: list[dict[str, Any]
     overall = (d["tx_gpu_src_0to1"] + d["tx_gpu_src_1to0"]) / total_moved if total_moved else None
     ok = all(r is not None and RATIO_RANGE[0] <= r <= RATIO_RANGE[1] for r in ratios.values())
     detail = {
-        "window_s": round(b["sample_ts"] - a["sample_ts"], 1), "bytes_moved_0to1": moved01, "bytes_moved_1to0": moved10,
-        "counter_deltas_bytes": d, "ratios": {k: (round(v, 4) if v is not None else None) for k, v in ratios.items()},
+        "window_s": round(b["sample_ts"] - a["sample_ts"], 1),
+        "bytes_moved_0to1": moved01,
+        "bytes_moved_1to0": moved10,
+        "counter_deltas_bytes": d,
+        "ratios": {k: (round(v, 4) if v is not None else None) for k, v in ratios.items()},
         "overall_tx_ratio": round(overall, 4) if overall is not None else None,
-        "cuda_to_nvml_gpu": cuda_to_gpu, "start": start, "end": end,
+        "cuda_to_nvml_gpu": cuda_to_gpu,
+        "start": start,
+        "end": end,
     }
     value = ", ".join(f"{k} = {v:.3f}" if v is not None else f"{k} = n/a" for k, v in ratios.items())
     return {"check": {"ok": ok, "value": f"{value} (goal {RATIO_RANGE[0]}..{RATIO_RANGE[1]})"}, "detail": detail}
@@ -508,9 +597,11 @@ def human(summary: Mapping[str, Any]) -> str:
     ]
     if s.get("mover"):
         m = s["mover"]
-        lines.append(f"mover: {m.get('bytes_moved_0to1', 0) / 2**30:.0f} GiB 0->1, "
-                     f"{m.get('bytes_moved_1to0', 0) / 2**30:.0f} GiB 1->0 "
-                     f"in {m.get('window_s')} s; ratios {m.get('ratios')}; overall {m.get('overall_tx_ratio')}")
+        lines.append(
+            f"mover: {m.get('bytes_moved_0to1', 0) / 2**30:.0f} GiB 0->1, "
+            f"{m.get('bytes_moved_1to0', 0) / 2**30:.0f} GiB 1->0 "
+            f"in {m.get('window_s')} s; ratios {m.get('ratios')}; overall {m.get('overall_tx_ratio')}"
+        )
     lines.append(f"exporter exit {s['exporter']}")
     for name, c in s["checks"].items():
         verdict = "skipped" if c["ok"] is None else ("ok" if c["ok"] else "FAILED")
@@ -565,8 +656,10 @@ def collect(state: Path, wait: float, out: Path | None) -> int:
             print(f"[collect] waiting; progress: {prog}", file=sys.stderr, flush=True)
             last_note = now
         if now >= deadline:
-            print(f"[collect] not done after {wait:.0f} s; run `{Path(sys.argv[0]).name} --collect {state}` again",
-                  file=sys.stderr)
+            print(
+                f"[collect] not done after {wait:.0f} s; run `{Path(sys.argv[0]).name} --collect {state}` again",
+                file=sys.stderr,
+            )
             return EXIT_NOT_DONE
         time.sleep(2.0)
 
@@ -579,11 +672,12 @@ def main(argv: list[str] | None = None) -> int:
         state = Path(argv[argv.index("--state-dir") + 1])
         run(json.loads((state / "config.json").read_text()), state)
         return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="The module docstring and docs/reliability.md show the split 10-minute run.")
-    p.add_argument("--duration", type=float, default=600.0,
-                   help="seconds of movement, kills and scrapes (default 600)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="The module docstring and docs/reliability.md show the split 10-minute run.",
+    )
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of movement, kills and scrapes (default 600)")
     p.add_argument("--out", type=Path, help="write the JSON summary here (default: stdout)")
     p.add_argument("--backend", default="nvml", help="'nvml' (default) or fake:<scenario.json> for a dry run")
     p.add_argument("--no-torch", dest="torch", action="store_false", help="no data mover (no GPU / no PyTorch)")
@@ -593,8 +687,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gib", type=float, default=1.0, help="tensor size the mover copies (default 1 GiB)")
     p.add_argument("--state-dir", type=Path, help="where the run keeps its records (default: a new temp dir)")
     p.add_argument("--background", action="store_true", help="start detached (setsid) and return at once")
-    p.add_argument("--collect", type=Path, metavar="STATE_DIR",
-                   help="wait for a background run, then print its summary")
+    p.add_argument(
+        "--collect", type=Path, metavar="STATE_DIR", help="wait for a background run, then print its summary"
+    )
     p.add_argument("--wait", type=float, default=570.0, help="with --collect: give up after this many seconds (exit 3)")
     a = p.parse_args(argv)
     if a.collect:
@@ -606,18 +701,33 @@ def main(argv: list[str] | None = None) -> int:
     backend = a.backend
     if backend.startswith("fake:"):
         backend = "fake:" + str(Path(backend[5:]).resolve())
-    cfg = {"duration": a.duration, "backend": backend, "torch": a.torch, "kill_every": a.kill_every,
-           "scrape_every": a.scrape_every, "interval": a.interval, "gib": a.gib,
-           "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join(["python", "bench/chaos_hw.py", *argv])}
+    cfg = {
+        "duration": a.duration,
+        "backend": backend,
+        "torch": a.torch,
+        "kill_every": a.kill_every,
+        "scrape_every": a.scrape_every,
+        "interval": a.interval,
+        "gib": a.gib,
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "bench/chaos_hw.py", *argv]),
+    }
     _write_json(state / "config.json", cfg)
     if a.background:
         with open(state / "runner.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_run", "--state-dir", str(state)],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=str(ROOT), start_new_session=True, env=dict(os.environ, **MULTICAST_OFF))
-        print(f"started run {proc.pid} in {state} (detached); collect with:\n"
-              f"  python bench/chaos_hw.py --collect {state} [--out FILE]")
+            proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "_run", "--state-dir", str(state)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=str(ROOT),
+                start_new_session=True,
+                env=dict(os.environ, **MULTICAST_OFF),
+            )
+        print(
+            f"started run {proc.pid} in {state} (detached); collect with:\n"
+            f"  python bench/chaos_hw.py --collect {state} [--out FILE]"
+        )
         return 0
     return _emit(run(cfg, state), a.out)
 

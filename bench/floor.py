@@ -64,8 +64,14 @@ FIELD_NVLINK_LINK_COUNT = 91
 FIELD_NVLINK_TX = 138
 FIELD_NVLINK_RX = 139
 MAX_LINKS = 36
-UNSUPPORTED_NAMES = ("NOT_SUPPORTED", "FUNCTION_NOT_FOUND", "ARGUMENT_VERSION_MISMATCH", "NO_PERMISSION",
-                     "DEPRECATED", "VGPU_ECC_NOT_SUPPORTED")
+UNSUPPORTED_NAMES = (
+    "NOT_SUPPORTED",
+    "FUNCTION_NOT_FOUND",
+    "ARGUMENT_VERSION_MISMATCH",
+    "NO_PERMISSION",
+    "DEPRECATED",
+    "VGPU_ECC_NOT_SUPPORTED",
+)
 
 
 class NvmlUnavailable(RuntimeError):
@@ -122,8 +128,16 @@ class Floor:
     def _fn(self, name: str) -> Callable[..., Any] | None:
         return getattr(self.nv, name, None)
 
-    def _try(self, plan: GpuPlan, feature: str, name: str, *args: Any, keep: bool = True,
-             indexed: bool = False, **kwargs: Any) -> tuple[bool, Any]:
+    def _try(
+        self,
+        plan: GpuPlan,
+        feature: str,
+        name: str,
+        *args: Any,
+        keep: bool = True,
+        indexed: bool = False,
+        **kwargs: Any,
+    ) -> tuple[bool, Any]:
         """Call once; plan it for every sample when it answers (or fails transiently)."""
         fn = self._fn(name)
         if fn is None:
@@ -140,8 +154,9 @@ class Floor:
             plan.calls.append(Call(feature, name, fn, args, kwargs))
         return True, value
 
-    def _try_fields(self, plan: GpuPlan, feature: str, pairs: list[tuple[int, int]],
-                    keep: bool = True) -> dict[tuple[int, int], Any]:
+    def _try_fields(
+        self, plan: GpuPlan, feature: str, pairs: list[tuple[int, int]], keep: bool = True
+    ) -> dict[tuple[int, int], Any]:
         fn = self._fn("nvmlDeviceGetFieldValues")
         if fn is None:
             plan.skipped.append("nvmlDeviceGetFieldValues (not in binding)")
@@ -188,8 +203,11 @@ class Floor:
             for fn in ("nvmlDeviceGetPciInfo", "nvmlDeviceGetSerial", "nvmlDeviceGetArchitecture"):
                 self._try(plan, "identity", fn, keep=False)
             # utilization
-            for fn in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetEncoderUtilization",
-                       "nvmlDeviceGetDecoderUtilization"):
+            for fn in (
+                "nvmlDeviceGetUtilizationRates",
+                "nvmlDeviceGetEncoderUtilization",
+                "nvmlDeviceGetDecoderUtilization",
+            ):
                 self._try(plan, "utilization", fn)
             # memory
             ok, _ = self._try(plan, "memory", "nvmlDeviceGetMemoryInfo", version=NVML_MEMORY_V2)
@@ -197,8 +215,11 @@ class Floor:
                 self._try(plan, "memory", "nvmlDeviceGetMemoryInfo")
             self._try(plan, "memory", "nvmlDeviceGetBAR1MemoryInfo")
             # power
-            for fn in ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
-                       "nvmlDeviceGetTotalEnergyConsumption"):
+            for fn in (
+                "nvmlDeviceGetPowerUsage",
+                "nvmlDeviceGetEnforcedPowerLimit",
+                "nvmlDeviceGetTotalEnergyConsumption",
+            ):
                 self._try(plan, "power", fn)
             # temperature
             ok, _ = self._try(plan, "temperature", "nvmlDeviceGetTemperatureV", NVML_TEMPERATURE_GPU)
@@ -219,8 +240,11 @@ class Floor:
             # pcie
             for fn in ("nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth"):
                 self._try(plan, "pcie", fn, keep=False)
-            for fn in ("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
-                       "nvmlDeviceGetPcieReplayCounter"):
+            for fn in (
+                "nvmlDeviceGetCurrPcieLinkGeneration",
+                "nvmlDeviceGetCurrPcieLinkWidth",
+                "nvmlDeviceGetPcieReplayCounter",
+            ):
                 self._try(plan, "pcie", fn)
             # ecc
             ok, mode = self._try(plan, "ecc", "nvmlDeviceGetEccMode")
@@ -345,15 +369,24 @@ def run(samples: int = 20, spacing_s: float = 0.25, fake: str | None = None, war
     except Exception:  # noqa: BLE001 - informational
         pass
     return {
-        "binding": "fake:" + fake if fake else "pynvml", "nvidia_ml_py_version": version,
-        "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name, "calls_per_sample": len(g.calls),
-                  "skipped": g.skipped} for g in floor.gpus],
-        "samples": samples, "spacing_s": spacing_s, "warmup": warmup,
-        "init_s": round(floor.init_s, 6), "discovery_s": round(floor.discovery_s, 6),
-        "calls_per_sample": calls, "failed_calls_per_sample": errors,
+        "binding": "fake:" + fake if fake else "pynvml",
+        "nvidia_ml_py_version": version,
+        "gpus": [
+            {"index": g.index, "uuid": g.uuid, "name": g.name, "calls_per_sample": len(g.calls), "skipped": g.skipped}
+            for g in floor.gpus
+        ],
+        "samples": samples,
+        "spacing_s": spacing_s,
+        "warmup": warmup,
+        "init_s": round(floor.init_s, 6),
+        "discovery_s": round(floor.discovery_s, 6),
+        "calls_per_sample": calls,
+        "failed_calls_per_sample": errors,
         "sample_s": {
-            "median": round(statistics.median(times), 6), "min": round(min(times), 6),
-            "max": round(max(times), 6), "mean": round(statistics.fmean(times), 6),
+            "median": round(statistics.median(times), 6),
+            "min": round(min(times), 6),
+            "max": round(max(times), 6),
+            "mean": round(statistics.fmean(times), 6),
             "all": [round(t, 6) for t in times],
         },
         "feature_median_s": {k: round(statistics.median(v), 6) for k, v in features.items()},
@@ -379,10 +412,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result, indent=1))
         return 0
     s = result["sample_s"]
-    print(f"{len(result['gpus'])} GPU(s), {result['calls_per_sample']} NVML calls per sample "
-          f"({result['failed_calls_per_sample']} failed); init {result['init_s'] * 1e3:.1f} ms")
-    print(f"per sample: median {s['median'] * 1e3:.3f} ms (min {s['min'] * 1e3:.3f}, max {s['max'] * 1e3:.3f}) "
-          f"over {result['samples']} samples")
+    print(
+        f"{len(result['gpus'])} GPU(s), {result['calls_per_sample']} NVML calls per sample "
+        f"({result['failed_calls_per_sample']} failed); init {result['init_s'] * 1e3:.1f} ms"
+    )
+    print(
+        f"per sample: median {s['median'] * 1e3:.3f} ms (min {s['min'] * 1e3:.3f}, max {s['max'] * 1e3:.3f}) "
+        f"over {result['samples']} samples"
+    )
     for k, v in sorted(result["feature_median_s"].items(), key=lambda kv: -kv[1]):
         print(f"  {k:<18} {v * 1e3:8.3f} ms")
     return 0

@@ -141,16 +141,26 @@ def summarize_ms(latencies_s: Sequence[float]) -> dict[str, float | int | None]:
 # -- HTTP load -------------------------------------------------------------------------------------
 
 
-async def fetch(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str] | None = None,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, bytes]:
+async def fetch(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> tuple[int, bytes]:
     """One GET; returns (status, body). Raises on timeouts and connection errors."""
     async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
         body = await resp.read()
         return resp.status, body
 
 
-async def sequential(url: str, n: int, headers: Mapping[str, str] | None = None, warmup: int = 10,
-                     timeout_s: float = DEFAULT_TIMEOUT_S, keepalive: bool = True) -> dict[str, Any]:
+async def sequential(
+    url: str,
+    n: int,
+    headers: Mapping[str, str] | None = None,
+    warmup: int = 10,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    keepalive: bool = True,
+) -> dict[str, Any]:
     """``n`` requests one after another (after ``warmup`` uncounted ones).
 
     Args:
@@ -184,9 +194,15 @@ async def sequential(url: str, n: int, headers: Mapping[str, str] | None = None,
             statuses[str(status)] = statuses.get(str(status), 0) + 1
             size = len(body)
     return {
-        "requests": n, "warmup": warmup, "keepalive": keepalive, "headers": headers,
-        "ok": statuses.get("200", 0), "statuses": statuses, "errors": errors,
-        "body_bytes": size, "latency": summarize_ms(latencies),
+        "requests": n,
+        "warmup": warmup,
+        "keepalive": keepalive,
+        "headers": headers,
+        "ok": statuses.get("200", 0),
+        "statuses": statuses,
+        "errors": errors,
+        "body_bytes": size,
+        "latency": summarize_ms(latencies),
     }
 
 
@@ -225,8 +241,7 @@ class _RawGet(asyncio.Protocol):
 async def _raw_fetch(host: str, port: int, request: bytes, timeout_s: float) -> tuple[int, int]:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[tuple[int, int]] = loop.create_future()
-    transport, _ = await asyncio.wait_for(
-        loop.create_connection(lambda: _RawGet(request, done), host, port), timeout_s)
+    transport, _ = await asyncio.wait_for(loop.create_connection(lambda: _RawGet(request, done), host, port), timeout_s)
     try:
         return await asyncio.wait_for(done, timeout_s)
     finally:
@@ -248,9 +263,15 @@ async def _go_at(go: asyncio.Event, start_at: float | None) -> float:
     return late
 
 
-async def concurrent(url: str, c: int, headers: Mapping[str, str] | None = None,
-                     timeout_s: float = DEFAULT_TIMEOUT_S, client: str = "aiohttp",
-                     start_at: float | None = None, keep_latencies: bool = False) -> dict[str, Any]:
+async def concurrent(
+    url: str,
+    c: int,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    client: str = "aiohttp",
+    start_at: float | None = None,
+    keep_latencies: bool = False,
+) -> dict[str, Any]:
     """``c`` requests at once, each on its own connection, each with a ``timeout_s`` total timeout.
 
     Args:
@@ -313,20 +334,42 @@ async def concurrent(url: str, c: int, headers: Mapping[str, str] | None = None,
     return out
 
 
-def _concurrent_result(client: str, c: int, statuses: dict[str, int], timeouts: int, errors: dict[str, int],
-                       timeout_s: float, wall: float, size: int, latencies: list[float]) -> dict[str, Any]:
+def _concurrent_result(
+    client: str,
+    c: int,
+    statuses: dict[str, int],
+    timeouts: int,
+    errors: dict[str, int],
+    timeout_s: float,
+    wall: float,
+    size: int,
+    latencies: list[float],
+) -> dict[str, Any]:
     ok = statuses.get("200", 0)
     return {
-        "client": client, "requests": c, "ok": ok,
+        "client": client,
+        "requests": c,
+        "ok": ok,
         "non_200": sum(v for k, v in statuses.items() if k != "200"),
-        "statuses": statuses, "timeouts": timeouts, "errors": errors,
-        "success_rate": round(ok / c, 4) if c else None, "timeout_s": timeout_s,
-        "wall_s": round(wall, 3), "body_bytes": size, "latency": summarize_ms(latencies),
+        "statuses": statuses,
+        "timeouts": timeouts,
+        "errors": errors,
+        "success_rate": round(ok / c, 4) if c else None,
+        "timeout_s": timeout_s,
+        "wall_s": round(wall, 3),
+        "body_bytes": size,
+        "latency": summarize_ms(latencies),
     }
 
 
-async def concurrent_procs(url: str, c: int, procs: int, headers: Mapping[str, str] | None = None,
-                           timeout_s: float = DEFAULT_TIMEOUT_S, client: str = "aiohttp") -> dict[str, Any]:
+async def concurrent_procs(
+    url: str,
+    c: int,
+    procs: int,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    client: str = "aiohttp",
+) -> dict[str, Any]:
     """:func:`concurrent` spread over ``procs`` client processes that fire at the same instant.
 
     Still ``c`` connections, each its own, each with one request; only the client's CPU is spread,
@@ -343,11 +386,19 @@ async def concurrent_procs(url: str, c: int, procs: int, headers: Mapping[str, s
     start_at = time.time() + 2.0 + 0.05 * len(counts)
     children = []
     for n in counts:
-        spec = json.dumps({"url": url, "c": n, "headers": headers, "timeout_s": timeout_s, "client": client,
-                           "start_at": start_at})
-        children.append(await asyncio.create_subprocess_exec(
-            sys.executable, os.path.abspath(__file__), "--child", spec,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE))
+        spec = json.dumps(
+            {"url": url, "c": n, "headers": headers, "timeout_s": timeout_s, "client": client, "start_at": start_at}
+        )
+        children.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                spec,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        )
     outs = await asyncio.gather(*(ch.communicate() for ch in children))
     latencies: list[float] = []
     statuses: dict[str, int] = {}
@@ -379,13 +430,23 @@ async def concurrent_procs(url: str, c: int, procs: int, headers: Mapping[str, s
     return out
 
 
-async def _concurrent_raw(url: str, c: int, headers: Mapping[str, str], timeout_s: float,
-                          start_at: float | None = None, keep_latencies: bool = False) -> dict[str, Any]:
+async def _concurrent_raw(
+    url: str,
+    c: int,
+    headers: Mapping[str, str],
+    timeout_s: float,
+    start_at: float | None = None,
+    keep_latencies: bool = False,
+) -> dict[str, Any]:
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     port = parts.port or 80
-    lines = [f"GET {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1",
-             f"Host: {parts.netloc}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    lines = [
+        f"GET {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1",
+        f"Host: {parts.netloc}",
+        "Connection: close",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode()
     latencies: list[float] = []
     statuses: dict[str, int] = {}
@@ -442,8 +503,9 @@ class ProcTreeSampler:
     Use as a context manager or with :meth:`start` / :meth:`stop`; :meth:`stop` returns the summary.
     """
 
-    def __init__(self, pid: int, interval_s: float = 0.5,
-                 role: Callable[[psutil.Process, int], str] = default_role) -> None:
+    def __init__(
+        self, pid: int, interval_s: float = 0.5, role: Callable[[psutil.Process, int], str] = default_role
+    ) -> None:
         self.pid = pid
         self.interval_s = interval_s
         self.role = role
@@ -482,10 +544,14 @@ class ProcTreeSampler:
                     if rec is None:
                         existed = key[1] <= self._wall0
                         rec = {
-                            "pid": p.pid, "role": self.role(p, self.pid),
+                            "pid": p.pid,
+                            "role": self.role(p, self.pid),
                             "cmd": " ".join(p.cmdline())[:200],
                             "cpu_base_s": cpu_s if existed else 0.0,
-                            "cpu_last_s": cpu_s, "rss_first": rss, "rss_last": rss, "rss_max": rss,
+                            "cpu_last_s": cpu_s,
+                            "rss_first": rss,
+                            "rss_last": rss,
+                            "rss_max": rss,
                             "threads": p.num_threads(),
                         }
                         self._procs[key] = rec
@@ -543,10 +609,16 @@ class ProcTreeSampler:
             cpu_s = rec["cpu_last_s"] - rec["cpu_base_s"]
             mem = _uss_pss(self._handles[key])
             out = {
-                "pid": rec["pid"], "role": rec["role"], "cmd": rec["cmd"], "cpu_s": round(cpu_s, 3),
-                "cpu_fraction": round(cpu_s / window, 5), "rss_first_bytes": rec["rss_first"],
-                "rss_last_bytes": rec["rss_last"], "rss_max_bytes": rec["rss_max"],
-                "threads_max": rec["threads"], **mem,
+                "pid": rec["pid"],
+                "role": rec["role"],
+                "cmd": rec["cmd"],
+                "cpu_s": round(cpu_s, 3),
+                "cpu_fraction": round(cpu_s / window, 5),
+                "rss_first_bytes": rec["rss_first"],
+                "rss_last_bytes": rec["rss_last"],
+                "rss_max_bytes": rec["rss_max"],
+                "threads_max": rec["threads"],
+                **mem,
             }
             procs.append(out)
             r = roles.setdefault(rec["role"], {"cpu_s": 0.0, "pids": [], "_mem": []})
@@ -566,10 +638,16 @@ class ProcTreeSampler:
         totals = self._totals or [0]
         cpu_total = sum(p["cpu_s"] for p in procs)
         return {
-            "window_s": round(window, 3), "ticks": len(self._totals),
-            "cpu_s": round(cpu_total, 3), "cpu_fraction": round(cpu_total / window, 5),
-            "rss_last_bytes": totals[-1], "rss_max_bytes": max(totals), "rss_min_bytes": min(totals),
-            "by_role": roles, "processes": procs, "system": self._system(window, cpu_total),
+            "window_s": round(window, 3),
+            "ticks": len(self._totals),
+            "cpu_s": round(cpu_total, 3),
+            "cpu_fraction": round(cpu_total / window, 5),
+            "rss_last_bytes": totals[-1],
+            "rss_max_bytes": max(totals),
+            "rss_min_bytes": min(totals),
+            "by_role": roles,
+            "processes": procs,
+            "system": self._system(window, cpu_total),
         }
 
     def _system(self, window: float, tree_cpu_s: float) -> dict[str, Any]:
@@ -588,12 +666,14 @@ class ProcTreeSampler:
         # guest time is already inside user/nice in /proc/stat; idle and iowait are not busy
         busy = sum(delta(n) for n in ("user", "nice", "system", "irq", "softirq", "steal"))
         kernel = delta("irq") + delta("softirq")  # network stack work not charged to a process
+
         def own(t: Any) -> float:  # this process and its reaped children (client processes)
             return float(t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0))
 
         me = own(self._self1) - own(self._self0)
         return {
-            "ncpu": psutil.cpu_count(), "busy_cores": round(busy / window, 3),
+            "ncpu": psutil.cpu_count(),
+            "busy_cores": round(busy / window, 3),
             "client_cpu_fraction": round(me / window, 4),
             "irq_softirq_cpu_fraction": round(kernel / window, 4),
             "steal_cpu_fraction": round(delta("steal") / window, 4),
@@ -630,16 +710,18 @@ def tree_rss(pid: int) -> dict[str, int]:
     return out
 
 
-def idle(pid: int, seconds: float, role: Callable[[psutil.Process, int], str] = default_role,
-         interval_s: float = 0.5) -> dict[str, Any]:
+def idle(
+    pid: int, seconds: float, role: Callable[[psutil.Process, int], str] = default_role, interval_s: float = 0.5
+) -> dict[str, Any]:
     """CPU and RSS of the tree over ``seconds`` with no requests sent."""
     sampler = ProcTreeSampler(pid, interval_s, role).start()
     time.sleep(seconds)
     return sampler.stop()
 
 
-async def under_load(pid: int, coro: Any, role: Callable[[psutil.Process, int], str] = default_role,
-                     interval_s: float = 0.25) -> tuple[Any, dict[str, Any]]:
+async def under_load(
+    pid: int, coro: Any, role: Callable[[psutil.Process, int], str] = default_role, interval_s: float = 0.25
+) -> tuple[Any, dict[str, Any]]:
     """Run ``coro`` (a load) while sampling the tree; returns (the load's result, process summary)."""
     sampler = ProcTreeSampler(pid, interval_s, role).start()
     try:
@@ -660,15 +742,17 @@ class ServerProcess:
         cwd: working directory.
     """
 
-    def __init__(self, cmd: Sequence[str], env: Mapping[str, str], port: int, log_path: str,
-                 cwd: str | None = None) -> None:
+    def __init__(
+        self, cmd: Sequence[str], env: Mapping[str, str], port: int, log_path: str, cwd: str | None = None
+    ) -> None:
         self.cmd = list(cmd)
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(self.cmd, env=dict(env), cwd=cwd, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, env=dict(env), cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.pid = self.proc.pid
 
     def alive(self) -> bool:
@@ -682,9 +766,14 @@ class ServerProcess:
         except urllib.error.HTTPError as exc:
             return int(exc.code), exc.read()
 
-    def wait_status(self, path: str, timeout: float, want: int = 200,
-                    body_check: Callable[[bytes], bool] | None = None,
-                    give_up: Callable[[int, bytes, float], str | None] | None = None) -> float:
+    def wait_status(
+        self,
+        path: str,
+        timeout: float,
+        want: int = 200,
+        body_check: Callable[[bytes], bool] | None = None,
+        give_up: Callable[[int, bytes, float], str | None] | None = None,
+    ) -> float:
         """Seconds until ``path`` answers ``want`` (and ``body_check`` holds).
 
         Args:
@@ -698,8 +787,9 @@ class ServerProcess:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if not self.alive():
-                raise RuntimeError(f"exited with code {self.proc.returncode} before answering {path}; "
-                                   f"log tail:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"exited with code {self.proc.returncode} before answering {path}; log tail:\n{self.log_tail()}"
+                )
             try:
                 status, body = self.get(path, timeout=2.0)
                 if status == want and (body_check is None or body_check(body)):
@@ -761,8 +851,12 @@ def wait_quiet(max_wait_s: float, threshold_cores: float = 0.15, probe_s: float 
         busy = psutil.cpu_percent(interval=probe_s) / 100.0 * ncpu
         waited = time.monotonic() - t0
         if busy < threshold_cores or waited >= max_wait_s:
-            return {"quiet": busy < threshold_cores, "busy_cores": round(busy, 3), "waited_s": round(waited, 1),
-                    "threshold_cores": threshold_cores}
+            return {
+                "quiet": busy < threshold_cores,
+                "busy_cores": round(busy, 3),
+                "waited_s": round(waited, 1),
+                "threshold_cores": threshold_cores,
+            }
 
 
 def mb(n: float | None) -> float | None:
@@ -775,8 +869,12 @@ def mb(n: float | None) -> float | None:
 
 async def _main_async(args: argparse.Namespace) -> dict[str, Any]:
     headers = PROMETHEUS3_HEADERS if args.prometheus_headers else PLAIN_HEADERS
-    out: dict[str, Any] = {"url": args.url, "pid": args.pid, "headers": headers,
-                           "nofile": raise_nofile(args.concurrency + 256)}
+    out: dict[str, Any] = {
+        "url": args.url,
+        "pid": args.pid,
+        "headers": headers,
+        "nofile": raise_nofile(args.concurrency + 256),
+    }
     if args.pid and args.idle_seconds > 0:
         out["idle"] = await asyncio.to_thread(idle, args.pid, args.idle_seconds)
     if args.sequential > 0:
@@ -798,8 +896,17 @@ async def _main_async(args: argparse.Namespace) -> dict[str, Any]:
 def _child(spec_json: str) -> int:
     """One client process of :func:`concurrent_procs`: prints its result with every latency."""
     spec = json.loads(spec_json)
-    result = asyncio.run(concurrent(spec["url"], int(spec["c"]), spec["headers"], float(spec["timeout_s"]),
-                                    spec["client"], float(spec["start_at"]), keep_latencies=True))
+    result = asyncio.run(
+        concurrent(
+            spec["url"],
+            int(spec["c"]),
+            spec["headers"],
+            float(spec["timeout_s"]),
+            spec["client"],
+            float(spec["start_at"]),
+            keep_latencies=True,
+        )
+    )
     json.dump(result, sys.stdout)
     return 0
 
@@ -816,12 +923,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="concurrent rounds")
     p.add_argument("--idle-seconds", type=float, default=0.0, help="idle CPU/RSS window first (needs --pid)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-request timeout, seconds")
-    p.add_argument("--client-procs", type=int, default=1,
-                   help="spread the concurrent connections over this many client processes")
-    p.add_argument("--client", choices=("aiohttp", "raw"), default="aiohttp",
-                   help="concurrent client: aiohttp (reference) or raw (cheaper per request)")
-    p.add_argument("--prometheus-headers", action="store_true",
-                   help="send Prometheus 3's Accept header and Accept-Encoding: gzip")
+    p.add_argument(
+        "--client-procs", type=int, default=1, help="spread the concurrent connections over this many client processes"
+    )
+    p.add_argument(
+        "--client",
+        choices=("aiohttp", "raw"),
+        default="aiohttp",
+        help="concurrent client: aiohttp (reference) or raw (cheaper per request)",
+    )
+    p.add_argument(
+        "--prometheus-headers", action="store_true", help="send Prometheus 3's Accept header and Accept-Encoding: gzip"
+    )
     args = p.parse_args(argv)
     try:
         check_loopback(args.url)
@@ -839,8 +952,21 @@ if __name__ == "__main__":
 
 
 __all__ = [
-    "PLAIN_HEADERS", "PROMETHEUS3_HEADERS", "ProcTreeSampler", "ServerProcess", "check_loopback", "concurrent",
+    "PLAIN_HEADERS",
+    "PROMETHEUS3_HEADERS",
+    "ProcTreeSampler",
+    "ServerProcess",
+    "check_loopback",
+    "concurrent",
     "concurrent_procs",
-    "free_port", "idle", "mb", "percentile", "raise_nofile", "sequential", "summarize_ms", "tree_rss",
-    "under_load", "wait_quiet",
+    "free_port",
+    "idle",
+    "mb",
+    "percentile",
+    "raise_nofile",
+    "sequential",
+    "summarize_ms",
+    "tree_rss",
+    "under_load",
+    "wait_quiet",
 ]

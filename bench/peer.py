@@ -141,17 +141,26 @@ def environment() -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - informational
         ours = None
     return {
-        "hostname": platform.node(), "nproc": len(os.sched_getaffinity(0)), "cpu_model": model,
-        "mem_total_bytes": psutil.virtual_memory().total, "kernel": platform.release(),
-        "python": platform.python_version(), "python_executable": sys.executable,
+        "hostname": platform.node(),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "mem_total_bytes": psutil.virtual_memory().total,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
         "pythonpath": os.environ.get("PYTHONPATH", ""),
         "versions": {
-            "nvgpu-exporter": ours, "nvidia-ml-py": _version("nvidia-ml-py"),
-            "nvitop": _version("nvitop"), "nvitop-exporter": _version("nvitop-exporter"),
-            "prometheus-client": _version("prometheus-client"), "aiohttp": _version("aiohttp"),
-            "psutil": _version("psutil"), "uvloop": _version("uvloop"),
+            "nvgpu-exporter": ours,
+            "nvidia-ml-py": _version("nvidia-ml-py"),
+            "nvitop": _version("nvitop"),
+            "nvitop-exporter": _version("nvitop-exporter"),
+            "prometheus-client": _version("prometheus-client"),
+            "aiohttp": _version("aiohttp"),
+            "psutil": _version("psutil"),
+            "uvloop": _version("uvloop"),
         },
-        "nvml": gpu, "nvidia_smi_topo": topo,
+        "nvml": gpu,
+        "nvidia_smi_topo": topo,
         "git_commit": _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"])[1] or None,
     }
 
@@ -167,7 +176,7 @@ def run_floor(samples: int, spacing_s: float, fake: str | None) -> dict[str, Any
     rc, text = _run(cmd, timeout=120)
     try:
         start = text.index("{")
-        result = json.loads(text[start:text.rindex("}") + 1])
+        result = json.loads(text[start : text.rindex("}") + 1])
     except ValueError:
         result = {"error": f"floor.py exited {rc}: {text[-2000:]}"}
     result["exit_code"] = rc
@@ -212,10 +221,16 @@ class SamplePoller(threading.Thread):
         dur = _metric(text, "nvgpu_sample_duration_seconds")
         if ts is None or dur is None or ts in self.samples:
             return
-        features = {m.group(1): float(m.group(2)) for m in re.finditer(
-            r'^nvgpu_feature_duration_seconds\{feature="([^"]+)"\} (\S+)$', text, re.M)}
-        self.samples[ts] = {"ts": ts, "duration_s": dur, "features": features,
-                            "nvml_calls_total": _metric(text, "nvgpu_nvml_calls_total")}
+        features = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(r'^nvgpu_feature_duration_seconds\{feature="([^"]+)"\} (\S+)$', text, re.M)
+        }
+        self.samples[ts] = {
+            "ts": ts,
+            "duration_s": dur,
+            "features": features,
+            "nvml_calls_total": _metric(text, "nvgpu_nvml_calls_total"),
+        }
 
     def summary(self) -> dict[str, Any]:
         recs = [self.samples[k] for k in sorted(self.samples)]
@@ -231,8 +246,11 @@ class SamplePoller(threading.Thread):
             if a["nvml_calls_total"] is not None and b["nvml_calls_total"] is not None:
                 per_sample_calls.append(b["nvml_calls_total"] - a["nvml_calls_total"])
         return {
-            "count": len(recs), "median_s": round(statistics.median(durs), 6),
-            "min_s": round(min(durs), 6), "max_s": round(max(durs), 6), "all_s": [round(d, 6) for d in durs],
+            "count": len(recs),
+            "median_s": round(statistics.median(durs), 6),
+            "min_s": round(min(durs), 6),
+            "max_s": round(max(durs), 6),
+            "all_s": [round(d, 6) for d in durs],
             "feature_median_s": {k: round(statistics.median(v), 6) for k, v in feats.items()},
             "nvml_calls_between_seen_samples": per_sample_calls,
         }
@@ -243,8 +261,9 @@ def _metric(text: str, name: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-async def measure(server: load.ServerProcess, args: argparse.Namespace, role: Any,
-                  poller: SamplePoller | None, checkpoint: Any) -> dict[str, Any]:
+async def measure(
+    server: load.ServerProcess, args: argparse.Namespace, role: Any, poller: SamplePoller | None, checkpoint: Any
+) -> dict[str, Any]:
     """Idle window, sequential, each concurrency, after-load RSS; ``checkpoint(res)`` after each."""
     url = server.base + "/metrics"
     res: dict[str, Any] = {}
@@ -255,8 +274,9 @@ async def measure(server: load.ServerProcess, args: argparse.Namespace, role: An
     if poller is not None:
         poller.start()
     print(f"  sequential {args.sequential} …", flush=True)
-    seq, procs = await load.under_load(server.pid, load.sequential(url, args.sequential, args.headers,
-                                                                   timeout_s=args.timeout), role)
+    seq, procs = await load.under_load(
+        server.pid, load.sequential(url, args.sequential, args.headers, timeout_s=args.timeout), role
+    )
     seq["processes"] = procs
     res["sequential"] = seq
     checkpoint(res)
@@ -267,12 +287,16 @@ async def measure(server: load.ServerProcess, args: argparse.Namespace, role: An
             break
         print(f"  concurrent {c} …", flush=True)
         r, procs = await load.under_load(
-            server.pid, load.concurrent_procs(url, c, args.client_procs, args.headers, args.timeout), role)
+            server.pid, load.concurrent_procs(url, c, args.client_procs, args.headers, args.timeout), role
+        )
         r["processes"] = procs
         res["concurrent"][str(c)] = r
         lat = r["latency"]
-        print(f"    ok {r['ok']}/{c}, timeouts {r['timeouts']}, p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms, "
-              f"max {lat['max_ms']} ms, wall {r['wall_s']} s", flush=True)
+        print(
+            f"    ok {r['ok']}/{c}, timeouts {r['timeouts']}, p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms, "
+            f"max {lat['max_ms']} ms, wall {r['wall_s']} s",
+            flush=True,
+        )
         checkpoint(res)
         await asyncio.sleep(2.0)
     if server.alive():
@@ -295,20 +319,35 @@ def nvml_unavailable(status: int, body: bytes, waited: float) -> str | None:
     return None
 
 
-def run_exporter(name: str, cmd: list[str], env: dict[str, str], ready_path: str, args: argparse.Namespace,
-                 role: Any, poll: bool, checkpoint: Any, body_check: Any = None, give_up: Any = None) -> dict[str, Any]:
+def run_exporter(
+    name: str,
+    cmd: list[str],
+    env: dict[str, str],
+    ready_path: str,
+    args: argparse.Namespace,
+    role: Any,
+    poll: bool,
+    checkpoint: Any,
+    body_check: Any = None,
+    give_up: Any = None,
+) -> dict[str, Any]:
     port = load.free_port()
     log_path = Path(tempfile.mkdtemp(prefix=f"peer-{name}-")) / "server.log"
     cmd = [c.replace("{port}", str(port)) for c in cmd]
     env = {k: v.replace("{port}", str(port)) for k, v in env.items()}
-    out: dict[str, Any] = {"command": cmd, "env": {k: v for k, v in env.items() if k.startswith("NVGPU_")},
-                           "port": port, "log": str(log_path)}
+    out: dict[str, Any] = {
+        "command": cmd,
+        "env": {k: v for k, v in env.items() if k.startswith("NVGPU_")},
+        "port": port,
+        "log": str(log_path),
+    }
     print(f"{name}: {' '.join(cmd)}", flush=True)
     server = load.ServerProcess(cmd, env, port, str(log_path), str(ROOT))
     out["pid"] = server.pid
     try:
-        out["ready_after_s"] = round(server.wait_status(ready_path, args.ready_timeout, body_check=body_check,
-                                                        give_up=give_up), 3)
+        out["ready_after_s"] = round(
+            server.wait_status(ready_path, args.ready_timeout, body_check=body_check, give_up=give_up), 3
+        )
         print(f"  ready after {out['ready_after_s']} s (pid {server.pid})", flush=True)
 
         def cp(res: dict[str, Any]) -> None:
@@ -346,8 +385,11 @@ def _get(d: Any, *path: Any) -> Any:
 def _peak_rss(res: dict[str, Any] | None) -> int | None:
     if not res:
         return None
-    peaks = [_get(res, "idle", "rss_max_bytes"), _get(res, "sequential", "processes", "rss_max_bytes"),
-             _get(res, "after_load", "rss_max_bytes")]
+    peaks = [
+        _get(res, "idle", "rss_max_bytes"),
+        _get(res, "sequential", "processes", "rss_max_bytes"),
+        _get(res, "after_load", "rss_max_bytes"),
+    ]
     peaks += [_get(r, "processes", "rss_max_bytes") for r in (res.get("concurrent") or {}).values()]
     vals = [p for p in peaks if p is not None]
     return max(vals) if vals else None
@@ -363,41 +405,73 @@ def verdict(report: dict[str, Any]) -> list[dict[str, Any]]:
     if c1000:
         p99 = c1000["latency"]["p99_ms"]
         ok = c1000["ok"] == c1000["requests"] and p99 is not None and p99 < GOAL_CONCURRENT_P99_MS
-        rows.append({"goal": "ours: 1000 concurrent all 200, p99 < 250 ms",
-                     "value": f"{c1000['ok']}/{c1000['requests']}, p99 {p99} ms", "status": "PASS" if ok else "MISS"})
+        rows.append(
+            {
+                "goal": "ours: 1000 concurrent all 200, p99 < 250 ms",
+                "value": f"{c1000['ok']}/{c1000['requests']}, p99 {p99} ms",
+                "status": "PASS" if ok else "MISS",
+            }
+        )
     else:
         rows.append({"goal": "ours: 1000 concurrent all 200, p99 < 250 ms", "value": "not measured", "status": "N/A"})
 
     a, b = _get(ours, "sequential", "latency", "p50_ms"), _get(peer, "sequential", "latency", "p50_ms")
     if a and b:
-        rows.append({"goal": "sequential p50 >= 5x lower than nvitop-exporter's",
-                     "value": f"{a} ms vs {b} ms ({b / a:.1f}x)",
-                     "status": "PASS" if b / a >= GOAL_SEQ_RATIO else "MISS"})
+        rows.append(
+            {
+                "goal": "sequential p50 >= 5x lower than nvitop-exporter's",
+                "value": f"{a} ms vs {b} ms ({b / a:.1f}x)",
+                "status": "PASS" if b / a >= GOAL_SEQ_RATIO else "MISS",
+            }
+        )
     else:
-        rows.append({"goal": "sequential p50 >= 5x lower than nvitop-exporter's", "value": f"ours {a}, nvitop {b}",
-                     "status": "N/A"})
+        rows.append(
+            {
+                "goal": "sequential p50 >= 5x lower than nvitop-exporter's",
+                "value": f"ours {a}, nvitop {b}",
+                "status": "N/A",
+            }
+        )
 
     oi, pi = _get(ours, "idle", "rss_last_bytes"), _get(peer, "idle", "rss_last_bytes")
     op, pp = _peak_rss(ours), _peak_rss(peer)
     if oi and pi and op and pp:
         ok = oi <= pi and op <= pp
-        rows.append({"goal": "RSS no higher than nvitop-exporter's (idle and peak)",
-                     "value": f"idle {load.mb(oi)} vs {load.mb(pi)} MB; peak {load.mb(op)} vs {load.mb(pp)} MB",
-                     "status": "PASS" if ok else "MISS"})
+        rows.append(
+            {
+                "goal": "RSS no higher than nvitop-exporter's (idle and peak)",
+                "value": f"idle {load.mb(oi)} vs {load.mb(pi)} MB; peak {load.mb(op)} vs {load.mb(pp)} MB",
+                "status": "PASS" if ok else "MISS",
+            }
+        )
     else:
-        rows.append({"goal": "RSS no higher than nvitop-exporter's (idle and peak)",
-                     "value": f"ours idle {load.mb(oi)} MB, nvitop idle {load.mb(pi)} MB", "status": "N/A"})
+        rows.append(
+            {
+                "goal": "RSS no higher than nvitop-exporter's (idle and peak)",
+                "value": f"ours idle {load.mb(oi)} MB, nvitop idle {load.mb(pi)} MB",
+                "status": "N/A",
+            }
+        )
 
     ours_s = _get(ours, "sample_duration", "median_s")
     floor_s = _get(floor, "sample_s", "median")
     if ours_s and floor_s:
         ratio = ours_s / floor_s
-        rows.append({"goal": "time per sample within 20 % of the raw NVML floor",
-                     "value": f"{ours_s * 1e3:.2f} ms vs floor {floor_s * 1e3:.2f} ms ({ratio:.2f}x)",
-                     "status": "PASS" if ratio <= GOAL_FLOOR_RATIO else "MISS"})
+        rows.append(
+            {
+                "goal": "time per sample within 20 % of the raw NVML floor",
+                "value": f"{ours_s * 1e3:.2f} ms vs floor {floor_s * 1e3:.2f} ms ({ratio:.2f}x)",
+                "status": "PASS" if ratio <= GOAL_FLOOR_RATIO else "MISS",
+            }
+        )
     else:
-        rows.append({"goal": "time per sample within 20 % of the raw NVML floor",
-                     "value": f"ours {ours_s}, floor {floor_s}", "status": "N/A"})
+        rows.append(
+            {
+                "goal": "time per sample within 20 % of the raw NVML floor",
+                "value": f"ours {ours_s}, floor {floor_s}",
+                "status": "N/A",
+            }
+        )
     return rows
 
 
@@ -406,8 +480,10 @@ def _cell_conc(res: dict[str, Any] | None, c: str) -> str:
     if not r:
         return "-"
     lat = r["latency"]
-    return (f"{r['ok']}/{r['requests']} ok ({r['timeouts']} t/o); p50 {lat['p50_ms']}, p99 {lat['p99_ms']}, "
-            f"max {lat['max_ms']} ms")
+    return (
+        f"{r['ok']}/{r['requests']} ok ({r['timeouts']} t/o); p50 {lat['p50_ms']}, p99 {lat['p99_ms']}, "
+        f"max {lat['max_ms']} ms"
+    )
 
 
 def markdown(report: dict[str, Any], concurrency: list[int]) -> str:
@@ -480,22 +556,28 @@ def markdown(report: dict[str, Any], concurrency: list[int]) -> str:
     sd = _get(ours, "sample_duration")
     lines += ["", "| time per sample | median | samples | NVML calls per sample |", "|---|---|---|---|"]
     if floor.get("sample_s"):
-        lines.append(f"| raw NVML floor (`bench/floor.py`) | {floor['sample_s']['median'] * 1e3:.2f} ms | "
-                     f"{floor['samples']} | {floor.get('calls_per_sample')} |")
+        lines.append(
+            f"| raw NVML floor (`bench/floor.py`) | {floor['sample_s']['median'] * 1e3:.2f} ms | "
+            f"{floor['samples']} | {floor.get('calls_per_sample')} |"
+        )
     else:
         lines.append(f"| raw NVML floor | {floor.get('error', '-')} | - | - |")
     if sd and sd.get("count"):
         calls = sorted(set(sd.get("nvml_calls_between_seen_samples") or []))
-        lines.append(f"| ours (`nvgpu_sample_duration_seconds`) | {sd['median_s'] * 1e3:.2f} ms | {sd['count']} | "
-                     f"{', '.join(f'{c:g}' for c in calls) or '-'} (`nvgpu_nvml_calls_total` between samples) |")
+        lines.append(
+            f"| ours (`nvgpu_sample_duration_seconds`) | {sd['median_s'] * 1e3:.2f} ms | {sd['count']} | "
+            f"{', '.join(f'{c:g}' for c in calls) or '-'} (`nvgpu_nvml_calls_total` between samples) |"
+        )
     feats = (sd or {}).get("feature_median_s") or {}
     ffeats = floor.get("feature_median_s") or {}
     if feats and ffeats:
         lines += ["", "| feature | floor median | ours median (`nvgpu_feature_duration_seconds`) |", "|---|---|---|"]
         for k in sorted(set(feats) | set(ffeats), key=lambda k: -(feats.get(k) or 0)):
             fv, ov = ffeats.get(k), feats.get(k)
-            lines.append(f"| {k} | {'-' if fv is None else f'{fv * 1e3:.3f} ms'} | "
-                         f"{'-' if ov is None else f'{ov * 1e3:.3f} ms'} |")
+            lines.append(
+                f"| {k} | {'-' if fv is None else f'{fv * 1e3:.3f} ms'} | "
+                f"{'-' if ov is None else f'{ov * 1e3:.3f} ms'} |"
+            )
     lines += ["", "| goal | measured | |", "|---|---|---|"]
     for row in report.get("verdict", []):
         lines.append(f"| {row['goal']} | {row['value']} | {row['status']} |")
@@ -513,22 +595,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sequential", type=int, default=200)
     p.add_argument("--concurrency", default="100,1000", help="comma-separated concurrent rounds")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
-    p.add_argument("--client-procs", type=int, default=0,
-                   help="client processes for the concurrent rounds (0 = auto: 1 below 8 CPUs, else CPUs/4, at most 8)")
-    p.add_argument("--prometheus-headers", action="store_true",
-                   help="send Prometheus 3's Accept and Accept-Encoding: gzip (default: identity, no Accept)")
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=0,
+        help="client processes for the concurrent rounds (0 = auto: 1 below 8 CPUs, else CPUs/4, at most 8)",
+    )
+    p.add_argument(
+        "--prometheus-headers",
+        action="store_true",
+        help="send Prometheus 3's Accept and Accept-Encoding: gzip (default: identity, no Accept)",
+    )
     p.add_argument("--our-backend", default="nvml", help="nvml, or fake:<scenario> for a dry run without a GPU")
     p.add_argument("--our-interval", type=float, default=5.0, help="our sample interval (default 5, our default)")
     p.add_argument("--our-samples", type=int, default=12, help="distinct samples of ours to read (median)")
     p.add_argument("--sample-wait-max", type=float, default=75.0, help="longest wait for those samples, seconds")
     p.add_argument("--nvitop-interval", type=float, help="nvitop-exporter --interval (default: its own, 1 s)")
     p.add_argument("--floor-samples", type=int, default=20)
-    p.add_argument("--floor-spacing", type=float, default=1.0,
-                   help="seconds between floor samples (ours samples every 5 s: not back to back)")
+    p.add_argument(
+        "--floor-spacing",
+        type=float,
+        default=1.0,
+        help="seconds between floor samples (ours samples every 5 s: not back to back)",
+    )
     p.add_argument("--settle-seconds", type=float, default=3.0, help="after ready, before the idle window")
     p.add_argument("--ready-timeout", type=float, default=60.0)
-    p.add_argument("--skip", action="append", default=[], choices=("floor", "ours", "nvitop"),
-                   help="skip a phase (repeatable)")
+    p.add_argument(
+        "--skip", action="append", default=[], choices=("floor", "ours", "nvitop"), help="skip a phase (repeatable)"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.idle_seconds = min(args.idle_seconds, 20.0)
@@ -541,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         args.client_procs = 1 if ncpu < 8 else min(8, ncpu // 4)
     args.headers = load.PROMETHEUS3_HEADERS if args.prometheus_headers else load.PLAIN_HEADERS
     nofile = load.raise_nofile(2 * max(args.concurrency or [0]) + 512)  # servers inherit it
-    fake = args.our_backend[len("fake:"):] if args.our_backend.startswith("fake:") else None
+    fake = args.our_backend[len("fake:") :] if args.our_backend.startswith("fake:") else None
     if fake:
         fake = str((ROOT / fake).resolve()) if not os.path.isabs(fake) else fake
 
@@ -549,14 +643,23 @@ def main(argv: list[str] | None = None) -> int:
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "benchmark": "issue-8 peer", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": "issue-8 peer",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "config": {
-            "idle_seconds": args.idle_seconds, "sequential": args.sequential, "concurrency": args.concurrency,
-            "timeout_s": args.timeout, "headers": args.headers, "our_backend": args.our_backend,
-            "our_interval_s": args.our_interval, "our_samples": args.our_samples,
-            "nvitop_interval_s": args.nvitop_interval or "default (1.0)", "floor_samples": args.floor_samples,
+            "idle_seconds": args.idle_seconds,
+            "sequential": args.sequential,
+            "concurrency": args.concurrency,
+            "timeout_s": args.timeout,
+            "headers": args.headers,
+            "our_backend": args.our_backend,
+            "our_interval_s": args.our_interval,
+            "our_samples": args.our_samples,
+            "nvitop_interval_s": args.nvitop_interval or "default (1.0)",
+            "floor_samples": args.floor_samples,
             "floor_spacing_s": args.floor_spacing,
-            "quick": args.quick, "nofile": nofile, "client_procs": args.client_procs,
+            "quick": args.quick,
+            "nofile": nofile,
+            "client_procs": args.client_procs,
         },
     }
 
@@ -569,8 +672,11 @@ def main(argv: list[str] | None = None) -> int:
     print("environment …", flush=True)
     report["environment"] = env_info = environment()
     nvml = env_info.get("nvml") or {}
-    print(f"  GPUs: {[g['name'] for g in nvml.get('gpus', [])] or nvml.get('error')}; driver "
-          f"{nvml.get('driver_version')}; versions {env_info['versions']}", flush=True)
+    print(
+        f"  GPUs: {[g['name'] for g in nvml.get('gpus', [])] or nvml.get('error')}; driver "
+        f"{nvml.get('driver_version')}; versions {env_info['versions']}",
+        flush=True,
+    )
     checkpoint()
 
     if "floor" not in args.skip:
@@ -587,30 +693,47 @@ def main(argv: list[str] | None = None) -> int:
 
     if "ours" not in args.skip:
         env = {k: v for k, v in base_env.items() if not k.startswith("NVGPU_")}
-        env.update(NVGPU_NVML_BACKEND=f"fake:{fake}" if fake else args.our_backend, NVGPU_STATE_FILE="",
-                   NVGPU_LISTEN_ADDRESS="127.0.0.1:{port}", NVGPU_SAMPLE_INTERVAL_SECONDS=f"{args.our_interval:g}")
+        env.update(
+            NVGPU_NVML_BACKEND=f"fake:{fake}" if fake else args.our_backend,
+            NVGPU_STATE_FILE="",
+            NVGPU_LISTEN_ADDRESS="127.0.0.1:{port}",
+            NVGPU_SAMPLE_INTERVAL_SECONDS=f"{args.our_interval:g}",
+        )
         cmd = [sys.executable, "-m", "exporter", "--listen-address", "127.0.0.1:{port}"]
-        report["ours"] = run_exporter("ours", cmd, env, "/readyz", args, role_ours, True, checkpoint,
-                                      give_up=nvml_unavailable)
+        report["ours"] = run_exporter(
+            "ours", cmd, env, "/readyz", args, role_ours, True, checkpoint, give_up=nvml_unavailable
+        )
 
     if "nvitop" not in args.skip:
         if importlib.util.find_spec("nvitop_exporter") is None:
-            report["nvitop_exporter"] = {"error": "nvitop_exporter is not importable with this Python and PYTHONPATH "
-                                                  f"({os.environ.get('PYTHONPATH', '')!r}); install the wheels: "
-                                                  "pip install --no-index --no-deps --target /tmp/site .whl/*.whl "
-                                                  "and export PYTHONPATH=/tmp/site"}
+            report["nvitop_exporter"] = {
+                "error": "nvitop_exporter is not importable with this Python and PYTHONPATH "
+                f"({os.environ.get('PYTHONPATH', '')!r}); install the wheels: "
+                "pip install --no-index --no-deps --target /tmp/site .whl/*.whl "
+                "and export PYTHONPATH=/tmp/site"
+            }
             print(f"nvitop-exporter: {report['nvitop_exporter']['error']}", flush=True)
         else:
             cmd = [sys.executable, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", "{port}"]
             if args.nvitop_interval:
                 cmd += ["--interval", f"{args.nvitop_interval:g}"]
             report["nvitop_exporter"] = run_exporter(
-                "nvitop-exporter", cmd, base_env, "/metrics", args, load.default_role, False, checkpoint,
-                body_check=lambda b: b"nvitop_info" in b)
+                "nvitop-exporter",
+                cmd,
+                base_env,
+                "/metrics",
+                args,
+                load.default_role,
+                False,
+                checkpoint,
+                body_check=lambda b: b"nvitop_info" in b,
+            )
             r = report["nvitop_exporter"]
             if r.get("error") and r.get("exit_code") == 1 and not r.get("log_tail", "").strip():
-                r["hint"] = ("nvitop-exporter exits 1 without a message when the NVML library is not found "
-                             "(no GPU driver on this machine)")
+                r["hint"] = (
+                    "nvitop-exporter exits 1 without a message when the NVML library is not found "
+                    "(no GPU driver on this machine)"
+                )
 
     report["verdict"] = verdict(report)
     report["markdown"] = markdown(report, args.concurrency)

@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
         "NVGPU_* environment variable; flags win. Features: NVGPU_FEATURE_<NAME>=auto|on|off.",
     )
     p.add_argument("--version", action="version", version=f"nvgpu-exporter {__version__}")
-    p.add_argument("--check-config", action="store_true", help="print every configuration problem and exit 2, or exit 0")
+    p.add_argument(
+        "--check-config", action="store_true", help="print every configuration problem and exit 2, or exit 0"
+    )
     for s in SETTINGS:
         p.add_argument(s.flag, dest=s.attr, default=None, metavar="VALUE", help=f"{s.help} [{s.env}]")
     sub = p.add_subparsers(dest="command")
@@ -90,10 +92,15 @@ def _run(main: Coroutine[Any, Any, int]) -> int:
 def _quarantine(config: Config, args: argparse.Namespace) -> int:
     from exporter.quarantine import QuarantineStore
 
-    store = QuarantineStore(config.state_file, config.quarantine_after, config.quarantine_window_s, config.quarantine_ttl_s)
+    store = QuarantineStore(
+        config.state_file, config.quarantine_after, config.quarantine_window_s, config.quarantine_ttl_s
+    )
     if args.clear or args.clear_all:
         cleared = store.clear(None if args.clear_all else args.clear)
-        print(f"cleared: {', '.join(cleared) or 'nothing'} (state file {config.state_file or '(none)'}); restart the exporter")
+        print(
+            f"cleared: {', '.join(cleared) or 'nothing'} "
+            f"(state file {config.state_file or '(none)'}); restart the exporter"
+        )
         return protocol.EXIT_OK
     details = store.details()
     if not details:
@@ -136,8 +143,15 @@ async def serve(config: Config) -> int:
         await runner.cleanup()
         supervisor.close()
         return protocol.EXIT_ERROR
-    log.info("nvgpu-exporter %s listening on %s:%d (NVML backend %s, sample interval %g s, stale after %g s)",
-             __version__, host or "*", port, config.nvml_backend, config.interval_s, config.stale_s)
+    log.info(
+        "nvgpu-exporter %s listening on %s:%d (NVML backend %s, sample interval %g s, stale after %g s)",
+        __version__,
+        host or "*",
+        port,
+        config.nvml_backend,
+        config.interval_s,
+        config.stale_s,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

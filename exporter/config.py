@@ -139,51 +139,177 @@ def _path(name: str, text: str) -> str:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("listen_address", "NVGPU_LISTEN_ADDRESS", "--listen-address", DEFAULT_LISTEN, parse_listen_address,
-            "host:port to serve on; ':19400' is every interface"),
-    Setting("interval_s", "NVGPU_SAMPLE_INTERVAL_SECONDS", "--sample-interval", "5", _duration,
-            "seconds between NVML samples"),
-    Setting("stale_s", "NVGPU_STALE_AFTER_SECONDS", "--stale-after", "", _duration,
-            "drop GPU series older than this (default: 3 sample intervals)"),
-    Setting("sample_deadline_s", "NVGPU_SAMPLE_DEADLINE_SECONDS", "--sample-deadline", "", _duration,
-            "a sample not finished after this many seconds means the worker hung (default: 2 intervals, at least 10)"),
-    Setting("init_deadline_s", "NVGPU_INIT_DEADLINE_SECONDS", "--init-deadline", "60", _duration,
-            "time nvmlInit and enumeration may take before the worker counts as hung"),
+    Setting(
+        "listen_address",
+        "NVGPU_LISTEN_ADDRESS",
+        "--listen-address",
+        DEFAULT_LISTEN,
+        parse_listen_address,
+        "host:port to serve on; ':19400' is every interface",
+    ),
+    Setting(
+        "interval_s",
+        "NVGPU_SAMPLE_INTERVAL_SECONDS",
+        "--sample-interval",
+        "5",
+        _duration,
+        "seconds between NVML samples",
+    ),
+    Setting(
+        "stale_s",
+        "NVGPU_STALE_AFTER_SECONDS",
+        "--stale-after",
+        "",
+        _duration,
+        "drop GPU series older than this (default: 3 sample intervals)",
+    ),
+    Setting(
+        "sample_deadline_s",
+        "NVGPU_SAMPLE_DEADLINE_SECONDS",
+        "--sample-deadline",
+        "",
+        _duration,
+        "a sample not finished after this many seconds means the worker hung (default: 2 intervals, at least 10)",
+    ),
+    Setting(
+        "init_deadline_s",
+        "NVGPU_INIT_DEADLINE_SECONDS",
+        "--init-deadline",
+        "60",
+        _duration,
+        "time nvmlInit and enumeration may take before the worker counts as hung",
+    ),
     Setting("log_level", "NVGPU_LOG_LEVEL", "--log-level", "INFO", _choice(*LOG_LEVELS, upper=True), "log level"),
     Setting("log_format", "NVGPU_LOG_FORMAT", "--log-format", "text", _choice("text", "json"), "text or json"),
-    Setting("nvml_backend", "NVGPU_NVML_BACKEND", "--nvml-backend", "nvml", _backend,
-            "'nvml' (the real library) or 'fake:<scenario.json>'"),
-    Setting("state_file", "NVGPU_STATE_FILE", "--state-file", "/var/lib/nvgpu-exporter/state.json", _path,
-            "quarantine state that survives restarts; empty disables"),
-    Setting("quarantine_after", "NVGPU_QUARANTINE_AFTER", "--quarantine-after", "3", _positive_int,
-            "crashes or hangs in one feature within the window that quarantine it"),
-    Setting("quarantine_window_s", "NVGPU_QUARANTINE_WINDOW_SECONDS", "--quarantine-window", "600", _duration,
-            "window for counting crashes of a feature"),
-    Setting("quarantine_ttl_s", "NVGPU_QUARANTINE_TTL_SECONDS", "--quarantine-ttl", "86400", _duration,
-            "a quarantine expires after this, so a fixed driver is retried"),
-    Setting("backoff_initial_s", "NVGPU_RESTART_BACKOFF_SECONDS", "--restart-backoff", "1", _duration,
-            "first delay before restarting a dead worker; doubles each time"),
-    Setting("backoff_max_s", "NVGPU_RESTART_BACKOFF_MAX_SECONDS", "--restart-backoff-max", "60", _duration,
-            "longest delay between worker restarts"),
-    Setting("shutdown_timeout_s", "NVGPU_SHUTDOWN_TIMEOUT_SECONDS", "--shutdown-timeout", "10", _duration,
-            "on SIGTERM, how long the worker may take to drain before it is killed"),
-    Setting("selfcheck", "NVGPU_SELFCHECK", "--selfcheck", "warn", _choice("warn", "strict", "off"),
-            "warn: log and export; strict: refuse to start on a problem; off"),
+    Setting(
+        "nvml_backend",
+        "NVGPU_NVML_BACKEND",
+        "--nvml-backend",
+        "nvml",
+        _backend,
+        "'nvml' (the real library) or 'fake:<scenario.json>'",
+    ),
+    Setting(
+        "state_file",
+        "NVGPU_STATE_FILE",
+        "--state-file",
+        "/var/lib/nvgpu-exporter/state.json",
+        _path,
+        "quarantine state that survives restarts; empty disables",
+    ),
+    Setting(
+        "quarantine_after",
+        "NVGPU_QUARANTINE_AFTER",
+        "--quarantine-after",
+        "3",
+        _positive_int,
+        "crashes or hangs in one feature within the window that quarantine it",
+    ),
+    Setting(
+        "quarantine_window_s",
+        "NVGPU_QUARANTINE_WINDOW_SECONDS",
+        "--quarantine-window",
+        "600",
+        _duration,
+        "window for counting crashes of a feature",
+    ),
+    Setting(
+        "quarantine_ttl_s",
+        "NVGPU_QUARANTINE_TTL_SECONDS",
+        "--quarantine-ttl",
+        "86400",
+        _duration,
+        "a quarantine expires after this, so a fixed driver is retried",
+    ),
+    Setting(
+        "backoff_initial_s",
+        "NVGPU_RESTART_BACKOFF_SECONDS",
+        "--restart-backoff",
+        "1",
+        _duration,
+        "first delay before restarting a dead worker; doubles each time",
+    ),
+    Setting(
+        "backoff_max_s",
+        "NVGPU_RESTART_BACKOFF_MAX_SECONDS",
+        "--restart-backoff-max",
+        "60",
+        _duration,
+        "longest delay between worker restarts",
+    ),
+    Setting(
+        "shutdown_timeout_s",
+        "NVGPU_SHUTDOWN_TIMEOUT_SECONDS",
+        "--shutdown-timeout",
+        "10",
+        _duration,
+        "on SIGTERM, how long the worker may take to drain before it is killed",
+    ),
+    Setting(
+        "selfcheck",
+        "NVGPU_SELFCHECK",
+        "--selfcheck",
+        "warn",
+        _choice("warn", "strict", "off"),
+        "warn: log and export; strict: refuse to start on a problem; off",
+    ),
     Setting("kmsg_path", "NVGPU_KMSG_PATH", "--kmsg-path", "/dev/kmsg", _path, "kernel log for the kernel_xid feature"),
-    Setting("kmsg_cursor_file", "NVGPU_KMSG_CURSOR_FILE", "--kmsg-cursor-file", "", _path,
-            "cursor for the kernel log (default: next to the state file)"),
-    Setting("pod_resources_socket", "NVGPU_POD_RESOURCES_SOCKET", "--pod-resources-socket",
-            "/var/lib/kubelet/pod-resources/kubelet.sock", _path, "kubelet PodResources v1 socket"),
-    Setting("pod_labels", "NVGPU_POD_LABELS", "--pod-labels", "false", _bool,
-            "add namespace/pod/container labels to per-GPU series"),
-    Setting("pod_refresh_s", "NVGPU_POD_REFRESH_SECONDS", "--pod-refresh", "15", _duration,
-            "how often to ask the kubelet for pod assignments"),
-    Setting("stuck_utilization", "NVGPU_STUCK_UTILIZATION_RATIO", "--stuck-utilization", "0.99", _ratio,
-            "stuck-context signature: utilization at or above this"),
-    Setting("stuck_memory_bytes", "NVGPU_STUCK_MEMORY_BYTES", "--stuck-memory-bytes", "67108864", _non_negative_int,
-            "stuck-context signature: memory used at or below this"),
-    Setting("stuck_after_s", "NVGPU_STUCK_AFTER_SECONDS", "--stuck-after", "60", _duration,
-            "stuck-context signature: how long the conditions must hold"),
+    Setting(
+        "kmsg_cursor_file",
+        "NVGPU_KMSG_CURSOR_FILE",
+        "--kmsg-cursor-file",
+        "",
+        _path,
+        "cursor for the kernel log (default: next to the state file)",
+    ),
+    Setting(
+        "pod_resources_socket",
+        "NVGPU_POD_RESOURCES_SOCKET",
+        "--pod-resources-socket",
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        _path,
+        "kubelet PodResources v1 socket",
+    ),
+    Setting(
+        "pod_labels",
+        "NVGPU_POD_LABELS",
+        "--pod-labels",
+        "false",
+        _bool,
+        "add namespace/pod/container labels to per-GPU series",
+    ),
+    Setting(
+        "pod_refresh_s",
+        "NVGPU_POD_REFRESH_SECONDS",
+        "--pod-refresh",
+        "15",
+        _duration,
+        "how often to ask the kubelet for pod assignments",
+    ),
+    Setting(
+        "stuck_utilization",
+        "NVGPU_STUCK_UTILIZATION_RATIO",
+        "--stuck-utilization",
+        "0.99",
+        _ratio,
+        "stuck-context signature: utilization at or above this",
+    ),
+    Setting(
+        "stuck_memory_bytes",
+        "NVGPU_STUCK_MEMORY_BYTES",
+        "--stuck-memory-bytes",
+        "67108864",
+        _non_negative_int,
+        "stuck-context signature: memory used at or below this",
+    ),
+    Setting(
+        "stuck_after_s",
+        "NVGPU_STUCK_AFTER_SECONDS",
+        "--stuck-after",
+        "60",
+        _duration,
+        "stuck-context signature: how long the conditions must hold",
+    ),
 )
 
 
@@ -242,7 +368,12 @@ class Config:
                 problems.append(str(exc))
         modes, feature_problems = gf.parse_feature_env(environ)
         problems.extend(feature_problems)
-        known = {s.env for s in SETTINGS} | {"NVGPU_FAKE_EPOCH", "NVGPU_WORKER_CONFIG", "NVGPU_WORKER_FD", "NVGPU_BREADCRUMB_FD"}
+        known = {s.env for s in SETTINGS} | {
+            "NVGPU_FAKE_EPOCH",
+            "NVGPU_WORKER_CONFIG",
+            "NVGPU_WORKER_FD",
+            "NVGPU_BREADCRUMB_FD",
+        }
         for key in sorted(environ):
             if key.startswith("NVGPU_") and not key.upper().startswith(gf.ENV_PREFIX.rstrip("_")) and key not in known:
                 import difflib
@@ -254,7 +385,9 @@ class Config:
         values.setdefault("stale_s", 3 * interval)
         values.setdefault("sample_deadline_s", max(10.0, 2 * interval))
         if "stale_s" in values and values["stale_s"] < interval:
-            problems.append(f"NVGPU_STALE_AFTER_SECONDS={values['stale_s']}: must be at least the sample interval ({interval})")
+            problems.append(
+                f"NVGPU_STALE_AFTER_SECONDS={values['stale_s']}: must be at least the sample interval ({interval})"
+            )
         if values.get("backoff_max_s", 60.0) < values.get("backoff_initial_s", 1.0):
             problems.append("NVGPU_RESTART_BACKOFF_MAX_SECONDS must be at least NVGPU_RESTART_BACKOFF_SECONDS")
         if problems:

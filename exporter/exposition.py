@@ -60,7 +60,7 @@ class Rendered:
 
     def __init__(self, families: _Families) -> None:
         self._families = families
-        self.text: bytes = text_format.generate_latest(families)  # type: ignore[arg-type]
+        self.text: bytes = text_format.generate_latest(families)  # type: ignore[arg-type, unused-ignore]
         self._openmetrics: bytes | None = None
         self._gzip: dict[bool, bytes] = {}
 
@@ -68,7 +68,7 @@ class Rendered:
     def openmetrics(self) -> bytes:
         """OpenMetrics 1.0.0 body (ends with ``# EOF``)."""
         if self._openmetrics is None:
-            self._openmetrics = om_format.generate_latest(self._families)  # type: ignore[arg-type]
+            self._openmetrics = om_format.generate_latest(self._families)  # type: ignore[no-untyped-call, arg-type, unused-ignore]
         return self._openmetrics
 
     def body(self, openmetrics: bool, gzipped: bool) -> bytes:
@@ -122,7 +122,11 @@ def gpu_families(state: SupervisorState) -> tuple[list[Metric], set[str]]:
     bag = _Families()
     failed: set[str] = set()
     by_feature: dict[str, list[tuple[GpuKey, Any]]] = {}
-    up = GaugeMetricFamily("nvgpu_device_up", "1 if the GPU answered NVML in the last sample, 0 if it is lost (GPU_IS_LOST, handle lookup failure)", labels=["gpu", "uuid"])
+    up = GaugeMetricFamily(
+        "nvgpu_device_up",
+        "1 if the GPU answered NVML in the last sample, 0 if it is lost (GPU_IS_LOST, handle lookup failure)",
+        labels=["gpu", "uuid"],
+    )
     for g in snap["gpus"]:
         key = GpuKey(str(g["index"]), g["uuid"])
         # A GPU whose handle lookup failed before its UUID was ever read (Xid 79 can surface as
@@ -146,7 +150,14 @@ def gpu_families(state: SupervisorState) -> tuple[list[Metric], set[str]]:
             bag.add(list(module.families(samples, *extra)))
         except Exception:  # one GPU's odd reading must not cost the others
             failed.add(feature)
-            log_once(log, logging.ERROR, ("render", feature), "rendering feature %s failed; retrying per GPU", feature, exc_info=True)
+            log_once(
+                log,
+                logging.ERROR,
+                ("render", feature),
+                "rendering feature %s failed; retrying per GPU",
+                feature,
+                exc_info=True,
+            )
             for sample in samples:
                 try:
                     bag.add(list(module.families([sample], *extra)))
@@ -180,46 +191,105 @@ def self_families(state: SupervisorState, render_failed: set[str]) -> list[Metri
     out: list[Metric] = []
     snap = state.fresh_snapshot()
     last = state.last_snapshot
-    out.append(_gauge("nvgpu_up", "1 if NVML is initialised and the last sample is younger than the stale bound", 1.0 if snap is not None and state.nvml_up else 0.0))
+    out.append(
+        _gauge(
+            "nvgpu_up",
+            "1 if NVML is initialised and the last sample is younger than the stale bound",
+            1.0 if snap is not None and state.nvml_up else 0.0,
+        )
+    )
     system = state.system
-    out.append(_gauge("nvgpu_build_info", "Versions in use; value is always 1", 1.0, {
-        "version": __version__, "nvidia_ml_py_version": system.get("nvidia_ml_py_version", ""),
-        "nvml_version": system.get("nvml_version", ""), "driver_version": system.get("driver_version", ""),
-        "python_version": state.python_version,
-    }))
+    out.append(
+        _gauge(
+            "nvgpu_build_info",
+            "Versions in use; value is always 1",
+            1.0,
+            {
+                "version": __version__,
+                "nvidia_ml_py_version": system.get("nvidia_ml_py_version", ""),
+                "nvml_version": system.get("nvml_version", ""),
+                "driver_version": system.get("driver_version", ""),
+                "python_version": state.python_version,
+            },
+        )
+    )
     if last is not None:
-        out.append(_gauge("nvgpu_last_sample_timestamp_seconds", "Unix time of the last NVML sample", float(last["ts"])))
-        out.append(_gauge("nvgpu_sample_duration_seconds", "Wall time of the last NVML sample", float(last["duration_s"])))
-    success = GaugeMetricFamily("nvgpu_feature_success", "1 if the feature's last sample succeeded on every GPU", labels=["feature"])
-    duration = GaugeMetricFamily("nvgpu_feature_duration_seconds", "Time spent in the feature during the last sample", labels=["feature"])
+        out.append(
+            _gauge("nvgpu_last_sample_timestamp_seconds", "Unix time of the last NVML sample", float(last["ts"]))
+        )
+        out.append(
+            _gauge("nvgpu_sample_duration_seconds", "Wall time of the last NVML sample", float(last["duration_s"]))
+        )
+    success = GaugeMetricFamily(
+        "nvgpu_feature_success", "1 if the feature's last sample succeeded on every GPU", labels=["feature"]
+    )
+    duration = GaugeMetricFamily(
+        "nvgpu_feature_duration_seconds", "Time spent in the feature during the last sample", labels=["feature"]
+    )
     if snap is not None:
         for feature, f in sorted(snap["features"].items()):
             ok = 0.0 if feature in render_failed else float(f["success"])
             success.add_metric([feature], ok)
             duration.add_metric([feature], float(f["duration_s"]))
     out += [success, duration]
-    enabled = GaugeMetricFamily("nvgpu_feature_enabled", "1 if the feature is enabled; reason says why it is in that state (default, env, known_issue, quarantined, unsupported)", labels=["feature", "reason"])
+    enabled = GaugeMetricFamily(
+        "nvgpu_feature_enabled",
+        "1 if the feature is enabled; reason says why it is in that state "
+        "(default, env, known_issue, quarantined, unsupported)",
+        labels=["feature", "reason"],
+    )
     for feature, st in sorted(state.feature_states().items()):
         enabled.add_metric([feature, st["reason"]], 1.0 if st["enabled"] else 0.0)
     out.append(enabled)
-    errors = CounterMetricFamily("nvgpu_nvml_errors", "NVML errors that omitted a sample, by feature and NVML error", labels=["feature", "error"])
+    errors = CounterMetricFamily(
+        "nvgpu_nvml_errors", "NVML errors that omitted a sample, by feature and NVML error", labels=["feature", "error"]
+    )
     for (feature, name), count in sorted(state.nvml_errors().items()):
         errors.add_metric([feature, name], float(count))
     out.append(errors)
-    out.append(CounterMetricFamily("nvgpu_nvml_calls", "NVML calls made by workers since the exporter started", value=float(state.nvml_calls())))
-    restarts = CounterMetricFamily("nvgpu_worker_restarts", "Worker restarts by reason (crash: killed by a signal; hang: missed its deadline; exit: exited; nvml_error: NVML unusable)", labels=["reason"])
+    out.append(
+        CounterMetricFamily(
+            "nvgpu_nvml_calls", "NVML calls made by workers since the exporter started", value=float(state.nvml_calls())
+        )
+    )
+    restarts = CounterMetricFamily(
+        "nvgpu_worker_restarts",
+        "Worker restarts by reason (crash: killed by a signal; hang: missed its deadline; exit: exited; "
+        "nvml_error: NVML unusable)",
+        labels=["reason"],
+    )
     for reason in ("crash", "hang", "exit", "nvml_error"):
         restarts.add_metric([reason], float(state.restarts.get(reason, 0)))
     out.append(restarts)
-    crashes = CounterMetricFamily("nvgpu_worker_crashes", "Worker crashes and hangs by the feature and NVML function in flight", labels=["feature", "function"])
+    crashes = CounterMetricFamily(
+        "nvgpu_worker_crashes",
+        "Worker crashes and hangs by the feature and NVML function in flight",
+        labels=["feature", "function"],
+    )
     for (feature, function), count in sorted(state.crashes.items()):
         crashes.add_metric([feature, function], float(count))
     out.append(crashes)
-    out.append(_gauge("nvgpu_worker_last_exit_signal", "Signal that ended the last worker (0: none or not a signal)", float(state.last_exit_signal)))
-    out.append(_gauge("nvgpu_worker_last_exit_code", "Exit code of the last worker that exited", float(state.last_exit_code)))
+    out.append(
+        _gauge(
+            "nvgpu_worker_last_exit_signal",
+            "Signal that ended the last worker (0: none or not a signal)",
+            float(state.last_exit_signal),
+        )
+    )
+    out.append(
+        _gauge("nvgpu_worker_last_exit_code", "Exit code of the last worker that exited", float(state.last_exit_code))
+    )
     if state.worker_started_at is not None:
-        out.append(_gauge("nvgpu_worker_start_time_seconds", "Unix time the current worker started", state.worker_started_at))
-    out.append(_gauge("nvgpu_worker_stuck", "1 if a worker is in uninterruptible sleep or respawning stopped after repeated hangs", 1.0 if state.worker_stuck else 0.0))
+        out.append(
+            _gauge("nvgpu_worker_start_time_seconds", "Unix time the current worker started", state.worker_started_at)
+        )
+    out.append(
+        _gauge(
+            "nvgpu_worker_stuck",
+            "1 if a worker is in uninterruptible sleep or respawning stopped after repeated hangs",
+            1.0 if state.worker_stuck else 0.0,
+        )
+    )
     out += state.extra_self_families()
     return out
 

@@ -64,7 +64,9 @@ class KernelXid:
         return self.dedupe.offer_nvml(uuid, xid, ts)
 
     def families(self) -> Iterable[Metric]:
-        fam = GaugeMetricFamily("nvgpu_kernel_log_up", "1 if the kernel_xid feature can read the kernel log (NVGPU_KMSG_PATH)")
+        fam = GaugeMetricFamily(
+            "nvgpu_kernel_log_up", "1 if the kernel_xid feature can read the kernel log (NVGPU_KMSG_PATH)"
+        )
         if self.up is not None:
             fam.add_metric([], 1.0 if self.up else 0.0)
         return [fam]
@@ -78,9 +80,14 @@ class KernelXid:
                 if not mapping:
                     keep.append(ev)  # no snapshot yet: wait for the bus id -> UUID mapping
                 else:
-                    log_once(log, logging.WARNING, ("kmsg-bus", ev.pci_bus_id),
-                             "kernel log Xid %d for PCI %s, which is not one of this node's GPUs as NVML sees them",
-                             ev.xid, ev.pci_bus_id)
+                    log_once(
+                        log,
+                        logging.WARNING,
+                        ("kmsg-bus", ev.pci_bus_id),
+                        "kernel log Xid %d for PCI %s, which is not one of this node's GPUs as NVML sees them",
+                        ev.xid,
+                        ev.pci_bus_id,
+                    )
                 continue
             gpu, uuid = where
             ts = ev.wall_time or time.time()
@@ -99,7 +106,10 @@ class KernelXid:
             except KernelLogUnavailable as exc:
                 self.up = False
                 self.supervisor.state_overrides["kernel_xid"] = {
-                    "enabled": False, "reason": "unsupported", "detail": f"kernel log unreadable: {exc}"}
+                    "enabled": False,
+                    "reason": "unsupported",
+                    "detail": f"kernel log unreadable: {exc}",
+                }
                 log.warning("kernel_xid: %s; the feature is off (unsupported), nothing else is affected", exc)
                 self.supervisor._changed()
                 return
@@ -132,8 +142,11 @@ class PodAttribution:
         return ("", "", "")
 
     def families(self, snap: dict[str, Any]) -> Iterable[Metric]:
-        info = GaugeMetricFamily("nvgpu_gpu_pod_info", "Pods holding the GPU (kubelet PodResources List); one series per container; value is always 1",
-                                 labels=["gpu", "uuid", "namespace", "pod", "container"])
+        info = GaugeMetricFamily(
+            "nvgpu_gpu_pod_info",
+            "Pods holding the GPU (kubelet PodResources List); one series per container; value is always 1",
+            labels=["gpu", "uuid", "namespace", "pod", "container"],
+        )
         index = {g["uuid"]: str(g["index"]) for g in snap["gpus"]}
         for uuid, refs in sorted(self.assignments.items()):
             if uuid not in index:
@@ -143,7 +156,9 @@ class PodAttribution:
         return [info]
 
     def self_families(self) -> Iterable[Metric]:
-        fam = GaugeMetricFamily("nvgpu_pod_attribution_up", "1 if the kubelet PodResources socket answered the last List")
+        fam = GaugeMetricFamily(
+            "nvgpu_pod_attribution_up", "1 if the kubelet PodResources socket answered the last List"
+        )
         if self.up is not None:
             fam.add_metric([], 1.0 if self.up else 0.0)
         return [fam]
@@ -154,7 +169,11 @@ class PodAttribution:
         reason = unsupported_reason()
         if reason is not None:
             self.up = False
-            self.supervisor.state_overrides["pod_attribution"] = {"enabled": False, "reason": "unsupported", "detail": reason}
+            self.supervisor.state_overrides["pod_attribution"] = {
+                "enabled": False,
+                "reason": "unsupported",
+                "detail": reason,
+            }
             log.warning("pod_attribution unsupported: %s", reason)
             self.supervisor._changed()
             return

@@ -46,9 +46,11 @@ class Quarantine:
 
     def detail(self) -> str:
         """Human text for metrics, logs and the status page."""
-        return (f"{self.crashes} worker crashes/hangs in {self.function} since "
-                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.since))}; expires "
-                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.until))}")
+        return (
+            f"{self.crashes} worker crashes/hangs in {self.function} since "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.since))}; expires "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.until))}"
+        )
 
 
 class QuarantineStore:
@@ -62,8 +64,9 @@ class QuarantineStore:
         clock: time source (tests).
     """
 
-    def __init__(self, path: str, threshold: int, window_s: float, ttl_s: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, path: str, threshold: int, window_s: float, ttl_s: float, clock: Callable[[], float] = time.time
+    ) -> None:
         self.path = path
         self.threshold = threshold
         self.window_s = window_s

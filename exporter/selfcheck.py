@@ -51,14 +51,29 @@ def run_worker_check(timeout_s: float = 60.0) -> dict[str, Any]:
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, cwd=os.getcwd()
         )
     except subprocess.TimeoutExpired:
-        return {"process": "worker", "modules": [], "problems": [f"worker self-check timed out after {timeout_s} s"], "notes": []}
+        return {
+            "process": "worker",
+            "modules": [],
+            "problems": [f"worker self-check timed out after {timeout_s} s"],
+            "notes": [],
+        }
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-5:]
-        return {"process": "worker", "modules": [], "problems": ["worker self-check failed to run: " + " | ".join(tail)], "notes": []}
+        return {
+            "process": "worker",
+            "modules": [],
+            "problems": ["worker self-check failed to run: " + " | ".join(tail)],
+            "notes": [],
+        }
     try:
         result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"process": "worker", "modules": [], "problems": [f"worker self-check printed no result: {proc.stdout[-200:]!r}"], "notes": []}
+        return {
+            "process": "worker",
+            "modules": [],
+            "problems": [f"worker self-check printed no result: {proc.stdout[-200:]!r}"],
+            "notes": [],
+        }
     return result
 
 
@@ -67,13 +82,19 @@ def format_table(results: list[dict[str, Any]]) -> str:
     rows = [("process", "module", "version", "distribution", "dist version", "in dist", "path")]
     for res in results:
         for m in res["modules"]:
-            rows.append((
-                res["process"], m["module"], m["version"] or "-", m["distribution"],
-                m["distribution_version"] or "MISSING",
-                {True: "yes", False: "NO", None: "?"}[m["file_in_distribution"]], m["path"] or "-",
-            ))
+            rows.append(
+                (
+                    res["process"],
+                    m["module"],
+                    m["version"] or "-",
+                    m["distribution"],
+                    m["distribution_version"] or "MISSING",
+                    {True: "yes", False: "NO", None: "?"}[m["file_in_distribution"]],
+                    m["path"] or "-",
+                )
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
     problems = [(res["process"], p) for res in results for p in res["problems"]]
     notes = [(res["process"], p) for res in results for p in res.get("notes", [])]
     lines.append("")

@@ -78,7 +78,8 @@ class StuckDetector:
     def families(self, snapshot: dict[str, Any]) -> Iterable[Metric]:
         flag = GaugeMetricFamily(
             "nvgpu_stuck_context_suspected",
-            "1 while the GPU shows the stuck-context signature: utilization at or above the threshold, memory used at or "
+            "1 while the GPU shows the stuck-context signature: utilization at or above the threshold, "
+            "memory used at or "
             "below the threshold, no compute processes, for the configured time (NVGPU_STUCK_*)",
             labels=["gpu", "uuid"],
         )

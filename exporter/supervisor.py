@@ -79,16 +79,21 @@ class Supervisor:
         proc_state_fn: reads a process state letter (tests inject D-state).
     """
 
-    def __init__(self, config: Config, on_change: Callable[[], None] = lambda: None,
-                 proc_state_fn: Callable[[int], str | None] = proc_state) -> None:
+    def __init__(
+        self,
+        config: Config,
+        on_change: Callable[[], None] = lambda: None,
+        proc_state_fn: Callable[[int], str | None] = proc_state,
+    ) -> None:
         self.config = config
         self.on_change = on_change
         self.proc_state_fn = proc_state_fn
         self.epoch = time.time()
         self.python_version = platform.python_version()
         self.crumbs = BreadcrumbReader()
-        self.quarantine = QuarantineStore(config.state_file, config.quarantine_after,
-                                          config.quarantine_window_s, config.quarantine_ttl_s)
+        self.quarantine = QuarantineStore(
+            config.state_file, config.quarantine_after, config.quarantine_window_s, config.quarantine_ttl_s
+        )
         # served state
         self.last_snapshot: dict[str, Any] | None = None
         self.last_snapshot_mono: float | None = None
@@ -168,7 +173,9 @@ class Supervisor:
             states = {k: dict(v) for k, v in self.worker_states.items()}
         else:
             resolved = gf.resolve(self.config.feature_modes, quarantined=self.quarantine.details())
-            states = {k: {"enabled": s.enabled, "reason": s.reason.value, "detail": s.detail} for k, s in resolved.items()}
+            states = {
+                k: {"enabled": s.enabled, "reason": s.reason.value, "detail": s.detail} for k, s in resolved.items()
+            }
         states.update({k: dict(v) for k, v in self.state_overrides.items()})
         for feature, detail in self.quarantine.details().items():
             states[feature] = {"enabled": False, "reason": "quarantined", "detail": detail}
@@ -182,15 +189,23 @@ class Supervisor:
 
     def extra_gpu_families(self, snap: dict[str, Any]) -> list[Metric]:
         out: list[Metric] = []
-        xid_total = CounterMetricFamily("nvgpu_xid_errors", "Xid errors reported by NVML events or the kernel log", labels=["gpu", "uuid", "xid"])
-        xid_last = GaugeMetricFamily("nvgpu_xid_last_timestamp_seconds", "Unix time of the last Xid of this code", labels=["gpu", "uuid", "xid"])
+        xid_total = CounterMetricFamily(
+            "nvgpu_xid_errors", "Xid errors reported by NVML events or the kernel log", labels=["gpu", "uuid", "xid"]
+        )
+        xid_last = GaugeMetricFamily(
+            "nvgpu_xid_last_timestamp_seconds", "Unix time of the last Xid of this code", labels=["gpu", "uuid", "xid"]
+        )
         for (gpu, uuid, xid), (count, ts) in sorted(self.xids.items()):
             xid_total.add_metric([gpu, uuid, str(xid)], count)
             xid_last.add_metric([gpu, uuid, str(xid)], ts)
-        events = CounterMetricFamily("nvgpu_events", "NVML events other than Xid, by type", labels=["gpu", "uuid", "event_type"])
+        events = CounterMetricFamily(
+            "nvgpu_events", "NVML events other than Xid, by type", labels=["gpu", "uuid", "event_type"]
+        )
         for (gpu, uuid, etype), count in sorted(self.events.items()):
             events.add_metric([gpu, uuid, etype], float(count))
-        enabled = GaugeMetricFamily("nvgpu_events_enabled", "1 if NVML event registration succeeded for this GPU", labels=["gpu", "uuid"])
+        enabled = GaugeMetricFamily(
+            "nvgpu_events_enabled", "1 if NVML event registration succeeded for this GPU", labels=["gpu", "uuid"]
+        )
         live = {g["uuid"] for g in snap["gpus"] if g["up"]}
         for uuid, ok in sorted(self.events_enabled.items()):
             if uuid in live:
@@ -202,12 +217,27 @@ class Supervisor:
 
     def extra_self_families(self) -> list[Metric]:
         out: list[Metric] = []
-        info = GaugeMetricFamily("nvgpu_module_info", "Modules each process imported: file, __version__, distribution; value is always 1",
-                                 labels=["process", "module", "version", "distribution", "distribution_version", "path"])
-        failures = GaugeMetricFamily("nvgpu_selfcheck_failures", "Failed self-check rules per process (0 = healthy)", labels=["process"])
+        info = GaugeMetricFamily(
+            "nvgpu_module_info",
+            "Modules each process imported: file, __version__, distribution; value is always 1",
+            labels=["process", "module", "version", "distribution", "distribution_version", "path"],
+        )
+        failures = GaugeMetricFamily(
+            "nvgpu_selfcheck_failures", "Failed self-check rules per process (0 = healthy)", labels=["process"]
+        )
         for process, res in sorted(self.selfchecks.items()):
             for m in res.get("modules", []):
-                info.add_metric([process, m["module"], m["version"] or "", m["distribution"], m["distribution_version"] or "", m["path"] or ""], 1.0)
+                info.add_metric(
+                    [
+                        process,
+                        m["module"],
+                        m["version"] or "",
+                        m["distribution"],
+                        m["distribution_version"] or "",
+                        m["path"] or "",
+                    ],
+                    1.0,
+                )
             failures.add_metric([process], float(len(res.get("problems", []))))
         out += [info, failures]
         for hook in self.self_family_hooks:
@@ -241,7 +271,13 @@ class Supervisor:
                 try:
                     hook(msg)
                 except Exception:  # noqa: BLE001
-                    log_once(log, logging.ERROR, ("snapshot-hook", getattr(hook, "__qualname__", "?")), "snapshot hook failed", exc_info=True)
+                    log_once(
+                        log,
+                        logging.ERROR,
+                        ("snapshot-hook", getattr(hook, "__qualname__", "?")),
+                        "snapshot hook failed",
+                        exc_info=True,
+                    )
             self._schedule_stale_render()
         elif kind == "hello":
             self._hello = True
@@ -252,16 +288,24 @@ class Supervisor:
             self.worker_states = msg.get("feature_states", {})
             for g in msg.get("gpus", []):
                 self.gpu_index[g["uuid"]] = str(g["index"])
-            log.info("worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s", msg.get("pid"), len(msg.get("gpus", [])),
-                     self.system.get("driver_version"), self.system.get("nvml_version"), self.system.get("nvidia_ml_py_version"))
+            log.info(
+                "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
+                msg.get("pid"),
+                len(msg.get("gpus", [])),
+                self.system.get("driver_version"),
+                self.system.get("nvml_version"),
+                self.system.get("nvidia_ml_py_version"),
+            )
         elif kind == "selfcheck":
             result: dict[str, Any] = {k: msg[k] for k in ("process", "modules", "problems", "notes") if k in msg}
             self.selfchecks["worker"] = result
             for problem in result.get("problems", []):
                 log_once(log, logging.WARNING, ("selfcheck", "worker", problem), "self-check (worker): %s", problem)
             if result.get("problems") and self.config.selfcheck == "strict":
-                log.error("NVGPU_SELFCHECK=strict: the worker's self-check failed; refusing to run:\n  %s",
-                          "\n  ".join(result["problems"]))
+                log.error(
+                    "NVGPU_SELFCHECK=strict: the worker's self-check failed; refusing to run:\n  %s",
+                    "\n  ".join(result["problems"]),
+                )
                 self.fatal_exit = protocol.EXIT_SELFCHECK
                 self._wake.set()
         elif kind == "event":
@@ -269,9 +313,15 @@ class Supervisor:
         elif kind == "init_failed":
             self.nvml_up = False
             self.last_init_error = f"NVML unavailable: {msg.get('message')}"
-            log_once(log, logging.ERROR, ("init_failed", str(msg.get("error"))),
-                     "%s; retrying with backoff. Without a GPU, try the demo: nvgpu-exporter --nvml-backend fake:examples/scenarios/h200x2.json",
-                     self.last_init_error, extra={"nvml_error": msg.get("error")})
+            log_once(
+                log,
+                logging.ERROR,
+                ("init_failed", str(msg.get("error"))),
+                "%s; retrying with backoff. Without a GPU, try the demo: "
+                "nvgpu-exporter --nvml-backend fake:examples/scenarios/h200x2.json",
+                self.last_init_error,
+                extra={"nvml_error": msg.get("error")},
+            )
         elif kind == "bye":
             log.info("worker stopped (nvmlShutdown %s)", "done" if msg.get("nvml_shutdown") else "skipped")
         self._changed()
@@ -291,7 +341,9 @@ class Supervisor:
         entry = self.xids.setdefault((gpu, uuid, xid), [0.0, 0.0])
         entry[0] += 1
         entry[1] = max(entry[1], ts)
-        log.warning("Xid %d on GPU %s (%s) from %s", xid, gpu, uuid, source, extra={"xid": xid, "uuid": uuid, "source": source})
+        log.warning(
+            "Xid %d on GPU %s (%s) from %s", xid, gpu, uuid, source, extra={"xid": xid, "uuid": uuid, "source": source}
+        )
 
     def _schedule_stale_render(self) -> None:
         if self._stale_timer is not None:
@@ -338,9 +390,13 @@ class Supervisor:
         )
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "exporter.worker",
-                stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                pass_fds=(write_fd, self.crumbs.fd), env=env,
+                sys.executable,
+                "-m",
+                "exporter.worker",
+                stdin=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(write_fd, self.crumbs.fd),
+                env=env,
             )
         finally:
             os.close(write_fd)
@@ -396,13 +452,22 @@ class Supervisor:
             if done or self._stopping or self.fatal_exit is not None:
                 break
             now = time.monotonic()
-            limit = (self._spawn_mono + self.config.init_deadline_s if not self._hello
-                     else self._last_msg_mono + self.config.interval_s + self.config.sample_deadline_s)
+            limit = (
+                self._spawn_mono + self.config.init_deadline_s
+                if not self._hello
+                else self._last_msg_mono + self.config.interval_s + self.config.sample_deadline_s
+            )
             if now > limit:
                 crumb = self._in_flight()
-                where = f"{crumb.feature}/{crumb.function} on {crumb.uuid or '-'}" if crumb else "no NVML call in flight"
-                log.error("worker %d missed its deadline (%s); stopping it", proc.pid, where,
-                          extra={"feature": crumb.feature if crumb else "", "function": crumb.function if crumb else ""})
+                where = (
+                    f"{crumb.feature}/{crumb.function} on {crumb.uuid or '-'}" if crumb else "no NVML call in flight"
+                )
+                log.error(
+                    "worker %d missed its deadline (%s); stopping it",
+                    proc.pid,
+                    where,
+                    extra={"feature": crumb.feature if crumb else "", "function": crumb.function if crumb else ""},
+                )
                 self._killed_for_hang = True
                 reaped = await self._kill(proc, wait_task)
                 break
@@ -462,8 +527,12 @@ class Supervisor:
             if done:
                 return True
         state = self.proc_state_fn(proc.pid)
-        log.error("worker %d survived SIGKILL (state %s%s); it is kept aside and not waited for",
-                  proc.pid, state, ": uninterruptible sleep in the driver" if state == "D" else "")
+        log.error(
+            "worker %d survived SIGKILL (state %s%s); it is kept aside and not waited for",
+            proc.pid,
+            state,
+            ": uninterruptible sleep in the driver" if state == "D" else "",
+        )
         self._unreaped.append(proc)
         return False
 
@@ -490,17 +559,27 @@ class Supervisor:
             self.last_exit_code = out.returncode
         crumb = out.crumb
         record = {
-            "reason": out.reason, "exit_code": out.returncode if out.returncode is not None and out.returncode >= 0 else None,
+            "reason": out.reason,
+            "exit_code": out.returncode if out.returncode is not None and out.returncode >= 0 else None,
             "signal": signal.Signals(out.signal).name if out.signal else None,
-            "feature": crumb.feature if crumb else None, "function": crumb.function if crumb else None,
-            "uuid": crumb.uuid if crumb else None, "worker_lifetime_s": round(out.lifetime_s, 3),
+            "feature": crumb.feature if crumb else None,
+            "function": crumb.function if crumb else None,
+            "uuid": crumb.uuid if crumb else None,
+            "worker_lifetime_s": round(out.lifetime_s, 3),
         }
         if out.reason in ("crash", "hang"):
             feature = crumb.feature if crumb else "unknown"
             function = crumb.function if crumb else "unknown"
             self.crashes[(feature, function)] += 1
-            log.error("worker died: %s in %s/%s on GPU %s after %.1f s", out.reason, feature, function,
-                      (crumb.uuid if crumb else "") or "-", out.lifetime_s, extra={**record, "stack": out.stack})
+            log.error(
+                "worker died: %s in %s/%s on GPU %s after %.1f s",
+                out.reason,
+                feature,
+                function,
+                (crumb.uuid if crumb else "") or "-",
+                out.lifetime_s,
+                extra={**record, "stack": out.stack},
+            )
             from exporter import collectors
 
             if crumb and (crumb.feature in collectors.COLLECTORS or crumb.feature == "events"):
@@ -508,9 +587,14 @@ class Supervisor:
                 if new is not None:
                     log.warning(
                         "feature %s QUARANTINED: %s. All other features keep being sampled. To retry earlier: "
-                        "`nvgpu-exporter quarantine --clear %s` (or delete %s) and restart; NVGPU_FEATURE_%s=on does not "
-                        "override a quarantine.", new.feature, new.detail(), new.feature,
-                        self.config.state_file or "the state file", new.feature.upper(),
+                        "`nvgpu-exporter quarantine --clear %s` (or delete %s) and restart; "
+                        "NVGPU_FEATURE_%s=on does not "
+                        "override a quarantine.",
+                        new.feature,
+                        new.detail(),
+                        new.feature,
+                        self.config.state_file or "the state file",
+                        new.feature.upper(),
                         extra={"feature": new.feature, "function": new.function},
                     )
                     self._consecutive = 0
@@ -518,8 +602,11 @@ class Supervisor:
                 place = (feature, function)
                 if len(self._unreaped) > 1 or self._last_hang_place == place:
                     self.respawn_stopped = True
-                    log.error("the replacement worker hung in the same place (%s/%s) and cannot be reaped: respawning "
-                              "stopped; /metrics keeps serving; the node needs attention (GPU reset or reboot)", *place)
+                    log.error(
+                        "the replacement worker hung in the same place (%s/%s) and cannot be reaped: respawning "
+                        "stopped; /metrics keeps serving; the node needs attention (GPU reset or reboot)",
+                        *place,
+                    )
                 self._last_hang_place = place
         elif out.reason == "nvml_error":
             log.debug("worker exited: %s", self.last_init_error or "NVML unavailable", extra=record)

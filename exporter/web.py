@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
 from aiohttp import web
 
 from exporter import exposition, statuspage
@@ -56,8 +57,10 @@ async def metrics(request: web.Request) -> web.Response:
     openmetrics = exposition.negotiate(request.headers.get("Accept"))
     gz = "gzip" in request.headers.get("Accept-Encoding", "").lower()
     body = rendered.body(openmetrics, gz)
-    headers = {"Content-Type": exposition.OPENMETRICS_CONTENT_TYPE if openmetrics else exposition.TEXT_CONTENT_TYPE,
-               "Vary": "Accept, Accept-Encoding"}
+    headers = {
+        "Content-Type": exposition.OPENMETRICS_CONTENT_TYPE if openmetrics else exposition.TEXT_CONTENT_TYPE,
+        "Vary": "Accept, Accept-Encoding",
+    }
     if gz:
         headers["Content-Encoding"] = "gzip"
     return web.Response(body=body, headers=headers)

@@ -27,7 +27,6 @@ from typing import Any
 
 from exporter import collectors, logs, protocol
 from exporter.breadcrumb import SLOT_EVENTS, SLOT_SAMPLER, BreadcrumbWriter
-from exporter.collectors.base import GpuKey
 from exporter.nvml import errors
 from exporter.nvml.client import DeviceClient, DeviceLost, NvmlClient, NvmlFatal
 
@@ -35,10 +34,20 @@ log = logging.getLogger("exporter.worker")
 
 EVENT_WAIT_MS = 1000
 EVENT_TYPE_NAMES = {
-    0x1: "single_bit_ecc", 0x2: "double_bit_ecc", 0x4: "pstate", 0x8: "xid", 0x10: "clock",
-    0x80: "power_source_change", 0x100: "mig_config_change", 0x200: "single_bit_ecc_storm",
-    0x400: "dram_retirement", 0x800: "dram_retirement_failure", 0x1000: "non_fatal_poison",
-    0x2000: "fatal_poison", 0x4000: "gpu_unavailable", 0x8000: "gpu_recovery_action",
+    0x1: "single_bit_ecc",
+    0x2: "double_bit_ecc",
+    0x4: "pstate",
+    0x8: "xid",
+    0x10: "clock",
+    0x80: "power_source_change",
+    0x100: "mig_config_change",
+    0x200: "single_bit_ecc_storm",
+    0x400: "dram_retirement",
+    0x800: "dram_retirement_failure",
+    0x1000: "non_fatal_poison",
+    0x2000: "fatal_poison",
+    0x4000: "gpu_unavailable",
+    0x8000: "gpu_recovery_action",
 }
 EVENT_MASK_WANTED = sum(EVENT_TYPE_NAMES) & ~0x10 & ~0x4  # P-state and clock events are noise
 
@@ -117,8 +126,11 @@ class Worker:
             failure = errors.classify(exc)
             self.channel.send("init_failed", code=failure.code, error=failure.name, message=failure.message)
             return False  # the supervisor logs it once per distinct error
-        for key, fn in (("driver_version", "nvmlSystemGetDriverVersion"), ("nvml_version", "nvmlSystemGetNVMLVersion"),
-                        ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion")):
+        for key, fn in (
+            ("driver_version", "nvmlSystemGetDriverVersion"),
+            ("nvml_version", "nvmlSystemGetNVMLVersion"),
+            ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion"),
+        ):
             try:
                 value = client.raw("init", fn, "")
                 if key == "cuda_driver_version":
@@ -150,9 +162,15 @@ class Worker:
             if failure.error_class is errors.ErrorClass.FATAL:
                 raise NvmlFatal(failure, "nvmlDeviceGetHandleByIndex") from exc
             self.lost.setdefault(index, "")
-            logs.log_once(log, logging.WARNING, ("attach", str(index), failure.name),
-                          "GPU %d: handle lookup failed (%s); it is skipped and retried every sample",
-                          index, failure.message, extra={"gpu": index, "nvml_error": failure.name})
+            logs.log_once(
+                log,
+                logging.WARNING,
+                ("attach", str(index), failure.name),
+                "GPU %d: handle lookup failed (%s); it is skipped and retried every sample",
+                index,
+                failure.message,
+                extra={"gpu": index, "nvml_error": failure.name},
+            )
             return
         uuid = uuid_raw.decode() if isinstance(uuid_raw, bytes) else str(uuid_raw)
         self.lost.pop(index, None)
@@ -177,7 +195,8 @@ class Worker:
         hits: dict[str, str] = {}
         try:
             hits = known_issues.match_known_issues(
-                known_issues.load_known_issues(), gpu_models=gpu_models,
+                known_issues.load_known_issues(),
+                gpu_models=gpu_models,
                 driver_version=self.system.get("driver_version", "0"),
                 binding_version=self.system.get("nvidia_ml_py_version") or None,
             )
@@ -188,8 +207,12 @@ class Worker:
         for name, state in resolved.items():
             self.states[name] = {"enabled": state.enabled, "reason": state.reason.value, "detail": state.detail}
             if state.reason is gf.Reason.KNOWN_ISSUE:
-                log.warning("feature %s is off: known issue on this node: %s (set NVGPU_FEATURE_%s=on to override)",
-                            name, state.detail, name.upper())
+                log.warning(
+                    "feature %s is off: known issue on this node: %s (set NVGPU_FEATURE_%s=on to override)",
+                    name,
+                    state.detail,
+                    name.upper(),
+                )
 
     # -- sampling ----------------------------------------------------------------------------
 
@@ -223,14 +246,21 @@ class Worker:
                 except DeviceLost as exc:
                     up = False
                     ok = 0
-                    log.error("GPU %s (index %d) lost: %s; its series are dropped until it comes back",
-                              dev.uuid, dev.index, exc, extra={"uuid": dev.uuid, "gpu": dev.index})
+                    log.error(
+                        "GPU %s (index %d) lost: %s; its series are dropped until it comes back",
+                        dev.uuid,
+                        dev.index,
+                        exc,
+                        extra={"uuid": dev.uuid, "gpu": dev.index},
+                    )
                 except (NvmlFatal, Stopping):
                     raise
                 except Exception:  # a collector bug must not fail the sample
                     ok = 0
                     self.client.errors[(feature, "exception")] += 1
-                    logs.log_once(log, logging.ERROR, ("collector", feature), "collector %s raised", feature, exc_info=True)
+                    logs.log_once(
+                        log, logging.ERROR, ("collector", feature), "collector %s raised", feature, exc_info=True
+                    )
                 after = sum(v for (f, _), v in self.client.errors.items() if f == feature)
                 if after > before:
                     ok = 0
@@ -252,8 +282,12 @@ class Worker:
         if self.devices and self.client.calls > calls_before and self.client.ok_calls == ok_before:
             # Every call of every GPU failed: NVML is in a bad state ("Unknown Error" after a driver
             # problem). Re-initialising in a fresh worker is the cure; the supervisor backs off.
-            raise NvmlFatal(errors.NvmlFailure(errors.UNKNOWN, "UNKNOWN", errors.ErrorClass.FATAL,
-                                               "every NVML call of this sample failed"), "sample")
+            raise NvmlFatal(
+                errors.NvmlFailure(
+                    errors.UNKNOWN, "UNKNOWN", errors.ErrorClass.FATAL, "every NVML call of this sample failed"
+                ),
+                "sample",
+            )
         return {
             "ts": started,
             "duration_s": time.perf_counter() - t0,
@@ -275,12 +309,21 @@ class Worker:
             if not state or not state["enabled"]:
                 continue
             if all(feature in d.feature_unsupported and feature not in d.feature_ok for d in self.devices):
-                missing = sorted({str(k[0]) if k[0] != "field" else f"field {k[1]}" for d in self.devices
-                                  for k, (f, _) in d.unsupported.items() if f == feature})
-                state.update(enabled=False, reason="unsupported",
-                             detail=f"no GPU supports it ({', '.join(missing)})")
-                log.warning("feature %s is unsupported on every GPU (%s): it is switched off for this worker's life",
-                            feature, state["detail"], extra={"feature": feature})
+                missing = sorted(
+                    {
+                        str(k[0]) if k[0] != "field" else f"field {k[1]}"
+                        for d in self.devices
+                        for k, (f, _) in d.unsupported.items()
+                        if f == feature
+                    }
+                )
+                state.update(enabled=False, reason="unsupported", detail=f"no GPU supports it ({', '.join(missing)})")
+                log.warning(
+                    "feature %s is unsupported on every GPU (%s): it is switched off for this worker's life",
+                    feature,
+                    state["detail"],
+                    extra={"feature": feature},
+                )
 
     # -- events ------------------------------------------------------------------------------
 
@@ -303,15 +346,21 @@ class Worker:
         for dev in list(self.devices):
             try:
                 supported = int(client.raw("events", "nvmlDeviceGetSupportedEventTypes", dev.uuid, dev.handle))
-                client.raw("events", "nvmlDeviceRegisterEvents", dev.uuid, dev.handle, supported & EVENT_MASK_WANTED, event_set)
+                client.raw(
+                    "events", "nvmlDeviceRegisterEvents", dev.uuid, dev.handle, supported & EVENT_MASK_WANTED, event_set
+                )
                 self.events_enabled[dev.uuid] = True
                 by_handle[id(dev.handle)] = dev
             except Stopping:
                 return
             except Exception as exc:  # noqa: BLE001 - per GPU: events off for that GPU only
                 self.events_enabled[dev.uuid] = False
-                log.warning("GPU %s: NVML event registration failed (%s); events are off for this GPU",
-                            dev.uuid, errors.classify(exc).message, extra={"uuid": dev.uuid})
+                log.warning(
+                    "GPU %s: NVML event registration failed (%s); events are off for this GPU",
+                    dev.uuid,
+                    errors.classify(exc).message,
+                    extra={"uuid": dev.uuid},
+                )
         backoff = 1.0
         try:
             while not self.stop.is_set():
@@ -332,7 +381,10 @@ class Worker:
                 found = self._device_of(data.device, by_handle)
                 etype = int(data.eventType)
                 self.channel.send(
-                    "event", ts=time.time(), gpu=found.index if found else None, uuid=found.uuid if found else "",
+                    "event",
+                    ts=time.time(),
+                    gpu=found.index if found else None,
+                    uuid=found.uuid if found else "",
                     event_type=EVENT_TYPE_NAMES.get(etype, f"type_{etype:#x}"),
                     xid=int(data.eventData) if etype == 0x8 else None,
                 )
@@ -361,8 +413,7 @@ class Worker:
         if self.event_thread is not None:
             self.event_thread.join(drain_s)
             if self.event_thread.is_alive():
-                log.warning("NVML event thread still in a call after %.1f s; skipping nvmlShutdown",
-                            drain_s)
+                log.warning("NVML event thread still in a call after %.1f s; skipping nvmlShutdown", drain_s)
                 return False
         try:
             NvmlClient.raw(self.client, "shutdown", "nvmlShutdown", "")
@@ -409,9 +460,13 @@ def main() -> int:
     except Stopping:
         channel.send("bye", nvml_shutdown=False)
         return protocol.EXIT_OK
-    channel.send("hello", pid=os.getpid(), system=worker.system, gpus=[
-        {"index": d.index, "uuid": d.uuid} for d in worker.devices
-    ], feature_states=worker.states)
+    channel.send(
+        "hello",
+        pid=os.getpid(),
+        system=worker.system,
+        gpus=[{"index": d.index, "uuid": d.uuid} for d in worker.devices],
+        feature_states=worker.states,
+    )
     worker.start_events()
     next_at = time.monotonic()
     try:
@@ -427,8 +482,11 @@ def main() -> int:
     except Stopping:
         pass
     except NvmlFatal as exc:
-        log.error("NVML unusable: %s; exiting so the supervisor re-initialises", exc,
-                  extra={"nvml_error": exc.failure.name, "function": exc.function})
+        log.error(
+            "NVML unusable: %s; exiting so the supervisor re-initialises",
+            exc,
+            extra={"nvml_error": exc.failure.name, "function": exc.function},
+        )
         channel.send("init_failed", code=exc.failure.code, error=exc.failure.name, message=str(exc))
         return protocol.EXIT_NVML_FATAL
     clean = worker.shutdown(float(config.get("drain_s", 5.0)))

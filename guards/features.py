@@ -85,9 +85,7 @@ FEATURES: Mapping[str, Feature] = _registry(
     Feature(
         name="identity",
         default=True,
-        description=(
-            "nvgpu_gpu_info: name, PCI bus id, serial, architecture, driver/NVML/CUDA versions"
-        ),
+        description=("nvgpu_gpu_info: name, PCI bus id, serial, architecture, driver/NVML/CUDA versions"),
         nvml_functions=(
             "nvmlDeviceGetName",
             "nvmlDeviceGetPciInfo",
@@ -330,9 +328,7 @@ def _unknown_variable_message(key: str, valid_vars: list[str]) -> str:
         close = difflib.get_close_matches(key.upper(), valid_vars, n=1, cutoff=0.6)
         suggestion = close[0] if close else None
     hint = f"; did you mean {suggestion}?" if suggestion else ""
-    return (
-        f"{key}: unknown feature switch{hint} (valid: {', '.join(valid_vars)}; values {_ACCEPTED})"
-    )
+    return f"{key}: unknown feature switch{hint} (valid: {', '.join(valid_vars)}; values {_ACCEPTED})"
 
 
 def resolve(
@@ -369,9 +365,7 @@ def resolve(
         }
     )
     if unknown:
-        raise ValueError(
-            f"unknown feature name(s) {', '.join(unknown)}; valid: {', '.join(FEATURES)}"
-        )
+        raise ValueError(f"unknown feature name(s) {', '.join(unknown)}; valid: {', '.join(FEATURES)}")
     states: dict[str, FeatureState] = {}
     for name, feature in FEATURES.items():
         mode = Mode(modes.get(name, Mode.AUTO))
@@ -396,8 +390,6 @@ def resolve(
         elif feature.default:
             state = FeatureState(name, True, Reason.DEFAULT, "on by default")
         else:
-            state = FeatureState(
-                name, False, Reason.DEFAULT, f"off by default; enable with {var}=on"
-            )
+            state = FeatureState(name, False, Reason.DEFAULT, f"off by default; enable with {var}=on")
         states[name] = state
     return states

@@ -56,9 +56,7 @@ _RELEASE_VERSION = re.compile(
     r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?",
     re.IGNORECASE,
 )
-_ROW_KEYS = frozenset(
-    {"id", "feature", "gpu_models", "driver", "nvidia_ml_py", "reason", "reference"}
-)
+_ROW_KEYS = frozenset({"id", "feature", "gpu_models", "driver", "nvidia_ml_py", "reason", "reference"})
 _REQUIRED_ROW_KEYS = ("id", "feature", "gpu_models", "driver", "reason", "reference")
 _RANGE_KEYS = frozenset({"min", "max_exclusive"})
 _RANGE_SHAPE = 'an object {"min": "<version>", "max_exclusive": "<version>"}, either key optional'
@@ -78,9 +76,7 @@ def parse_version(version: str) -> tuple[int, ...]:
             from a driver, ``"580.126.20-custom"``, ``""``); the message names the input.
     """
     if not isinstance(version, str) or not _NUMERIC_VERSION.fullmatch(version.strip()):
-        raise ValueError(
-            f"version {version!r} is not dot-separated decimal numbers (expected e.g. '580.126.20')"
-        )
+        raise ValueError(f"version {version!r} is not dot-separated decimal numbers (expected e.g. '580.126.20')")
     return tuple(int(part) for part in version.strip().split("."))
 
 
@@ -99,9 +95,7 @@ def parse_release(version: str) -> tuple[int, ...]:
     """
     match = _RELEASE_VERSION.fullmatch(version.strip()) if isinstance(version, str) else None
     if match is None:
-        raise ValueError(
-            f"version {version!r} is not a release version (expected e.g. '12.575.51')"
-        )
+        raise ValueError(f"version {version!r} is not a release version (expected e.g. '12.575.51')")
     return parse_version(match.group("release"))
 
 
@@ -235,17 +229,13 @@ def _check_row(row: object, errors: list[str]) -> KnownIssue | None:
     if "feature" in row and (not isinstance(feature, str) or feature not in FEATURES):
         errors.append(f"field 'feature': expected one of {', '.join(FEATURES)}, got {feature!r}")
     models = row.get("gpu_models")
-    if "gpu_models" in row and (
-        not isinstance(models, list) or not models or not all(_is_text(m) for m in models)
-    ):
+    if "gpu_models" in row and (not isinstance(models, list) or not models or not all(_is_text(m) for m in models)):
         errors.append(
             "field 'gpu_models': expected a non-empty list of NVML device names or fnmatch "
             f'globs (e.g. ["NVIDIA H20", "NVIDIA H20-*"]), got {models!r}'
         )
     driver = _check_range(row.get("driver"), "driver", errors) if "driver" in row else None
-    binding = (
-        _check_range(row["nvidia_ml_py"], "nvidia_ml_py", errors) if "nvidia_ml_py" in row else None
-    )
+    binding = _check_range(row["nvidia_ml_py"], "nvidia_ml_py", errors) if "nvidia_ml_py" in row else None
     if errors or driver is None or not isinstance(models, list):
         return None
     return KnownIssue(
@@ -281,13 +271,9 @@ def load_known_issues(path: str | None = None) -> tuple[KnownIssue, ...]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from exc
+        raise ValueError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     if not isinstance(data, list):
-        raise ValueError(
-            f"{source}: expected a JSON list of rule objects, got {type(data).__name__}"
-        )
+        raise ValueError(f"{source}: expected a JSON list of rule objects, got {type(data).__name__}")
     problems: list[str] = []
     rules: list[KnownIssue] = []
     seen: dict[str, int] = {}
@@ -346,7 +332,5 @@ def match_known_issues(
         if rule.nvidia_ml_py is not None and binding is not None:
             if not rule.nvidia_ml_py.contains(binding):
                 continue
-        details.setdefault(rule.feature, []).append(
-            f"{rule.reason} ({rule.reference}; rule {rule.id})"
-        )
+        details.setdefault(rule.feature, []).append(f"{rule.reason} ({rule.reference}; rule {rule.id})")
     return {feature: "; ".join(parts) for feature, parts in details.items()}

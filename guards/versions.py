@@ -361,16 +361,13 @@ def inspect_module(name: str, distribution: str) -> ModuleReport:
             entry_index = _sys_path_index(entry)
             location_index = _sys_path_index(location)
             in_cwd = entry == _cwd()
-            before = entry_index is not None and (
-                location_index is None or entry_index < location_index
-            )
+            before = entry_index is not None and (location_index is None or entry_index < location_index)
             if file_in_distribution is None and entry == location:
                 pass  # no RECORD to check, but it sits where the distribution is installed
             elif in_cwd or before:
                 shadowed_by = path
                 problems.append(
-                    f"module {name} {verb} {path}, which shadows {distribution} "
-                    f"{dist_version} installed at {location}"
+                    f"module {name} {verb} {path}, which shadows {distribution} {dist_version} installed at {location}"
                 )
             elif file_in_distribution is False:
                 problems.append(
@@ -390,9 +387,7 @@ def inspect_module(name: str, distribution: str) -> ModuleReport:
         conflict = _installed(other)
         if conflict is not None:
             conflict_location = _realpath(str(conflict.locate_file("")))
-            problems.append(
-                f"{advice} ({other} {conflict.version} is installed at {conflict_location})"
-            )
+            problems.append(f"{advice} ({other} {conflict.version} is installed at {conflict_location})")
     return ModuleReport(
         module=name,
         imported=imported,
@@ -438,18 +433,13 @@ def check_binding_against_driver(binding_version: str, driver_version: str) -> l
     if binding_branch < driver_branch:
         message = prefix + f"functions and field ids added since {binding_branch} are missing"
         if _OLD_FIELD_NUMBERING_FROM <= binding_branch < _RENUMBERED_FIELDS_SINCE <= driver_branch:
-            message += (
-                f", field ids 251-253 changed meaning in {_RENUMBERED_FIELDS_SINCE} "
-                "(see nvml-notes §4.4)"
-            )
+            message += f", field ids 251-253 changed meaning in {_RENUMBERED_FIELDS_SINCE} (see nvml-notes §4.4)"
         else:
             message += " (see nvml-notes §8.2)"
         return [message]
     if binding_branch > driver_branch:
         message = (
-            NOTE_PREFIX
-            + prefix
-            + f"functions added after {driver_branch} may answer FUNCTION_NOT_FOUND and newer "
+            NOTE_PREFIX + prefix + f"functions added after {driver_branch} may answer FUNCTION_NOT_FOUND and newer "
             "field ids INVALID_ARGUMENT (see nvml-notes §8.3)"
         )
         if _OLD_FIELD_NUMBERING_FROM <= driver_branch < _RENUMBERED_FIELDS_SINCE <= binding_branch:
@@ -484,17 +474,12 @@ def run_checks(
     problems = [problem for report in reports for problem in report.problems]
     notes: list[str] = []
     if driver_version is not None:
-        binding = next(
-            (r.distribution_version for r in reports if r.distribution == "nvidia-ml-py"), None
-        )
+        binding = next((r.distribution_version for r in reports if r.distribution == "nvidia-ml-py"), None)
         if binding is None:
             installed = _installed("nvidia-ml-py")
             binding = installed.version if installed is not None else None
         if binding is None:
-            problems.append(
-                f"cannot compare the binding with driver {driver_version}: "
-                "nvidia-ml-py is not installed"
-            )
+            problems.append(f"cannot compare the binding with driver {driver_version}: nvidia-ml-py is not installed")
         else:
             try:
                 findings = check_binding_against_driver(binding, driver_version)
@@ -502,6 +487,4 @@ def run_checks(
                 findings = [str(exc)]
             for finding in findings:
                 (notes if finding.startswith(NOTE_PREFIX) else problems).append(finding)
-    return SelfCheckResult(
-        process=process, reports=reports, problems=tuple(problems), notes=tuple(notes)
-    )
+    return SelfCheckResult(process=process, reports=reports, problems=tuple(problems), notes=tuple(notes))

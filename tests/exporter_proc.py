@@ -81,27 +81,41 @@ class Exporter:
         cwd: working directory.
     """
 
-    def __init__(self, scenario: Path | None, tmp_path: Path, env: Mapping[str, str] | None = None,
-                 interval: float = 0.5, cwd: Path | None = None, args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Path | None,
+        tmp_path: Path,
+        env: Mapping[str, str] | None = None,
+        interval: float = 0.5,
+        cwd: Path | None = None,
+        args: list[str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.log_path = tmp_path / f"exporter-{self.port}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
-        full_env.update({
-            "NVGPU_LISTEN_ADDRESS": f"127.0.0.1:{self.port}",
-            "NVGPU_SAMPLE_INTERVAL_SECONDS": str(interval),
-            "NVGPU_STATE_FILE": str(tmp_path / "state.json"),
-            "NVGPU_RESTART_BACKOFF_SECONDS": "0.2",
-            "NVGPU_RESTART_BACKOFF_MAX_SECONDS": "1",
-            "NVGPU_LOG_FORMAT": "json",
-            "PYTHONUNBUFFERED": "1",
-        })
+        full_env.update(
+            {
+                "NVGPU_LISTEN_ADDRESS": f"127.0.0.1:{self.port}",
+                "NVGPU_SAMPLE_INTERVAL_SECONDS": str(interval),
+                "NVGPU_STATE_FILE": str(tmp_path / "state.json"),
+                "NVGPU_RESTART_BACKOFF_SECONDS": "0.2",
+                "NVGPU_RESTART_BACKOFF_MAX_SECONDS": "1",
+                "NVGPU_LOG_FORMAT": "json",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         if scenario is not None:
             full_env["NVGPU_NVML_BACKEND"] = f"fake:{scenario}"
         full_env.update(env or {})
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "exporter", *(args or [])], env=full_env,
-                                     stdout=self._log, stderr=subprocess.STDOUT, cwd=str(cwd or tmp_path),
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter", *(args or [])],
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=str(cwd or tmp_path),
+            start_new_session=True,
+        )
         self.base = f"http://127.0.0.1:{self.port}"
         self.started = time.monotonic()
         self.wait_listening()
@@ -118,7 +132,9 @@ class Exporter:
                 time.sleep(0.05)
         raise AssertionError(f"exporter did not listen within {timeout} s:\n{self.logs()[-3000:]}")
 
-    def get(self, path: str, headers: Mapping[str, str] | None = None, timeout: float = 5.0, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    def get(
+        self, path: str, headers: Mapping[str, str] | None = None, timeout: float = 5.0, method: str = "GET"
+    ) -> tuple[int, dict[str, str], bytes]:
         req = urllib.request.Request(self.base + path, headers=dict(headers or {}), method=method)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -139,7 +155,9 @@ class Exporter:
             if pred(last):
                 return last
             time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}; last scrape:\n{last.text[-4000:] if last else ''}\nlogs:\n{self.logs()[-4000:]}")
+        raise AssertionError(
+            f"timed out waiting for {what}; last scrape:\n{last.text[-4000:] if last else ''}\nlogs:\n{self.logs()[-4000:]}"
+        )
 
     def logs(self) -> str:
         if not self._log.closed:

@@ -88,9 +88,19 @@ def _hw_state(tmp_path: Path, tx0_after: float) -> Path:
     """A finished chaos_hw run's records: 2 GPUs x 2 links, a mover at 1 GiB/s each way, 1 kill."""
     gib = float(1 << 30)
     uuids = {"0": "GPU-aaaa", "1": "GPU-bbbb"}
-    (tmp_path / "config.json").write_text(json.dumps({
-        "duration": 20, "backend": "nvml", "torch": True, "kill_every": 30, "scrape_every": 1, "interval": 1,
-        "gib": 1}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "duration": 20,
+                "backend": "nvml",
+                "torch": True,
+                "kill_every": 30,
+                "scrape_every": 1,
+                "interval": 1,
+                "gib": 1,
+            }
+        )
+    )
     (tmp_path / "exporter_exit.json").write_text(json.dumps({"exit_code": 0, "stop_s": 1.0}))
     t0 = 1_000_000.0
     devices = [{"cuda": 0, "uuid": "GPU-bbbb"}, {"cuda": 1, "uuid": "GPU-aaaa"}]
@@ -106,9 +116,19 @@ def _hw_state(tmp_path: Path, tx0_after: float) -> Path:
         rx = dict(tx)
         if i == 15:
             tx[f"0|{uuids['0']}|0"] = tx0_after
-        lines.append({"t": i, "wall": t0 + i, "status": 200, "latency_s": 0.01, "sample_ts": t0 + i, "tx": tx,
-                      "rx": rx, "restarts": {"crash": 0.0 if i < 11 else 1.0},
-                      "nvlink_throughput": {"enabled": 1.0, "reason": "env"}})
+        lines.append(
+            {
+                "t": i,
+                "wall": t0 + i,
+                "status": 200,
+                "latency_s": 0.01,
+                "sample_ts": t0 + i,
+                "tx": tx,
+                "rx": rx,
+                "restarts": {"crash": 0.0 if i < 11 else 1.0},
+                "nvlink_throughput": {"enabled": 1.0, "reason": "env"},
+            }
+        )
     (tmp_path / "scrapes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return tmp_path
 

@@ -59,18 +59,31 @@ def test_nvlink_segfault_is_quarantined_and_survives_restart(tmp_path: Path) -> 
         scraper.start()
         scrape = exp.wait_for(
             lambda s: s.value("nvgpu_feature_enabled", feature="nvlink_throughput", reason="quarantined") == 0.0,
-            timeout=40, what="nvlink_throughput quarantined")
+            timeout=40,
+            what="nvlink_throughput quarantined",
+        )
         # every other metric of both GPUs comes back from the next sample on
-        scrape = exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0 and len(s.find("nvgpu_nvlink_up")) == 36, timeout=20,
-                              what="fresh sample after quarantine")
+        scrape = exp.wait_for(
+            lambda s: s.value("nvgpu_up") == 1.0 and len(s.find("nvgpu_nvlink_up")) == 36,
+            timeout=20,
+            what="fresh sample after quarantine",
+        )
         scraper.finish()
         assert scraper.statuses and set(scraper.statuses) == {200}, set(scraper.statuses)
         assert scrape.value("nvgpu_worker_restarts_total", reason="crash") == 3.0
-        assert scrape.value("nvgpu_worker_crashes_total", feature="nvlink_throughput", function="nvmlDeviceGetFieldValues") == 3.0
+        assert (
+            scrape.value("nvgpu_worker_crashes_total", feature="nvlink_throughput", function="nvmlDeviceGetFieldValues")
+            == 3.0
+        )
         assert scrape.value("nvgpu_worker_last_exit_signal") == 11.0
         assert scrape.gpus() == {"0", "1"}
         assert not scrape.find("nvgpu_nvlink_transmit_bytes_total")
-        for name in ("nvgpu_gpu_temperature_celsius", "nvgpu_memory_used_bytes", "nvgpu_power_usage_watts", "nvgpu_clock_hertz"):
+        for name in (
+            "nvgpu_gpu_temperature_celsius",
+            "nvgpu_memory_used_bytes",
+            "nvgpu_power_usage_watts",
+            "nvgpu_clock_hertz",
+        ):
             assert {s.labels["gpu"] for s in scrape.find(name)} == {"0", "1"}, name
         records = list(exp.log_records())
         deaths = [r for r in records if r.get("msg", "").startswith("worker died")]
@@ -116,7 +129,10 @@ def test_hung_temperature_query_is_replaced(tmp_path: Path, forever: bool) -> No
         while time.monotonic() < deadline:
             most_workers = max(most_workers, len(_workers(exp)))
             s = exp.scrape()
-            if s.value("nvgpu_feature_enabled", feature="temperature", reason="quarantined") == 0.0 and s.value("nvgpu_up") == 1.0:
+            if (
+                s.value("nvgpu_feature_enabled", feature="temperature", reason="quarantined") == 0.0
+                and s.value("nvgpu_up") == 1.0
+            ):
                 break
             time.sleep(0.1)
         scraper.finish()

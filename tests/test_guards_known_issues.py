@@ -139,9 +139,7 @@ def test_shipped_table_loads_and_holds_the_incident_rule() -> None:
 def test_incident_rule_models(model: str, matches: bool) -> None:
     rule = load_known_issues()[0]
     assert rule.matches_model(model) is matches
-    found = match_known_issues(
-        [rule], gpu_models=[model], driver_version="580.126.20", binding_version="12.575.51"
-    )
+    found = match_known_issues([rule], gpu_models=[model], driver_version="580.126.20", binding_version="12.575.51")
     assert ("nvlink_throughput" in found) is matches
 
 
@@ -254,9 +252,7 @@ def test_binding_range(tmp_path: Path, binding: str | None, matches: bool) -> No
     row["nvidia_ml_py"] = {"min": "12.575", "max_exclusive": "13"}
     rules = load_known_issues(str(write_table(tmp_path, [row])))
     assert rules[0].nvidia_ml_py == VersionRange("12.575", "13")
-    found = match_known_issues(
-        rules, gpu_models=["NVIDIA H20"], driver_version="580.126.20", binding_version=binding
-    )
+    found = match_known_issues(rules, gpu_models=["NVIDIA H20"], driver_version="580.126.20", binding_version=binding)
     assert ("nvlink_throughput" in found) is matches
 
 
@@ -279,9 +275,7 @@ def test_several_rules_for_one_feature_are_joined() -> None:
         KnownIssue("b", "fan", ("NVIDIA*",), VersionRange("500"), None, "second", "ref-b"),
         KnownIssue("c", "fan", ("Tesla*",), VersionRange(), None, "third", "ref-c"),
     ]
-    found = match_known_issues(
-        rules, gpu_models=["NVIDIA L4"], driver_version="550.1", binding_version=None
-    )
+    found = match_known_issues(rules, gpu_models=["NVIDIA L4"], driver_version="550.1", binding_version=None)
     assert found == {"fan": "first (ref-a; rule a); second (ref-b; rule b)"}
 
 
@@ -322,9 +316,7 @@ def _mutate(row: dict[str, Any], change: str) -> Any:
         ("not_an_object", "", "expected an object"),
     ],
 )
-def test_bad_row_names_file_row_and_field(
-    tmp_path: Path, change: str, field: str, expected: str
-) -> None:
+def test_bad_row_names_file_row_and_field(tmp_path: Path, change: str, field: str, expected: str) -> None:
     good = shipped_rows()[0]
     bad = _mutate(copy.deepcopy(good), change)
     if isinstance(bad, dict):

@@ -93,9 +93,7 @@ def make_distribution(
     site.mkdir(parents=True, exist_ok=True)
     dist_info = site / f"{name.replace('-', '_')}-{version}.dist-info"
     dist_info.mkdir()
-    (dist_info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8"
-    )
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8")
     record = []
     for relative, content in files.items():
         target = site / relative
@@ -123,9 +121,7 @@ def installed_pynvml() -> Path:
     return path
 
 
-def test_stale_pynvml_in_working_directory_is_flagged_as_shadowing(
-    tmp_path: Path, installed_pynvml: Path
-) -> None:
+def test_stale_pynvml_in_working_directory_is_flagged_as_shadowing(tmp_path: Path, installed_pynvml: Path) -> None:
     stale = tmp_path / "pynvml.py"
     stale.write_text("# stale copy left in the image's working directory\n", encoding="utf-8")
     report = inspect_in_subprocess("pynvml", PYNVML_DIST, cwd=tmp_path)
@@ -179,9 +175,7 @@ def test_deprecated_pynvml_distribution_next_to_nvidia_ml_py(tmp_path: Path) -> 
     report = inspect_in_subprocess("pynvml", PYNVML_DIST, cwd=work, extra_path=(site,))
     conflict = [p for p in report["problems"] if "keep only" in p]
     assert len(conflict) == 1
-    assert conflict[0].startswith(
-        "both pynvml and nvidia-ml-py install a top-level pynvml; keep only nvidia-ml-py"
-    )
+    assert conflict[0].startswith("both pynvml and nvidia-ml-py install a top-level pynvml; keep only nvidia-ml-py")
     assert "pynvml 11.5.0" in conflict[0]
 
 
@@ -190,9 +184,7 @@ def test_deprecated_pynvml_distribution_next_to_nvidia_ml_py(tmp_path: Path) -> 
 
 def test_stale_package_copy_with_old_version(tmp_path: Path) -> None:
     site = tmp_path / "site"
-    make_distribution(
-        site, "fake-exporter", "0.1.0", {"fakeexporter/__init__.py": '__version__ = "0.1.0"\n'}
-    )
+    make_distribution(site, "fake-exporter", "0.1.0", {"fakeexporter/__init__.py": '__version__ = "0.1.0"\n'})
     work = tmp_path / "app"
     (work / "fakeexporter").mkdir(parents=True)
     stale = work / "fakeexporter" / "__init__.py"
@@ -324,9 +316,7 @@ def test_non_editable_direct_url_does_not_claim_the_project(tmp_path: Path) -> N
         {},
         direct_url={"url": project.as_uri(), "dir_info": {}},
     )
-    report = inspect_in_subprocess(
-        "fakecopy", "fakecopy", cwd=tmp_path / "project", extra_path=(site,)
-    )
+    report = inspect_in_subprocess("fakecopy", "fakecopy", cwd=tmp_path / "project", extra_path=(site,))
     assert report["file_in_distribution"] is False
     assert report["shadowed_by"] is not None
 
@@ -376,8 +366,7 @@ def test_distribution_not_installed() -> None:
     assert report.distribution_version is None
     assert report.file_in_distribution is None
     assert report.problems == (
-        "module json: distribution no-such-distribution-xyz is not installed; "
-        f"module imported from {report.path}",
+        f"module json: distribution no-such-distribution-xyz is not installed; module imported from {report.path}",
     )
 
 
@@ -385,9 +374,7 @@ def test_module_not_found() -> None:
     report = inspect_module("no_such_module_xyz", "psutil")
     assert report.imported is False
     assert report.path is None
-    assert report.problems[0] == (
-        "module no_such_module_xyz is not importable: no such module on sys.path"
-    )
+    assert report.problems[0] == ("module no_such_module_xyz is not importable: no such module on sys.path")
 
 
 # --- run_checks ---------------------------------------------------------------------------------

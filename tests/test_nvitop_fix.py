@@ -199,9 +199,7 @@ def test_dockerfile_recipe() -> None:
     assert "RUN python /opt/nvitop-fix/install_guard.py" in text
     assert "RUN python /opt/nvitop-fix/verify.py" in text
     assert text.index("WORKDIR /") < text.index("RUN python /opt/nvitop-fix/verify.py")
-    assert re.search(
-        r'^ENTRYPOINT \["python", "-m", "nvitop_exporter"\]$', text, flags=re.MULTILINE
-    )
+    assert re.search(r'^ENTRYPOINT \["python", "-m", "nvitop_exporter"\]$', text, flags=re.MULTILINE)
     assert re.search(r"^CMD \[", text, flags=re.MULTILINE)
 
 
@@ -261,9 +259,7 @@ def test_invalid_value_keeps_guard_and_warns(venv: Venv, value: str) -> None:
     assert report["active"] is True and report["invalid"] is True
     methods = report["methods"]
     assert all(entry["guarded"] and not entry["touched_nvml"] for entry in methods.values())
-    assert f"WARNING: {GUARD_ENV}={value!r} is not one of 'on', 'off'; keeping the guard ON" in (
-        stderr
-    )
+    assert f"WARNING: {GUARD_ENV}={value!r} is not one of 'on', 'off'; keeping the guard ON" in (stderr)
 
 
 def test_verify_passes_from_root(venv: Venv) -> None:

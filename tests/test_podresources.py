@@ -50,10 +50,7 @@ def _pod(namespace: str, name: str, **containers: list[Any]) -> Any:
     return api_pb2.PodResources(
         namespace=namespace,
         name=name,
-        containers=[
-            api_pb2.ContainerResources(name=cname, devices=devs)
-            for cname, devs in containers.items()
-        ],
+        containers=[api_pb2.ContainerResources(name=cname, devices=devs) for cname, devs in containers.items()],
     )
 
 
@@ -64,9 +61,7 @@ NODE_PODS = [
     _pod("ml", "trainer-0", main=[_devices("nvidia.com/gpu", GPU_A, numa=0)], sidecar=[]),
     _pod("ml", "notebook-1", jupyter=[_devices("nvidia.com/gpu", f"{GPU_B}::0")]),
     _pod("research", "notebook-2", jupyter=[_devices("nvidia.com/gpu", f"{GPU_B}::1")]),
-    _pod(
-        "batch", "sweep-7", worker=[_devices("nvidia.com/gpu.shared", f"{GPU_C}::2", f"{GPU_C}::5")]
-    ),
+    _pod("batch", "sweep-7", worker=[_devices("nvidia.com/gpu.shared", f"{GPU_C}::2", f"{GPU_C}::5")]),
     _pod("infer", "small-0", server=[_devices("nvidia.com/mig-1g.18gb", MIG_D, numa=1)]),
     _pod("kube-system", "coredns-abc", coredns=[]),
     _pod(
@@ -338,18 +333,14 @@ except pr.PodResourcesUnsupported as exc:
 else:
     raise SystemExit("client built without grpc")
 """
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("unsupported: pod attribution needs grpcio and protobuf")
 
 
 def test_importing_the_package_does_not_import_grpc() -> None:
     code = "import sys, exporter.podresources; print('grpc' in sys.modules)"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr
 
 
@@ -424,12 +415,9 @@ def test_installed_runtimes_load_the_generated_modules() -> None:
     import google.protobuf
 
     assert reqs["protobuf"].specifier.contains(google.protobuf.__version__), (
-        f"installed protobuf {google.protobuf.__version__} is outside the extra's "
-        f"{reqs['protobuf'].specifier}"
+        f"installed protobuf {google.protobuf.__version__} is outside the extra's {reqs['protobuf'].specifier}"
     )
-    assert api_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"].full_name == (
-        "v1.PodResourcesLister"
-    )
+    assert api_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"].full_name == ("v1.PodResourcesLister")
 
 
 def test_generated_modules_match_the_proto() -> None:

@@ -28,7 +28,9 @@ def test_stale_pynvml_in_working_directory_is_reported_by_the_worker(tmp_path: P
     real = Path(__import__("importlib.util").util.find_spec("pynvml").origin)
     stale.write_text(real.read_text())
     with Exporter(SCENARIOS / "h200x1.json", tmp_path, cwd=work) as exp:
-        s = exp.wait_for(lambda s: (s.value("nvgpu_selfcheck_failures", process="worker") or 0) > 0, what="worker self-check")
+        s = exp.wait_for(
+            lambda s: (s.value("nvgpu_selfcheck_failures", process="worker") or 0) > 0, what="worker self-check"
+        )
         rows = _module_rows(s, "worker", "pynvml")
         assert rows and rows[0]["path"] == str(stale)
         problems = [r for r in exp.log_records() if "self-check (worker)" in r.get("msg", "")]
@@ -36,9 +38,15 @@ def test_stale_pynvml_in_working_directory_is_reported_by_the_worker(tmp_path: P
         assert exp.terminate() == 0
     # strict mode refuses to start (before listening), naming the file
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
-    env.update(NVGPU_SELFCHECK="strict", NVGPU_NVML_BACKEND=f"fake:{SCENARIOS / 'h200x1.json'}", NVGPU_STATE_FILE="",
-               NVGPU_LISTEN_ADDRESS=f"127.0.0.1:{free_port()}")
-    proc = subprocess.run([sys.executable, "-m", "exporter"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    env.update(
+        NVGPU_SELFCHECK="strict",
+        NVGPU_NVML_BACKEND=f"fake:{SCENARIOS / 'h200x1.json'}",
+        NVGPU_STATE_FILE="",
+        NVGPU_LISTEN_ADDRESS=f"127.0.0.1:{free_port()}",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter"], cwd=work, env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 3, proc.stderr
     assert "refusing to start" in proc.stderr and str(stale) in proc.stderr
 
@@ -49,8 +57,14 @@ def test_stale_exporter_copy_in_working_directory(tmp_path: Path) -> None:
     init = work / "exporter" / "__init__.py"
     init.write_text(init.read_text().replace(f'__version__ = "{exporter.__version__}"', '__version__ = "0.0.9"'))
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
-    proc = subprocess.run([sys.executable, "-m", "exporter", "selfcheck", "--json", "--strict"], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "selfcheck", "--json", "--strict"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     results = json.loads(proc.stdout)
     for res in results:
@@ -58,8 +72,14 @@ def test_stale_exporter_copy_in_working_directory(tmp_path: Path) -> None:
         assert row["path"] == str(init) and row["version"] == "0.0.9"
         assert any(str(init) in p for p in res["problems"]), res["problems"]
     # from a clean directory the installed copy is clean
-    clean = subprocess.run([sys.executable, "-m", "exporter", "selfcheck", "--json"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=120)
+    clean = subprocess.run(
+        [sys.executable, "-m", "exporter", "selfcheck", "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert clean.returncode == 0
     for res in json.loads(clean.stdout):
         row = next(m for m in res["modules"] if m["module"] == "exporter")
@@ -78,11 +98,18 @@ def test_venv_with_older_binding_than_the_driver_is_reported(tmp_path: Path) -> 
     port_env = {k: v for k, v in os.environ.items() if not k.startswith(("NVGPU_", "PYTHON"))}
 
     port = free_port()
-    port_env.update(NVGPU_NVML_BACKEND=f"fake:{SCENARIOS / 'h200x1.json'}", NVGPU_LISTEN_ADDRESS=f"127.0.0.1:{port}",
-                    NVGPU_STATE_FILE="", NVGPU_SAMPLE_INTERVAL_SECONDS="0.5", NVGPU_FEATURE_POD_ATTRIBUTION="off")
+    port_env.update(
+        NVGPU_NVML_BACKEND=f"fake:{SCENARIOS / 'h200x1.json'}",
+        NVGPU_LISTEN_ADDRESS=f"127.0.0.1:{port}",
+        NVGPU_STATE_FILE="",
+        NVGPU_SAMPLE_INTERVAL_SECONDS="0.5",
+        NVGPU_FEATURE_POD_ATTRIBUTION="off",
+    )
     log = tmp_path / "log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(venv / "bin" / "nvgpu-exporter")], cwd=tmp_path, env=port_env, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(venv / "bin" / "nvgpu-exporter")], cwd=tmp_path, env=port_env, stdout=fh, stderr=subprocess.STDOUT
+        )
     try:
         import urllib.request
 
@@ -109,8 +136,7 @@ def test_processes_v3_and_v2_missing_is_unsupported_and_never_called_again(tmp_p
     data = load_scenario("h200x1")
     data["missing_functions"] = ["nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"]
     # a second call of either symbol would crash the worker: proof that later samples make none
-    data["faults"] = [{"function": f, "after_calls": 2, "action": "segfault"}
-                      for f in data["missing_functions"]]
+    data["faults"] = [{"function": f, "after_calls": 2, "action": "segfault"} for f in data["missing_functions"]]
     with Exporter(write_scenario(tmp_path, data), tmp_path) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_feature_enabled", feature="processes", reason="unsupported") == 0.0)
         time.sleep(2.0)
@@ -127,7 +153,8 @@ def test_only_v3_missing_falls_back_to_v2(tmp_path: Path) -> None:
     data["missing_functions"] = ["nvmlDeviceGetComputeRunningProcesses_v3"]
     data["faults"] = [{"function": "nvmlDeviceGetComputeRunningProcesses_v3", "after_calls": 2, "action": "segfault"}]
     data["gpus"][0]["values"]["nvmlDeviceGetComputeRunningProcesses_v2"] = [
-        {"pid": 494, "usedGpuMemory": 1050673152, "gpuInstanceId": 4294967295, "computeInstanceId": 4294967295}]
+        {"pid": 494, "usedGpuMemory": 1050673152, "gpuInstanceId": 4294967295, "computeInstanceId": 4294967295}
+    ]
     with Exporter(write_scenario(tmp_path, data), tmp_path) as exp:
         s = exp.wait_for(lambda s: s.value("nvgpu_compute_processes", gpu="0") == 1.0)
         time.sleep(2.0)

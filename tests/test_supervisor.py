@@ -24,8 +24,14 @@ class Unkillable:
 
 
 def _config(tmp_path: Path, **kw: object) -> Config:
-    return Config.from_env({"NVGPU_STATE_FILE": str(tmp_path / "state.json"), "NVGPU_RESTART_BACKOFF_SECONDS": "1",
-                            "NVGPU_RESTART_BACKOFF_MAX_SECONDS": "8", **{k: str(v) for k, v in kw.items()}})
+    return Config.from_env(
+        {
+            "NVGPU_STATE_FILE": str(tmp_path / "state.json"),
+            "NVGPU_RESTART_BACKOFF_SECONDS": "1",
+            "NVGPU_RESTART_BACKOFF_MAX_SECONDS": "8",
+            **{k: str(v) for k, v in kw.items()},
+        }
+    )
 
 
 def test_unreapable_worker_is_reported_and_respawning_stops_on_a_second(tmp_path: Path, monkeypatch) -> None:
@@ -62,8 +68,10 @@ def test_backoff_doubles_and_is_bounded(tmp_path: Path) -> None:
 def test_quarantine_beats_explicit_on(tmp_path: Path) -> None:
     sup = Supervisor(_config(tmp_path, NVGPU_FEATURE_NVLINK_THROUGHPUT="on", NVGPU_QUARANTINE_AFTER=2))
     crumb = Breadcrumb("nvlink_throughput", "nvmlDeviceGetFieldValues", "GPU-x", 0.0, True)
-    assert sup.feature_states()["nvlink_throughput"] == {"enabled": True, "reason": "env", "detail": ""} or \
-        sup.feature_states()["nvlink_throughput"]["reason"] == "env"
+    assert (
+        sup.feature_states()["nvlink_throughput"] == {"enabled": True, "reason": "env", "detail": ""}
+        or sup.feature_states()["nvlink_throughput"]["reason"] == "env"
+    )
     for _ in range(2):
         sup._account(Outcome("crash", -11, 11, crumb, 1.0, True, ""))
     state = sup.feature_states()["nvlink_throughput"]

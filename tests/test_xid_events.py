@@ -25,15 +25,20 @@ def test_xid79_counted_once_and_survives_worker_restart(tmp_path: Path) -> None:
     with Exporter(SCENARIOS / "h200x2-xid79.json", tmp_path) as exp:
         s = exp.wait_for(lambda s: s.value("nvgpu_events_enabled", gpu="1", uuid=UUID1) == 0.0, what="events state")
         assert s.value("nvgpu_events_enabled", gpu="0", uuid=UUID0) == 1.0
-        s = exp.wait_for(lambda s: s.value("nvgpu_xid_errors_total", gpu="0", uuid=UUID0, xid="79") == 1.0,
-                         timeout=35, what="Xid 79 on GPU 0")
+        s = exp.wait_for(
+            lambda s: s.value("nvgpu_xid_errors_total", gpu="0", uuid=UUID0, xid="79") == 1.0,
+            timeout=35,
+            what="Xid 79 on GPU 0",
+        )
         last = s.value("nvgpu_xid_last_timestamp_seconds", gpu="0", uuid=UUID0, xid="79")
         assert last is not None and abs(last - time.time()) < 30
         assert not s.find("nvgpu_xid_errors_total", gpu="1")
         assert not [x for x in s.find("nvgpu_nvml_errors_total") if x.labels["feature"] == "events"]
         os.kill(_worker_pid(exp), signal.SIGKILL)
-        s = exp.wait_for(lambda s: (s.value("nvgpu_worker_restarts_total", reason="crash") or 0) >= 1
-                         and s.value("nvgpu_up") == 1.0, what="restart")
+        s = exp.wait_for(
+            lambda s: (s.value("nvgpu_worker_restarts_total", reason="crash") or 0) >= 1 and s.value("nvgpu_up") == 1.0,
+            what="restart",
+        )
         time.sleep(1.5)
         s = exp.scrape()
         assert s.value("nvgpu_xid_errors_total", gpu="0", uuid=UUID0, xid="79") == 1.0
@@ -54,14 +59,20 @@ def test_stuck_signature_and_kernel_log_xids(tmp_path: Path) -> None:
     )
     env = {"NVGPU_FEATURE_KERNEL_XID": "on", "NVGPU_KMSG_PATH": str(kmsg), "NVGPU_STUCK_AFTER_SECONDS": "2"}
     with Exporter(write_scenario(tmp_path, data), tmp_path, env=env) as exp:
-        s = exp.wait_for(lambda s: s.value("nvgpu_xid_errors_total", gpu="0", uuid=UUID0, xid="43") == 1.0,
-                         timeout=20, what="kernel-log Xid 43")
+        s = exp.wait_for(
+            lambda s: s.value("nvgpu_xid_errors_total", gpu="0", uuid=UUID0, xid="43") == 1.0,
+            timeout=20,
+            what="kernel-log Xid 43",
+        )
         assert s.value("nvgpu_xid_errors_total", gpu="0", uuid=UUID0, xid="13") == 1.0
         assert s.value("nvgpu_xid_errors_total", gpu="0", uuid=UUID0, xid="31") == 1.0
         assert s.value("nvgpu_kernel_log_up") == 1.0
         assert s.value("nvgpu_stuck_context_suspected", gpu="1", uuid=UUID1) == 0.0
-        s = exp.wait_for(lambda s: s.value("nvgpu_stuck_context_suspected", gpu="0", uuid=UUID0) == 1.0,
-                         timeout=15, what="stuck signature")
+        s = exp.wait_for(
+            lambda s: s.value("nvgpu_stuck_context_suspected", gpu="0", uuid=UUID0) == 1.0,
+            timeout=15,
+            what="stuck signature",
+        )
         since = s.value("nvgpu_stuck_context_since_timestamp_seconds", gpu="0", uuid=UUID0)
         assert since is not None and time.time() - since >= 2
         assert exp.terminate() == 0

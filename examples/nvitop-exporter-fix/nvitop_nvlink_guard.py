@@ -206,9 +206,7 @@ def patch_module(module: Any) -> list[str]:
 def _on_device_module_loaded(module: Any) -> None:
     """Patch right after ``nvitop.api.device`` ran; report the outcome on stderr, never raise."""
     if not STATE.enabled:
-        _stderr(
-            f"off: {ENV_VAR}={STATE.env_value!r}, nvitop's NVLink throughput methods query NVML"
-        )
+        _stderr(f"off: {ENV_VAR}={STATE.env_value!r}, nvitop's NVLink throughput methods query NVML")
         return
     try:
         patched = patch_module(module)
@@ -307,10 +305,7 @@ def install(environ: Any = None) -> GuardState:
     if STATE.invalid:
         # Printed now (every Python process) rather than on nvitop import: a typo in a manifest
         # should be seen even if it is only read in a `kubectl exec` shell.
-        _stderr(
-            f"WARNING: {ENV_VAR}={STATE.env_value!r} is not one of 'on', 'off'; "
-            "keeping the guard ON"
-        )
+        _stderr(f"WARNING: {ENV_VAR}={STATE.env_value!r} is not one of 'on', 'off'; keeping the guard ON")
     STATE.installed = True
     loaded = sys.modules.get(TARGET_MODULE)
     if loaded is not None:

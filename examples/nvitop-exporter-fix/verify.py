@@ -141,13 +141,9 @@ def check_module(name: str, dist_name: str | None, sites: list[str]) -> dict[str
     if info["file"] is not None:
         owned = {os.path.realpath(str(dist.locate_file(f))) for f in dist.files or ()}
         if info["file"] not in owned:
-            problems.append(
-                f"{info['file']} is not a file of the installed {dist_name} {dist.version}"
-            )
+            problems.append(f"{info['file']} is not a file of the installed {dist_name} {dist.version}")
     if info["version"] is not None and info["version"] != dist.version:
-        problems.append(
-            f"{name}.__version__ is {info['version']} but {dist_name} {dist.version} is installed"
-        )
+        problems.append(f"{name}.__version__ is {info['version']} but {dist_name} {dist.version} is installed")
     return info
 
 
@@ -198,9 +194,7 @@ def check_guard(expect: str) -> dict[str, Any]:
         info["state"] = "partial"
     if device_cls is not None and wanted == "on" and info["state"] != "active":
         detail = f" ({state.error})" if state.error else ""
-        problems.append(
-            f"guard expected on but is {info['state']}{detail}; unguarded: {', '.join(unguarded)}"
-        )
+        problems.append(f"guard expected on but is {info['state']}{detail}; unguarded: {', '.join(unguarded)}")
     if device_cls is not None and wanted == "off" and guarded:
         problems.append(f"guard expected off but patched: {', '.join(guarded)}")
     if state.invalid:
@@ -212,9 +206,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse flags; defaults come from the environment."""
     env = os.environ
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--min-nvitop", default=env.get("NVITOP_FIX_MIN_NVITOP", DEFAULT_MINIMUMS["nvitop"])
-    )
+    parser.add_argument("--min-nvitop", default=env.get("NVITOP_FIX_MIN_NVITOP", DEFAULT_MINIMUMS["nvitop"]))
     parser.add_argument(
         "--min-nvitop-exporter",
         default=env.get("NVITOP_FIX_MIN_NVITOP_EXPORTER", DEFAULT_MINIMUMS["nvitop-exporter"]),
@@ -266,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if not ok:
                 what = f"{info['module']}.__version__" if key == "version" else dist
-                info["problems"].append(
-                    f"{what} {value} is below the expected minimum {minimum} ({info['file']})"
-                )
+                info["problems"].append(f"{what} {value} is below the expected minimum {minimum} ({info['file']})")
     guard = check_guard(args.expect_guard)
     problems = [p for info in modules for p in info["problems"]] + guard["problems"]
     report = {

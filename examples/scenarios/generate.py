@@ -36,30 +36,30 @@ CUDA_DRIVER_VERSION = 13000
 
 # --- per-GPU constants shared by all H200s (identical in both probes) -----------------------------
 NAME = "NVIDIA H200"
-ARCHITECTURE = 9                      # NVML_DEVICE_ARCH_HOPPER
-MEM_TOTAL = 150_754_820_096           # mem_v2[0]
-MEM_RESERVED = 644_939_776            # mem_v2[3] (= v1 used when v2 used is 0)
+ARCHITECTURE = 9  # NVML_DEVICE_ARCH_HOPPER
+MEM_TOTAL = 150_754_820_096  # mem_v2[0]
+MEM_RESERVED = 644_939_776  # mem_v2[3] (= v1 used when v2 used is 0)
 MEM_USED_LOAD_MEASURED = 1_059_913_728  # nvml-notes 3.1: v2 used under load (bf16 matmul)
 MEM_USED_LOAD_TRAINING = 128 * 1024**3  # synthetic: a training footprint for h200x2/x8 (see below)
-BAR1_TOTAL = 274_877_906_944          # bar1[0], 256 GiB
-BAR1_USED = 1_703_936                 # bar1[1]
-POWER_LIMIT_MW = 700_000              # power_limit_mw
-POWER_BOOST_MW = 652_000              # synthetic: loaded but below the 700 W cap (reasons 0)
-POWER_CAPPED_MW = 693_000             # nvml-notes 3.4: "under load 0x4 (SwPowerCap at 693 W/700 W)"
-UTIL_LOAD = (94, 22)                  # nvml-notes 3.1: utilization under load 94/22
-CLOCK_SM_MAX = 1980                   # clock_sm_max; nvidia-smi Max Clocks Graphics/SM 1980
-CLOCK_SM_CAPPED = 1515                # nvml-notes 3.4: "SM 345 idle, 1515 loaded"
-CLOCK_MEM = 3201                      # clock_mem; nvidia-smi Clocks/Max Clocks Memory 3201
-CLOCK_VIDEO = 765                     # nvidia-smi Clocks Video 765 (load value not measured)
-CLOCK_VIDEO_MAX = 1545                # nvidia-smi Max Clocks Video 1545
-REASON_IDLE = 0x1                     # clocks_event_reasons idle = 1
-REASON_SW_POWER_CAP = 0x4             # nvml-notes 3.4 under load
-SUPPORTED_EVENT_TYPES = 0xFF9F        # supported_event_types 65439
-UINT_MAX = 0xFFFFFFFF                 # scopeId "sum over links"; gi/ci ids with MIG off
-NVLINK_LINKS = 18                     # field 91 = 18, nvlink_states 0..17 = 1, topology NV18
-NVLINK_MAX_LINKS = 36                 # nvidia-ml-py 13.610 NVML_NVLINK_MAX_LINKS (nvml-notes 3.9):
-                                      # the 1-GPU probe got NotSupported for all 36 link indices
-PROCESS_MEASURED = {                  # nvml-notes 5.1 measured compute process
+BAR1_TOTAL = 274_877_906_944  # bar1[0], 256 GiB
+BAR1_USED = 1_703_936  # bar1[1]
+POWER_LIMIT_MW = 700_000  # power_limit_mw
+POWER_BOOST_MW = 652_000  # synthetic: loaded but below the 700 W cap (reasons 0)
+POWER_CAPPED_MW = 693_000  # nvml-notes 3.4: "under load 0x4 (SwPowerCap at 693 W/700 W)"
+UTIL_LOAD = (94, 22)  # nvml-notes 3.1: utilization under load 94/22
+CLOCK_SM_MAX = 1980  # clock_sm_max; nvidia-smi Max Clocks Graphics/SM 1980
+CLOCK_SM_CAPPED = 1515  # nvml-notes 3.4: "SM 345 idle, 1515 loaded"
+CLOCK_MEM = 3201  # clock_mem; nvidia-smi Clocks/Max Clocks Memory 3201
+CLOCK_VIDEO = 765  # nvidia-smi Clocks Video 765 (load value not measured)
+CLOCK_VIDEO_MAX = 1545  # nvidia-smi Max Clocks Video 1545
+REASON_IDLE = 0x1  # clocks_event_reasons idle = 1
+REASON_SW_POWER_CAP = 0x4  # nvml-notes 3.4 under load
+SUPPORTED_EVENT_TYPES = 0xFF9F  # supported_event_types 65439
+UINT_MAX = 0xFFFFFFFF  # scopeId "sum over links"; gi/ci ids with MIG off
+NVLINK_LINKS = 18  # field 91 = 18, nvlink_states 0..17 = 1, topology NV18
+NVLINK_MAX_LINKS = 36  # nvidia-ml-py 13.610 NVML_NVLINK_MAX_LINKS (nvml-notes 3.9):
+# the 1-GPU probe got NotSupported for all 36 link indices
+PROCESS_MEASURED = {  # nvml-notes 5.1 measured compute process
     "pid": 494,
     "usedGpuMemory": 1_050_673_152,
     "gpuInstanceId": UINT_MAX,
@@ -82,8 +82,20 @@ def memory_info(used):
     }
 
 
-def gpu(ident, *, temp_idle, mem_temp_idle, power_idle_mw, sm_idle, energy_mj, pcie_replay,
-        mem_used_load, processes_loaded, nvlink_tx_kib_s=None, nvlink_rx_kib_s=None):
+def gpu(
+    ident,
+    *,
+    temp_idle,
+    mem_temp_idle,
+    power_idle_mw,
+    sm_idle,
+    energy_mj,
+    pcie_replay,
+    mem_used_load,
+    processes_loaded,
+    nvlink_tx_kib_s=None,
+    nvlink_rx_kib_s=None,
+):
     """One H200. nvlink_tx_kib_s None = no NVLink (as in the single-GPU probe: NotSupported)."""
     power = [power_idle_mw, POWER_BOOST_MW, POWER_CAPPED_MW, power_idle_mw + 8_000]
     # energy counter: a ramp at the mean power of one load cycle (mW = mJ/s)
@@ -110,10 +122,8 @@ def gpu(ident, *, temp_idle, mem_temp_idle, power_idle_mw, sm_idle, energy_mj, p
         "nvmlDeviceGetPowerUsage": cycle(*power),
         "nvmlDeviceGetEnforcedPowerLimit": POWER_LIMIT_MW,
         "nvmlDeviceGetTotalEnergyConsumption": {"ramp": energy_mj, "per_s": energy_per_s},
-        "nvmlDeviceGetTemperatureV:0": cycle(
-            temp_idle, temp_idle + 18, temp_idle + 27, temp_idle + 10),
-        "nvmlDeviceGetTemperature:0": cycle(
-            temp_idle, temp_idle + 18, temp_idle + 27, temp_idle + 10),
+        "nvmlDeviceGetTemperatureV:0": cycle(temp_idle, temp_idle + 18, temp_idle + 27, temp_idle + 10),
+        "nvmlDeviceGetTemperature:0": cycle(temp_idle, temp_idle + 18, temp_idle + 27, temp_idle + 10),
         "nvmlDeviceGetNumFans": NOT_SUPPORTED,
         "nvmlDeviceGetFanSpeed": NOT_SUPPORTED,
         "nvmlDeviceGetFanSpeed_v2": NOT_SUPPORTED,
@@ -126,8 +136,7 @@ def gpu(ident, *, temp_idle, mem_temp_idle, power_idle_mw, sm_idle, energy_mj, p
         "nvmlDeviceGetMaxClockInfo:2": CLOCK_MEM,
         "nvmlDeviceGetMaxClockInfo:3": CLOCK_VIDEO_MAX,
         "nvmlDeviceGetPerformanceState": 0,
-        "nvmlDeviceGetCurrentClocksEventReasons": cycle(
-            REASON_IDLE, 0, REASON_SW_POWER_CAP, REASON_IDLE),
+        "nvmlDeviceGetCurrentClocksEventReasons": cycle(REASON_IDLE, 0, REASON_SW_POWER_CAP, REASON_IDLE),
         "nvmlDeviceGetCurrPcieLinkGeneration": 5,
         "nvmlDeviceGetMaxPcieLinkGeneration": 5,
         "nvmlDeviceGetCurrPcieLinkWidth": 16,
@@ -218,14 +227,22 @@ def h200x1():
         " 13.610, the bound past which real NVML answers INVALID_ARGUMENT; field 91"
         " NotSupported). While loaded (phases 1-2) one compute process runs: pid 494,"
         " 1050673152 B, gi/ci 4294967295, and v2 memory used is"
-        " 1059913728 B, both as measured under a bf16 matmul load (nvml-notes.md 3.1/5.1)."
-        + COMMON_DESC
+        " 1059913728 B, both as measured under a bf16 matmul load (nvml-notes.md 3.1/5.1)." + COMMON_DESC
     )
     g = gpu(
-        {"uuid": "GPU-820f4b2d-da15-c9b7-3ba6-c396976ca722", "serial": "1653724067064",
-         "pci_bus_id": "00000000:00:06.0", "minor_number": 0},
-        temp_idle=35, mem_temp_idle=34, power_idle_mw=77_886, sm_idle=345, energy_mj=2_461_760,
-        pcie_replay=4, mem_used_load=MEM_USED_LOAD_MEASURED,
+        {
+            "uuid": "GPU-820f4b2d-da15-c9b7-3ba6-c396976ca722",
+            "serial": "1653724067064",
+            "pci_bus_id": "00000000:00:06.0",
+            "minor_number": 0,
+        },
+        temp_idle=35,
+        mem_temp_idle=34,
+        power_idle_mw=77_886,
+        sm_idle=345,
+        energy_mj=2_461_760,
+        pcie_replay=4,
+        mem_used_load=MEM_USED_LOAD_MEASURED,
         processes_loaded=[PROCESS_MEASURED],
     )
     return scenario(desc, [g])
@@ -248,36 +265,64 @@ def h200x2():
         " PCI 00000000:00:06.0 (idle 34 C / HBM 37 C, 85337 mW, SM 390 MHz,"
         " energy 2445309 mJ); GPU 1 GPU-094221fd-19f9-1561-7ef8-949bb0d57826, serial 1654524012455,"
         " PCI 00000000:00:07.0 (idle 35 C / HBM 37 C, 76813 mW, SM 345 MHz, energy 2517241 mJ);"
-        " PCIe replay counters 0." + NVLINK_DESC +
-        " Traffic: GPU 0 TX = GPU 1 RX = 1000 KiB/s per link; GPU 1 TX = GPU 0 RX = 250 KiB/s per"
+        " PCIe replay counters 0."
+        + NVLINK_DESC
+        + " Traffic: GPU 0 TX = GPU 1 RX = 1000 KiB/s per link; GPU 1 TX = GPU 0 RX = 250 KiB/s per"
         " link (asymmetric on purpose, so a TX/RX mix-up shows; the rates are synthetic)."
         " No compute processes are listed (an exporter without hostPID sees none,"
         " nvml-notes.md 5.3); v2 memory used while loaded is a synthetic 128 GiB training"
         " footprint, so utilization without"
-        " processes does not also look like a stuck context."
-        + COMMON_DESC
+        " processes does not also look like a stuck context." + COMMON_DESC
     )
     g0 = gpu(
-        {"uuid": "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6", "serial": "1654524012390",
-         "pci_bus_id": "00000000:00:06.0", "minor_number": 0},
-        temp_idle=34, mem_temp_idle=37, power_idle_mw=85_337, sm_idle=390, energy_mj=2_445_309,
-        pcie_replay=0, mem_used_load=MEM_USED_LOAD_TRAINING, processes_loaded=[],
-        nvlink_tx_kib_s=1000, nvlink_rx_kib_s=250,
+        {
+            "uuid": "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6",
+            "serial": "1654524012390",
+            "pci_bus_id": "00000000:00:06.0",
+            "minor_number": 0,
+        },
+        temp_idle=34,
+        mem_temp_idle=37,
+        power_idle_mw=85_337,
+        sm_idle=390,
+        energy_mj=2_445_309,
+        pcie_replay=0,
+        mem_used_load=MEM_USED_LOAD_TRAINING,
+        processes_loaded=[],
+        nvlink_tx_kib_s=1000,
+        nvlink_rx_kib_s=250,
     )
     g1 = gpu(
-        {"uuid": "GPU-094221fd-19f9-1561-7ef8-949bb0d57826", "serial": "1654524012455",
-         "pci_bus_id": "00000000:00:07.0", "minor_number": 1},
-        temp_idle=35, mem_temp_idle=37, power_idle_mw=76_813, sm_idle=345, energy_mj=2_517_241,
-        pcie_replay=0, mem_used_load=MEM_USED_LOAD_TRAINING, processes_loaded=[],
-        nvlink_tx_kib_s=250, nvlink_rx_kib_s=1000,
+        {
+            "uuid": "GPU-094221fd-19f9-1561-7ef8-949bb0d57826",
+            "serial": "1654524012455",
+            "pci_bus_id": "00000000:00:07.0",
+            "minor_number": 1,
+        },
+        temp_idle=35,
+        mem_temp_idle=37,
+        power_idle_mw=76_813,
+        sm_idle=345,
+        energy_mj=2_517_241,
+        pcie_replay=0,
+        mem_used_load=MEM_USED_LOAD_TRAINING,
+        processes_loaded=[],
+        nvlink_tx_kib_s=250,
+        nvlink_rx_kib_s=1000,
     )
     return scenario(desc, [g0, g1])
 
 
-X8_BUSES = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]   # HGX 8-GPU style bus numbers
+X8_BUSES = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]  # HGX 8-GPU style bus numbers
 X8_IDLE = [  # (GPU C, HBM C, idle mW, idle SM MHz): spread over the measured idle values
-    (34, 37, 85_337, 390), (35, 37, 76_813, 345), (35, 34, 77_886, 345), (34, 36, 80_112, 345),
-    (36, 38, 82_451, 390), (35, 36, 78_940, 345), (34, 35, 79_604, 345), (36, 37, 84_018, 390),
+    (34, 37, 85_337, 390),
+    (35, 37, 76_813, 345),
+    (35, 34, 77_886, 345),
+    (34, 36, 80_112, 345),
+    (36, 38, 82_451, 390),
+    (35, 36, 78_940, 345),
+    (34, 35, 79_604, 345),
+    (36, 37, 84_018, 390),
 ]
 
 
@@ -289,15 +334,27 @@ def synthetic_uuid(i):
 def h200x8():
     gpus = []
     for i, (bus, (temp, hbm, p_idle, sm_idle)) in enumerate(zip(X8_BUSES, X8_IDLE, strict=True)):
-        gpus.append(gpu(
-            {"uuid": synthetic_uuid(i), "serial": str(1654524013000 + 17 * i),
-             "pci_bus_id": f"00000000:{bus}:00.0", "minor_number": i},
-            temp_idle=temp, mem_temp_idle=hbm, power_idle_mw=p_idle, sm_idle=sm_idle,
-            energy_mj=2_445_309 + 23_981 * i, pcie_replay=0,
-            mem_used_load=MEM_USED_LOAD_TRAINING, processes_loaded=[],
-            # all-reduce style: each GPU sends and receives the same through the NVSwitches
-            nvlink_tx_kib_s=1000, nvlink_rx_kib_s=1000,
-        ))
+        gpus.append(
+            gpu(
+                {
+                    "uuid": synthetic_uuid(i),
+                    "serial": str(1654524013000 + 17 * i),
+                    "pci_bus_id": f"00000000:{bus}:00.0",
+                    "minor_number": i,
+                },
+                temp_idle=temp,
+                mem_temp_idle=hbm,
+                power_idle_mw=p_idle,
+                sm_idle=sm_idle,
+                energy_mj=2_445_309 + 23_981 * i,
+                pcie_replay=0,
+                mem_used_load=MEM_USED_LOAD_TRAINING,
+                processes_loaded=[],
+                # all-reduce style: each GPU sends and receives the same through the NVSwitches
+                nvlink_tx_kib_s=1000,
+                nvlink_rx_kib_s=1000,
+            )
+        )
     uuids = ", ".join(g["uuid"] for g in gpus)
     desc = (
         "Eight H200 SXM (HGX-style node; used by the benchmark). SYNTHETIC identities: UUIDs"
@@ -306,10 +363,10 @@ def h200x8():
         " minor numbers 0-7. Idle temperature/power/SM clock per GPU are spread over the idle"
         " values measured in ../shared/reference/h200/nvml_probe_1gpu.json and"
         " nvml_probe_2gpu_nvlink.json (34-36 C, 76813-85337 mW, SM 345/390 MHz); energy ramps"
-        " start near the measured 2445309 mJ." + NVLINK_DESC +
-        " Traffic: TX = RX = 1000 KiB/s per link on every GPU (synthetic). No compute processes"
-        " are listed; v2 memory used while loaded is a synthetic 128 GiB training footprint."
-        + COMMON_DESC
+        " start near the measured 2445309 mJ."
+        + NVLINK_DESC
+        + " Traffic: TX = RX = 1000 KiB/s per link on every GPU (synthetic). No compute processes"
+        " are listed; v2 memory used while loaded is a synthetic 128 GiB training footprint." + COMMON_DESC
     )
     return scenario(desc, gpus)
 
@@ -319,6 +376,7 @@ SCENARIOS = {"h200x1.json": h200x1, "h200x2.json": h200x2, "h200x8.json": h200x8
 
 def render(doc, indent=1, width=100):
     """JSON with `indent`, but any list/object that fits on one line within `width` stays inline."""
+
     def dump(v, level):
         flat = json.dumps(v, separators=(", ", ": "))
         if not isinstance(v, (dict, list)) or len(flat) + indent * level <= width:
@@ -329,15 +387,34 @@ def render(doc, indent=1, width=100):
             return "[\n" + ",\n".join(items) + "\n" + pad + "]"
         items = [inner + json.dumps(k) + ": " + dump(x, level + 1) for k, x in v.items()]
         return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+
     return dump(doc, 0) + "\n"
 
 
 # --- validation against docs/scenarios.md --------------------------------------------------------
 
-TOP_KEYS = {"description", "driver_version", "nvml_version", "cuda_driver_version",
-            "missing_functions", "gpus", "faults", "events"}
-GPU_KEYS = {"name", "uuid", "serial", "pci_bus_id", "minor_number", "architecture", "values",
-            "fields", "default_field_error", "nvlink_link_count"}
+TOP_KEYS = {
+    "description",
+    "driver_version",
+    "nvml_version",
+    "cuda_driver_version",
+    "missing_functions",
+    "gpus",
+    "faults",
+    "events",
+}
+GPU_KEYS = {
+    "name",
+    "uuid",
+    "serial",
+    "pci_bus_id",
+    "minor_number",
+    "architecture",
+    "values",
+    "fields",
+    "default_field_error",
+    "nvlink_link_count",
+}
 VALUE_KEY = re.compile(r"^nvml[A-Za-z0-9_]+(:-?\d+(,-?\d+)*)?$")
 FIELD_KEY = re.compile(r"^\d+(:\d+)?$")
 ERROR_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -354,8 +431,7 @@ def check_literal(where, v):
             check_literal(f"{where}[{i}]", item)
     elif isinstance(v, dict):
         for k, item in v.items():
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) or k in {"cycle", "ramp", "error",
-                                                                     "sequence"}:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) or k in {"cycle", "ramp", "error", "sequence"}:
                 raise ValueError(f"{where}: bad struct attribute {k!r}")
             check_literal(f"{where}.{k}", item)
 
@@ -370,8 +446,7 @@ def check_value(where, v):
             for i, item in enumerate(v["cycle"]):
                 check_literal(f"{where}.cycle[{i}]", item)
         elif "ramp" in v:
-            if not all(isinstance(v[k], int) and not isinstance(v[k], bool)
-                       for k in ("ramp", "per_s")):
+            if not all(isinstance(v[k], int) and not isinstance(v[k], bool) for k in ("ramp", "per_s")):
                 raise ValueError(f"{where}: ramp/per_s must be integers")
         elif "error" in v:
             if not (isinstance(v["error"], int) or ERROR_NAME.match(str(v["error"]))):

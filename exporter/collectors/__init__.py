@@ -30,8 +30,19 @@ from exporter.collectors import (
 COLLECTORS: dict[str, ModuleType] = {
     m.FEATURE: m
     for m in (
-        identity, utilization, memory, power, temperature, fan, clocks, pcie, ecc, remapped_rows,
-        nvlink, nvlink_throughput, processes,
+        identity,
+        utilization,
+        memory,
+        power,
+        temperature,
+        fan,
+        clocks,
+        pcie,
+        ecc,
+        remapped_rows,
+        nvlink,
+        nvlink_throughput,
+        processes,
     )
 }
 

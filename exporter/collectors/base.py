@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # the worker imports collectors for read(); only the supervisor renders
-    from prometheus_client.core import Metric
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 GPU_LABELS = ("gpu", "uuid")
 
@@ -57,8 +57,9 @@ class Family:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         labels = [*GPU_LABELS, *extra_labels]
+        self.metric: CounterMetricFamily | GaugeMetricFamily
         if counter:
-            self.metric: Metric = CounterMetricFamily(name, doc, labels=labels)
+            self.metric = CounterMetricFamily(name, doc, labels=labels)
         else:
             self.metric = GaugeMetricFamily(name, doc, labels=labels)
         self.counter = counter

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey, mhz_to_hertz
 
 if TYPE_CHECKING:
@@ -60,7 +59,9 @@ def read(dev: Any) -> Reading | None:
     reasons = dev.get(FEATURE, "nvmlDeviceGetCurrentClocksEventReasons")
     if pstate is not None and int(pstate) == PSTATE_UNKNOWN:
         pstate = None
-    r = Reading(current, dict(maxima), None if pstate is None else int(pstate), None if reasons is None else int(reasons))
+    r = Reading(
+        current, dict(maxima), None if pstate is None else int(pstate), None if reasons is None else int(reasons)
+    )
     return None if r == Reading({}, {}, None, None) else r
 
 
@@ -68,7 +69,11 @@ def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
     cur = Family("nvgpu_clock_hertz", "Current clock (nvmlDeviceGetClockInfo)", ("clock",))
     mx = Family("nvgpu_clock_max_hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo)", ("clock",))
     ps = Family("nvgpu_performance_state", "Performance state, 0 = P0 (maximum) to 15 (nvmlDeviceGetPerformanceState)")
-    ev = Family("nvgpu_clock_event_reason_active", "1 if this clock event (throttle) reason is active (nvmlDeviceGetCurrentClocksEventReasons)", ("reason",))
+    ev = Family(
+        "nvgpu_clock_event_reason_active",
+        "1 if this clock event (throttle) reason is active (nvmlDeviceGetCurrentClocksEventReasons)",
+        ("reason",),
+    )
     for key, r in samples:
         for name, mhz in r.clock_mhz.items():
             cur.add(key, mhz_to_hertz(mhz), name)

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey
 
 if TYPE_CHECKING:
@@ -46,7 +45,12 @@ def read(dev: Any) -> Reading | None:
 
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
     mode = Family("nvgpu_ecc_enabled", "1 if ECC is currently enabled (nvmlDeviceGetEccMode)")
-    errs = Family("nvgpu_ecc_errors", "ECC errors; volatile since driver load, aggregate over the board's life (nvmlDeviceGetTotalEccErrors)", ("error_type", "counter_type"), counter=True)
+    errs = Family(
+        "nvgpu_ecc_errors",
+        "ECC errors; volatile since driver load, aggregate over the board's life (nvmlDeviceGetTotalEccErrors)",
+        ("error_type", "counter_type"),
+        counter=True,
+    )
     for key, r in samples:
         mode.add(key, None if r.enabled is None else int(r.enabled))
         for name, value in r.errors.items():

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey, percent_to_ratio
 
 if TYPE_CHECKING:
@@ -52,7 +51,9 @@ def read(dev: Any) -> Reading | None:
 
 
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    fam = Family("nvgpu_fan_speed_ratio", "Intended fan speed as a fraction of maximum (nvmlDeviceGetFanSpeed_v2)", ("fan",))
+    fam = Family(
+        "nvgpu_fan_speed_ratio", "Intended fan speed as a fraction of maximum (nvmlDeviceGetFanSpeed_v2)", ("fan",)
+    )
     for key, r in samples:
         for i, speed in enumerate(r.speeds_percent):
             fam.add(key, percent_to_ratio(speed), str(i))

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey
 
 if TYPE_CHECKING:
@@ -19,8 +18,19 @@ if TYPE_CHECKING:
 
 FEATURE = "identity"
 
-ARCHITECTURES = {2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere",
-                 8: "ada", 9: "hopper", 10: "blackwell", 11: "orin", 13: "rubin"}
+ARCHITECTURES = {
+    2: "kepler",
+    3: "maxwell",
+    4: "pascal",
+    5: "volta",
+    6: "turing",
+    7: "ampere",
+    8: "ada",
+    9: "hopper",
+    10: "blackwell",
+    11: "orin",
+    13: "rubin",
+}
 
 
 def _text(value: Any) -> str:
@@ -64,12 +74,19 @@ def families(samples: Sequence[tuple[GpuKey, Reading]], system: Mapping[str, str
         "GPU identity (nvmlDeviceGetName, nvmlDeviceGetPciInfo, nvmlDeviceGetSerial, "
         "nvmlDeviceGetArchitecture, nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, "
         "nvmlSystemGetCudaDriverVersion); value is always 1",
-        ("name", "pci_bus_id", "serial", "architecture", "driver_version", "nvml_version",
-         "cuda_driver_version"),
+        ("name", "pci_bus_id", "serial", "architecture", "driver_version", "nvml_version", "cuda_driver_version"),
     )
     for key, r in samples:
         arch = ARCHITECTURES.get(r.architecture, str(r.architecture)) if r.architecture is not None else ""
-        info.add(key, 1, r.name or "", r.pci_bus_id or "", r.serial or "", arch,
-                 system.get("driver_version", ""), system.get("nvml_version", ""),
-                 system.get("cuda_driver_version", ""))
+        info.add(
+            key,
+            1,
+            r.name or "",
+            r.pci_bus_id or "",
+            r.serial or "",
+            arch,
+            system.get("driver_version", ""),
+            system.get("nvml_version", ""),
+            system.get("cuda_driver_version", ""),
+        )
     yield from info.done()

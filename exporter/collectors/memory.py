@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey
 
 if TYPE_CHECKING:
@@ -54,9 +53,14 @@ def read(dev: Any) -> Reading | None:
 
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
     src = "nvmlDeviceGetMemoryInfo, v2 when available"
-    used = Family("nvgpu_memory_used_bytes", f"Framebuffer memory used by processes, excluding driver-reserved memory on v2 ({src})")
+    used = Family(
+        "nvgpu_memory_used_bytes",
+        f"Framebuffer memory used by processes, excluding driver-reserved memory on v2 ({src})",
+    )
     free = Family("nvgpu_memory_free_bytes", f"Framebuffer memory free ({src})")
-    reserved = Family("nvgpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver (nvmlDeviceGetMemoryInfo v2)")
+    reserved = Family(
+        "nvgpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver (nvmlDeviceGetMemoryInfo v2)"
+    )
     total = Family("nvgpu_memory_total_bytes", f"Framebuffer memory total ({src})")
     b_used = Family("nvgpu_bar1_memory_used_bytes", "BAR1 memory used (nvmlDeviceGetBAR1MemoryInfo)")
     b_total = Family("nvgpu_bar1_memory_total_bytes", "BAR1 memory total (nvmlDeviceGetBAR1MemoryInfo)")

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey
 
 if TYPE_CHECKING:
@@ -71,12 +70,17 @@ def read(dev: Any) -> Reading | None:
 
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
     up = Family("nvgpu_nvlink_up", "1 if the NVLink link is active (nvmlDeviceGetNvLinkState)", ("link",))
-    errs = Family("nvgpu_nvlink_errors", "NVLink data-link errors (nvmlDeviceGetNvLinkErrorCounter)", ("link", "error_type"), counter=True)
+    errs = Family(
+        "nvgpu_nvlink_errors",
+        "NVLink data-link errors (nvmlDeviceGetNvLinkErrorCounter)",
+        ("link", "error_type"),
+        counter=True,
+    )
     for key, r in samples:
         for link, state in sorted(r.up.items(), key=lambda kv: int(kv[0])):
             up.add(key, state, str(link))
-        for name, value in r.errors.items():
-            link, etype = name.split("/")
-            errs.add(key, value, link, etype)
+        for name, count in r.errors.items():
+            link_label, etype = name.split("/")
+            errs.add(key, count, link_label, etype)
     yield from up.done()
     yield from errs.done()

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey, kib_to_bytes
 
 if TYPE_CHECKING:
@@ -43,7 +42,11 @@ def read(dev: Any) -> Reading | None:
         count = dev.cache["nvlink_link_count"] = int(value)
     if count <= 0:
         return None
-    pairs = [(fid, link) for link in range(count) for fid in (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)]
+    pairs = [
+        (fid, link)
+        for link in range(count)
+        for fid in (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+    ]
     values = dev.fields(FEATURE, pairs)
     tx = {link: int(v) for (fid, link), v in values.items() if fid == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX}
     rx = {link: int(v) for (fid, link), v in values.items() if fid == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX}
@@ -54,8 +57,18 @@ def read(dev: Any) -> Reading | None:
 
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
     links = Family("nvgpu_nvlink_links", "NVLink links present (field NVML_FI_DEV_NVLINK_LINK_COUNT)")
-    tx = Family("nvgpu_nvlink_transmit_bytes", "NVLink payload bytes transmitted (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, KiB x 1024)", ("link",), counter=True)
-    rx = Family("nvgpu_nvlink_receive_bytes", "NVLink payload bytes received (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, KiB x 1024)", ("link",), counter=True)
+    tx = Family(
+        "nvgpu_nvlink_transmit_bytes",
+        "NVLink payload bytes transmitted (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, KiB x 1024)",
+        ("link",),
+        counter=True,
+    )
+    rx = Family(
+        "nvgpu_nvlink_receive_bytes",
+        "NVLink payload bytes received (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, KiB x 1024)",
+        ("link",),
+        counter=True,
+    )
     for key, r in samples:
         links.add(key, r.link_count)
         for link, kib in sorted(r.tx_kib.items(), key=lambda kv: int(kv[0])):

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey
 
 if TYPE_CHECKING:
@@ -33,7 +32,10 @@ class Reading:
 def read(dev: Any) -> Reading | None:
     static = dev.cache.get("pcie_max")
     if static is None:
-        static = (dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkGeneration"), dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkWidth"))
+        static = (
+            dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkGeneration"),
+            dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkWidth"),
+        )
         dev.cache["pcie_max"] = static
     r = Reading(
         generation=dev.get(FEATURE, "nvmlDeviceGetCurrPcieLinkGeneration"),
@@ -47,7 +49,10 @@ def read(dev: Any) -> Reading | None:
 
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
     gen = Family("nvgpu_pcie_link_generation", "Current PCIe link generation (nvmlDeviceGetCurrPcieLinkGeneration)")
-    mgen = Family("nvgpu_pcie_link_max_generation", "Maximum PCIe link generation of device and system (nvmlDeviceGetMaxPcieLinkGeneration)")
+    mgen = Family(
+        "nvgpu_pcie_link_max_generation",
+        "Maximum PCIe link generation of device and system (nvmlDeviceGetMaxPcieLinkGeneration)",
+    )
     width = Family("nvgpu_pcie_link_width", "Current PCIe link width in lanes (nvmlDeviceGetCurrPcieLinkWidth)")
     mwidth = Family("nvgpu_pcie_link_max_width", "Maximum PCIe link width in lanes (nvmlDeviceGetMaxPcieLinkWidth)")
     replay = Family("nvgpu_pcie_replay_errors", "PCIe replays (nvmlDeviceGetPcieReplayCounter)", counter=True)

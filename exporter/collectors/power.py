@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey, mj_to_joules, mw_to_watts
 
 if TYPE_CHECKING:
@@ -40,7 +39,11 @@ def read(dev: Any) -> Reading | None:
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
     usage = Family("nvgpu_power_usage_watts", "Power draw (nvmlDeviceGetPowerUsage; 1 s average on Ampere and newer)")
     limit = Family("nvgpu_power_limit_watts", "Enforced power limit (nvmlDeviceGetEnforcedPowerLimit)")
-    energy = Family("nvgpu_energy_consumption_joules", "Energy consumed since the driver was loaded (nvmlDeviceGetTotalEnergyConsumption)", counter=True)
+    energy = Family(
+        "nvgpu_energy_consumption_joules",
+        "Energy consumed since the driver was loaded (nvmlDeviceGetTotalEnergyConsumption)",
+        counter=True,
+    )
     for key, r in samples:
         usage.add(key, None if r.usage_mw is None else mw_to_watts(r.usage_mw))
         limit.add(key, None if r.limit_mw is None else mw_to_watts(r.limit_mw))

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey
 
 if TYPE_CHECKING:
@@ -30,10 +29,13 @@ class Reading:
 
 
 def read(dev: Any) -> Reading | None:
-    procs = dev.first(FEATURE, [
-        ("nvmlDeviceGetComputeRunningProcesses_v3", ()),
-        ("nvmlDeviceGetComputeRunningProcesses_v2", ()),
-    ])
+    procs = dev.first(
+        FEATURE,
+        [
+            ("nvmlDeviceGetComputeRunningProcesses_v3", ()),
+            ("nvmlDeviceGetComputeRunningProcesses_v2", ()),
+        ],
+    )
     if procs is None:
         return None
     total = 0
@@ -48,7 +50,10 @@ def read(dev: Any) -> Reading | None:
 
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
     count = Family("nvgpu_compute_processes", "Compute processes on the GPU (nvmlDeviceGetComputeRunningProcesses)")
-    mem = Family("nvgpu_compute_processes_memory_used_bytes", "Memory used by compute processes, where readable (nvmlDeviceGetComputeRunningProcesses)")
+    mem = Family(
+        "nvgpu_compute_processes_memory_used_bytes",
+        "Memory used by compute processes, where readable (nvmlDeviceGetComputeRunningProcesses)",
+    )
     for key, r in samples:
         count.add(key, r.count)
         mem.add(key, r.memory_used_bytes)

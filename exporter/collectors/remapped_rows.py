@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey
 
 if TYPE_CHECKING:
@@ -34,7 +33,9 @@ class Reading:
 
 def read(dev: Any) -> Reading | None:
     rows = dev.get(FEATURE, "nvmlDeviceGetRemappedRows")
-    action = dev.fields(FEATURE, [(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)]).get((NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0))
+    action = dev.fields(FEATURE, [(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)]).get(
+        (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)
+    )
     if rows is None and action is None:
         return None
     return Reading(
@@ -48,9 +49,15 @@ def read(dev: Any) -> Reading | None:
 
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
     rows = Family("nvgpu_remapped_rows", "Rows remapped, by cause (nvmlDeviceGetRemappedRows)", ("cause",))
-    pending = Family("nvgpu_remapped_rows_pending", "1 if a row remap is pending and needs a GPU reset (nvmlDeviceGetRemappedRows)")
+    pending = Family(
+        "nvgpu_remapped_rows_pending", "1 if a row remap is pending and needs a GPU reset (nvmlDeviceGetRemappedRows)"
+    )
     failure = Family("nvgpu_remapped_rows_failure", "1 if a row remap failed (nvmlDeviceGetRemappedRows)")
-    action = Family("nvgpu_recovery_action", "Driver-recommended recovery action: 0 none, 1 gpu_reset, 2 node_reboot, 3 drain_p2p, 4 drain_and_reset, 5 recover_imex_domain, 6 bus_reset, 7 system_reboot (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)")
+    action = Family(
+        "nvgpu_recovery_action",
+        "Driver-recommended recovery action: 0 none, 1 gpu_reset, 2 node_reboot, 3 drain_p2p, 4 drain_and_reset, "
+        "5 recover_imex_domain, 6 bus_reset, 7 system_reboot (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)",
+    )
     for key, r in samples:
         rows.add(key, r.correctable, "correctable")
         rows.add(key, r.uncorrectable, "uncorrectable")

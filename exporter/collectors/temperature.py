@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey
 
 if TYPE_CHECKING:
@@ -29,10 +28,13 @@ class Reading:
 
 
 def read(dev: Any) -> Reading | None:
-    gpu = dev.first(FEATURE, [
-        ("nvmlDeviceGetTemperatureV", (NVML_TEMPERATURE_GPU,)),
-        ("nvmlDeviceGetTemperature", (NVML_TEMPERATURE_GPU,)),
-    ])
+    gpu = dev.first(
+        FEATURE,
+        [
+            ("nvmlDeviceGetTemperatureV", (NVML_TEMPERATURE_GPU,)),
+            ("nvmlDeviceGetTemperature", (NVML_TEMPERATURE_GPU,)),
+        ],
+    )
     mem = dev.fields(FEATURE, [(NVML_FI_DEV_MEMORY_TEMP, 0)]).get((NVML_FI_DEV_MEMORY_TEMP, 0))
     if gpu is None and mem is None:
         return None
@@ -40,7 +42,9 @@ def read(dev: Any) -> Reading | None:
 
 
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    gpu = Family("nvgpu_gpu_temperature_celsius", "GPU die temperature (nvmlDeviceGetTemperatureV, sensor NVML_TEMPERATURE_GPU)")
+    gpu = Family(
+        "nvgpu_gpu_temperature_celsius", "GPU die temperature (nvmlDeviceGetTemperatureV, sensor NVML_TEMPERATURE_GPU)"
+    )
     mem = Family("nvgpu_memory_temperature_celsius", "Memory (HBM) temperature (field NVML_FI_DEV_MEMORY_TEMP)")
     for key, r in samples:
         gpu.add(key, r.gpu_celsius)

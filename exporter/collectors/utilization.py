@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from exporter.collectors.base import Family, GpuKey, percent_to_ratio
 
 if TYPE_CHECKING:
@@ -42,8 +41,13 @@ def read(dev: Any) -> Reading | None:
 
 
 def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    gpu = Family("nvgpu_gpu_utilization_ratio", "Fraction of time one or more kernels ran (nvmlDeviceGetUtilizationRates.gpu)")
-    mem = Family("nvgpu_memory_utilization_ratio", "Fraction of time device memory was read or written (nvmlDeviceGetUtilizationRates.memory)")
+    gpu = Family(
+        "nvgpu_gpu_utilization_ratio", "Fraction of time one or more kernels ran (nvmlDeviceGetUtilizationRates.gpu)"
+    )
+    mem = Family(
+        "nvgpu_memory_utilization_ratio",
+        "Fraction of time device memory was read or written (nvmlDeviceGetUtilizationRates.memory)",
+    )
     enc = Family("nvgpu_encoder_utilization_ratio", "Video encoder utilization (nvmlDeviceGetEncoderUtilization)")
     dec = Family("nvgpu_decoder_utilization_ratio", "Video decoder utilization (nvmlDeviceGetDecoderUtilization)")
     for key, r in samples:

@@ -117,8 +117,9 @@ class DeviceClient:
         self.feature_ok: set[str] = set()  # features with at least one successful call this life
         self.feature_unsupported: set[str] = set()
 
-    def _handle_error(self, feature: str, function: str, key: tuple[Any, ...], exc: BaseException,
-                      quiet: bool = False) -> None:
+    def _handle_error(
+        self, feature: str, function: str, key: tuple[Any, ...], exc: BaseException, quiet: bool = False
+    ) -> None:
         failure = errors.classify(exc)
         cls = failure.error_class
         if failure.code == errors.INVALID_ARGUMENT and len(key) > 1:
@@ -129,9 +130,13 @@ class DeviceClient:
             if quiet:
                 return
             log_once(
-                log, logging.INFO, ("unsupported", self.uuid, function),
+                log,
+                logging.INFO,
+                ("unsupported", self.uuid, function),
                 "%s not supported on GPU %s (%s); its series are omitted and it is not called again",
-                function, self.uuid, failure.name,
+                function,
+                self.uuid,
+                failure.name,
                 extra={"feature": feature, "function": function, "uuid": self.uuid, "nvml_error": failure.name},
             )
         elif cls is ErrorClass.ABSENT:
@@ -141,9 +146,15 @@ class DeviceClient:
         elif cls is ErrorClass.BUG:
             self.client.errors[(feature, failure.name)] += 1
             log_once(
-                log, logging.ERROR, ("bug", feature, function, failure.name),
-                "unexpected error from %s on GPU %s: %s", function, self.uuid, failure.message,
-                exc_info=exc, extra={"feature": feature, "function": function},
+                log,
+                logging.ERROR,
+                ("bug", feature, function, failure.name),
+                "unexpected error from %s on GPU %s: %s",
+                function,
+                self.uuid,
+                failure.message,
+                exc_info=exc,
+                extra={"feature": feature, "function": function},
             )
         elif cls is ErrorClass.DEVICE_LOST:
             raise DeviceLost(failure, function) from exc
@@ -199,9 +210,13 @@ class DeviceClient:
         self.feature_ok.discard(feature)
         if announce:
             log_once(
-                log, logging.INFO, ("unsupported", self.uuid, function),
+                log,
+                logging.INFO,
+                ("unsupported", self.uuid, function),
                 "%s on GPU %s: %s; its series are omitted and it is not called again",
-                function, self.uuid, why,
+                function,
+                self.uuid,
+                why,
                 extra={"feature": feature, "function": function, "uuid": self.uuid},
             )
 

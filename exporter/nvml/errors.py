@@ -60,9 +60,7 @@ RESET_TYPE_NOT_SUPPORTED = 30
 UNKNOWN = 999
 
 CODE_NAMES: dict[int, str] = {
-    value: name
-    for name, value in globals().items()
-    if name.isupper() and isinstance(value, int) and name != "SUCCESS"
+    value: name for name, value in globals().items() if name.isupper() and isinstance(value, int) and name != "SUCCESS"
 }
 NAME_CODES: dict[str, int] = {name: code for code, name in CODE_NAMES.items()}
 
@@ -170,9 +168,7 @@ def classify(exc: BaseException, *, handle_lookup: bool = False) -> NvmlFailure:
     code = code_of(exc)
     if code is None:
         return NvmlFailure(-1, type(exc).__name__, ErrorClass.BUG, f"{type(exc).__name__}: {exc}")
-    cls = (_HANDLE_OVERRIDES.get(code) if handle_lookup else None) or _TABLE.get(
-        code, ErrorClass.TRANSIENT
-    )
+    cls = (_HANDLE_OVERRIDES.get(code) if handle_lookup else None) or _TABLE.get(code, ErrorClass.TRANSIENT)
     return NvmlFailure(code, code_name(code), cls, f"{code_name(code)}: {exc}")
 
 

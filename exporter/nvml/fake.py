@@ -43,27 +43,55 @@ EVENT_TYPES: dict[str, int] = {
 }
 
 _FAULT_KEYS = {
-    "function", "gpu", "fields", "from_s", "until_s", "calls", "after_calls",
-    "action", "error", "seconds", "ignore_sigterm", "code", "comment",
+    "function",
+    "gpu",
+    "fields",
+    "from_s",
+    "until_s",
+    "calls",
+    "after_calls",
+    "action",
+    "error",
+    "seconds",
+    "ignore_sigterm",
+    "code",
+    "comment",
 }
 _ACTIONS = {"error", "segfault", "abort", "hang", "exit"}
 _GPU_KEYS = {
-    "name", "uuid", "serial", "pci_bus_id", "minor_number", "architecture", "values", "fields",
-    "default_field_error", "nvlink_link_count", "comment",
+    "name",
+    "uuid",
+    "serial",
+    "pci_bus_id",
+    "minor_number",
+    "architecture",
+    "values",
+    "fields",
+    "default_field_error",
+    "nvlink_link_count",
+    "comment",
 }
 _TOP_KEYS = {
-    "description", "driver_version", "nvml_version", "cuda_driver_version", "missing_functions",
-    "gpus", "faults", "events", "comment",
+    "description",
+    "driver_version",
+    "nvml_version",
+    "cuda_driver_version",
+    "missing_functions",
+    "gpus",
+    "faults",
+    "events",
+    "comment",
 }
 # Per-link functions: a link index at or past the GPU's link count answers INVALID_ARGUMENT,
 # as real drivers do (nvml-notes §3.9).
 _PER_LINK = {
-    "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter", "nvmlDeviceGetNvLinkVersion",
-    "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkCapability",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetNvLinkVersion",
+    "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetNvLinkCapability",
 }
-_PER_LINK_FIELDS = set(range(32, 60)) | set(range(96, 120)) | {138, 139, 140, 141} | set(
-    range(146, 167)
-)
+_PER_LINK_FIELDS = set(range(32, 60)) | set(range(96, 120)) | {138, 139, 140, 141} | set(range(146, 167))
 
 
 class ScenarioError(ValueError):
@@ -281,7 +309,8 @@ class FakeNvml:
         if not isinstance(handle, FakeHandle) or not 0 <= handle.index < len(self._gpus):
             # A real bad handle is a wild pointer: the library reads garbage and crashes.
             crash_segfault()
-        return self._gpus[handle.index]
+        gpu: dict[str, Any] = self._gpus[handle.index]
+        return gpu
 
     def _value(self, gpu: dict[str, Any], fn: str, args: Sequence[Any]) -> Any:
         values = gpu.get("values", {})
@@ -385,8 +414,12 @@ class FakeNvml:
         out = []
         for fid, scope in pairs:
             entry = SimpleNamespace(
-                fieldId=fid, scopeId=scope, timestamp=int(self._clock() * 1e6), latencyUsec=1,
-                valueType=3, nvmlReturn=0,
+                fieldId=fid,
+                scopeId=scope,
+                timestamp=int(self._clock() * 1e6),
+                latencyUsec=1,
+                valueType=3,
+                nvmlReturn=0,
                 value=SimpleNamespace(dVal=0.0, uiVal=0, ulVal=0, ullVal=0, sllVal=0, siVal=0, usVal=0),
             )
             spec_key = f"{fid}:{scope}" if f"{fid}:{scope}" in fields else str(fid)
@@ -441,8 +474,10 @@ class FakeNvml:
                     continue
                 event_set.delivered.add(i)
                 return SimpleNamespace(
-                    device=FakeHandle(ev["gpu"]), eventType=EVENT_TYPES[ev["event_type"]],
-                    eventData=int(ev.get("data", 0)), gpuInstanceId=0xFFFFFFFF,
+                    device=FakeHandle(ev["gpu"]),
+                    eventType=EVENT_TYPES[ev["event_type"]],
+                    eventData=int(ev.get("data", 0)),
+                    gpuInstanceId=0xFFFFFFFF,
                     computeInstanceId=0xFFFFFFFF,
                 )
             remaining = deadline - time.monotonic()

@@ -113,8 +113,7 @@ def _load_api() -> _Api:
             # when its runtime is older than the gencode, the gRPC module a RuntimeError when
             # grpcio is older than the grpcio-tools that generated it.
             _api_error = (
-                f"pod attribution cannot load its generated gRPC modules: "
-                f"{type(exc).__name__}: {exc}; {_INSTALL_HINT}"
+                f"pod attribution cannot load its generated gRPC modules: {type(exc).__name__}: {exc}; {_INSTALL_HINT}"
             )
         else:
             _api = _Api(grpc, pb2, pb2_grpc)
@@ -266,9 +265,7 @@ class PodResourcesClient:
             PodResourcesError: as for :meth:`list_gpu_assignments`.
         """
         try:
-            response = self._call(
-                "GetAllocatableResources", self._api.pb2.AllocatableResourcesRequest()
-            )
+            response = self._call("GetAllocatableResources", self._api.pb2.AllocatableResourcesRequest())
         except PodResourcesError as exc:
             if exc.reason == "unimplemented":
                 return None
@@ -337,20 +334,14 @@ class PodResourcesClient:
             code = exc.code()
             details = exc.details()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise self._error(
-                    "timeout", f"{method} did not answer within {self.timeout_s:g} s"
-                ) from None
+                raise self._error("timeout", f"{method} did not answer within {self.timeout_s:g} s") from None
             if code == grpc.StatusCode.UNAVAILABLE:
                 self.close()
-                raise self._error(
-                    "unavailable", f"{method}: kubelet not reachable ({details})"
-                ) from None
+                raise self._error("unavailable", f"{method}: kubelet not reachable ({details})") from None
             if code == grpc.StatusCode.UNIMPLEMENTED or (
                 # With the KubeletPodResourcesGetAllocatable gate off (1.21-1.27), the kubelet
                 # answers Unknown "Pod Resources API GetAllocatableResources disabled".
                 code == grpc.StatusCode.UNKNOWN and "disabled" in (details or "").lower()
             ):
-                raise self._error(
-                    "unimplemented", f"{method} is not served by this kubelet ({details})"
-                ) from None
+                raise self._error("unimplemented", f"{method} is not served by this kubelet ({details})") from None
             raise self._error("rpc_error", f"{method} failed: {code.name}: {details}") from None

@@ -72,17 +72,12 @@ def generate(out_root: Path) -> dict[str, str]:
     )
     if rc != 0:
         raise RuntimeError(f"protoc exited {rc}")
-    return {
-        name: HEADER + (gen_root / PACKAGE_DIR / name).read_text(encoding="utf-8")
-        for name in GENERATED
-    }
+    return {name: HEADER + (gen_root / PACKAGE_DIR / name).read_text(encoding="utf-8") for name in GENERATED}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--check", action="store_true", help="compare instead of writing; exit 1 on a difference"
-    )
+    parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 on a difference")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         files = generate(Path(tmp))

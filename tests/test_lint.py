@@ -1,0 +1,70 @@
+"""STYLE.md: ruff (lint and format) and mypy --strict on the packages; import boundaries."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ["exporter", "guards"]
+
+
+def _tool(name: str) -> list[str]:
+    if shutil.which(name) is None:
+        pytest.skip(f"{name} is not installed (CI installs it from requirements-ci.txt)")
+    return [name]
+
+
+def test_ruff_lint_and_format() -> None:
+    for args in (["check", *PACKAGES], ["format", "--check", *PACKAGES]):
+        proc = subprocess.run([*_tool("ruff"), *args], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_strict() -> None:
+    _tool("mypy")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", *PACKAGES], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_pynvml_only_behind_exporter_nvml() -> None:
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "exporter").rglob("*.py")
+        if "pynvml" in _imports(p) and p.parent.name != "nvml"
+    ]
+    assert offenders == []
+
+
+def test_aiohttp_only_on_the_http_side() -> None:
+    allowed = {"web.py", "cli.py"}
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "exporter").rglob("*.py")
+        if "aiohttp" in _imports(p) and p.name not in allowed
+    ]
+    assert offenders == []
+
+
+def test_worker_imports_neither_aiohttp_nor_prometheus_client() -> None:
+    code = "import sys, exporter.worker; print(sorted(m for m in ('aiohttp', 'prometheus_client') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
