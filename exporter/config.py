@@ -52,24 +52,21 @@ def _duration(name: str, text: str) -> float:
     return value
 
 
-def _positive_int(name: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: expected a positive integer") from None
-    if value <= 0:
-        raise ValueError(f"{name}={text!r}: expected a positive integer")
-    return value
+def _integer(minimum: int, expected: str) -> Callable[[str, str], int]:
+    def parse(name: str, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise ValueError(f"{name}={text!r}: expected {expected}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(name: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: expected a non-negative integer (bytes)") from None
-    if value < 0:
-        raise ValueError(f"{name}={text!r}: expected a non-negative integer (bytes)")
-    return value
+_positive_int = _integer(1, "a positive integer")
+_non_negative_int = _integer(0, "a non-negative integer (bytes)")
 
 
 def _ratio(name: str, text: str) -> float:

@@ -47,6 +47,15 @@ STDERR_LINES = 400
 CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
 
 
+def _distribution_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 def proc_state(pid: int) -> str | None:
     """The state letter from ``/proc/<pid>/stat`` (``R``, ``S``, ``D``, ``Z`` …), None if gone."""
     try:
@@ -97,7 +106,8 @@ class Supervisor:
         # served state
         self.last_snapshot: dict[str, Any] | None = None
         self.last_snapshot_mono: float | None = None
-        self.system: dict[str, str] = {}
+        # Until a worker reports, the installed binding's version (read without importing pynvml).
+        self.system: dict[str, str] = {"nvidia_ml_py_version": _distribution_version("nvidia-ml-py")}
         self.worker_states: dict[str, Any] = {}
         self.nvml_up = False
         self.last_init_error: str | None = None
