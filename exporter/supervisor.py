@@ -367,18 +367,26 @@ class Supervisor:
         """Keep a worker running until :meth:`stop`."""
         while not self._stopping and self.fatal_exit is None:
             if self.respawn_stopped:
-                self._wake.clear()
                 self._reap_finished()
                 if self.respawn_stopped:
-                    await asyncio.wait([asyncio.ensure_future(self._wake.wait())], timeout=5.0)
+                    await self._sleep(5.0)
                     continue
             outcome = await self._run_one()
             if self._stopping or self.fatal_exit is not None:
                 break
             delay = self._account(outcome)
             if delay > 0:
-                self._wake.clear()
-                await asyncio.wait([asyncio.ensure_future(self._wake.wait())], timeout=delay)
+                await self._sleep(delay)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` or until :meth:`stop` (or a fatal self-check) wakes the loop."""
+        if self._stopping or self.fatal_exit is not None:
+            return
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
 
     def _reap_finished(self) -> None:
         self._unreaped = [p for p in self._unreaped if p.returncode is None]

@@ -52,8 +52,12 @@ EVENT_TYPE_NAMES = {
 EVENT_MASK_WANTED = sum(EVENT_TYPE_NAMES) & ~0x10 & ~0x4  # P-state and clock events are noise
 
 
-class Stopping(Exception):
-    """Raised between NVML calls once a shutdown was requested."""
+class Stopping(BaseException):
+    """Raised between NVML calls once a shutdown was requested.
+
+    A BaseException, like KeyboardInterrupt, so that the per-call error handling
+    (``except Exception`` -> classify) does not mistake it for an NVML error.
+    """
 
 
 class Channel:
