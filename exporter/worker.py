@@ -186,7 +186,6 @@ class Worker:
         from guards import features as gf
         from guards import known_issues
 
-        names = [d.cache.get("name") for d in self.devices]
         gpu_models = []
         for dev in self.devices:
             try:
@@ -195,7 +194,6 @@ class Worker:
                 raise
             except Exception:  # noqa: BLE001 - a model we cannot read matches no rule
                 continue
-        del names
         hits: dict[str, str] = {}
         try:
             hits = known_issues.match_known_issues(
