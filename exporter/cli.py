@@ -85,16 +85,38 @@ def _run(main: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop
     except ImportError:
+        use_uvloop = False
+    else:
+        use_uvloop = True
+    if not use_uvloop:  # outside the except block: later tracebacks must not chain to this
         return asyncio.run(main)
     return int(uvloop.run(main))
 
 
 def _quarantine(config: Config, args: argparse.Namespace) -> int:
     from exporter.quarantine import QuarantineStore
+    from guards.features import FEATURES
 
+    if args.clear and args.clear not in FEATURES:
+        import difflib
+
+        close = difflib.get_close_matches(args.clear, list(FEATURES), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        print(
+            f"nvgpu-exporter quarantine --clear {args.clear!r}: not a feature{hint} (features: {', '.join(FEATURES)})",
+            file=sys.stderr,
+        )
+        return protocol.EXIT_CONFIG
     store = QuarantineStore(
         config.state_file, config.quarantine_after, config.quarantine_window_s, config.quarantine_ttl_s
     )
+    if store.load_error is not None:
+        print(
+            f"nvgpu-exporter: state file {config.state_file} is unreadable ({store.load_error}); "
+            "not touching it — move it away to start afresh",
+            file=sys.stderr,
+        )
+        return protocol.EXIT_ERROR
     if args.clear or args.clear_all:
         cleared = store.clear(None if args.clear_all else args.clear)
         print(
@@ -119,6 +141,14 @@ async def serve(config: Config) -> int:
     from exporter.web import SUPERVISOR_TASK, Renderer, make_app
 
     supervisor = Supervisor(config)
+    why = supervisor.quarantine.writable()
+    if why:
+        log.warning(
+            "state file %s cannot be written (%s): a quarantine will not survive a restart; mount an emptyDir there "
+            "or set NVGPU_STATE_FILE",
+            config.state_file,
+            why,
+        )
     sup_check = supervisor.selfchecks["supervisor"]
     for problem in sup_check["problems"]:
         log.warning("self-check (supervisor): %s", problem)
@@ -140,6 +170,8 @@ async def serve(config: Config) -> int:
         await site.start()
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", host or "*", port, exc)
+        for coro in extras:
+            coro.close()
         await runner.cleanup()
         supervisor.close()
         return protocol.EXIT_ERROR

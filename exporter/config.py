@@ -42,6 +42,18 @@ class Setting:
     help: str
 
 
+MIN_INTERVAL_S = 0.1
+
+
+def _interval(name: str, text: str) -> float:
+    value = _duration(name, text)
+    if value < MIN_INTERVAL_S:
+        raise ValueError(
+            f"{name}={text!r}: expected at least {MIN_INTERVAL_S} s (NVML's own sampling periods are 1/6 s to 1 s)"
+        )
+    return value
+
+
 def _duration(name: str, text: str) -> float:
     try:
         value = float(text)
@@ -127,6 +139,12 @@ def _backend(name: str, text: str) -> str:
             raise ValueError(f"{name}={text!r}: expected fake:<scenario file>")
         if not os.path.isfile(path):
             raise ValueError(f"{name}={text!r}: scenario file {path!r} does not exist")
+        from exporter.nvml.scenario import ScenarioError, load_scenario  # stdlib only: no pynvml here
+
+        try:
+            load_scenario(path)
+        except ScenarioError as exc:
+            raise ValueError(f"{name}: {exc}") from None
         return "fake:" + os.path.abspath(path)
     raise ValueError(f"{name}={text!r}: expected 'nvml' or 'fake:<scenario file>'")
 
@@ -149,7 +167,7 @@ SETTINGS: tuple[Setting, ...] = (
         "NVGPU_SAMPLE_INTERVAL_SECONDS",
         "--sample-interval",
         "5",
-        _duration,
+        _interval,
         "seconds between NVML samples",
     ),
     Setting(
@@ -411,6 +429,8 @@ class Config:
             if s.attr == "listen_address":
                 host, port = value
                 value = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            elif isinstance(value, bool):
+                value = str(value).lower()
             lines.append(f"{s.env}={value}")
         lines.extend(f"{gf.env_var(k)}={v.value}" for k, v in self.feature_modes.items())
         return lines

@@ -74,6 +74,8 @@ class QuarantineStore:
         self.clock = clock
         self.history: list[tuple[float, str, str]] = []  # (time, feature, function)
         self.active: dict[str, Quarantine] = {}
+        self.load_error: str | None = None  # why an existing state file could not be read
+        self._save_warned = False
         self._load()
 
     def _load(self) -> None:
@@ -82,12 +84,15 @@ class QuarantineStore:
         try:
             with open(self.path, encoding="utf-8") as fh:
                 data = json.load(fh)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
             if data.get("version") != STATE_VERSION:
                 raise ValueError(f"version {data.get('version')!r}, expected {STATE_VERSION}")
             self.history = [(float(t), str(f), str(fn)) for t, f, fn in data.get("history", [])]
             self.active = {k: Quarantine(**v) for k, v in data.get("quarantine", {}).items()}
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
             log.error("state file %s unreadable (%s); starting with no quarantine", self.path, exc)
+            self.load_error = str(exc)
             self.history, self.active = [], {}
         self.expire()
 
@@ -108,7 +113,9 @@ class QuarantineStore:
                 json.dump(data, fh)
             os.replace(tmp, self.path)
         except OSError as exc:
-            log.warning("cannot write state file %s (%s); quarantine will not survive a restart", self.path, exc)
+            if not self._save_warned:
+                log.warning("cannot write state file %s (%s); quarantine will not survive a restart", self.path, exc)
+                self._save_warned = True
 
     def expire(self) -> list[str]:
         """Drop expired quarantines and old history; returns the features released."""
@@ -134,13 +141,31 @@ class QuarantineStore:
         return new
 
     def clear(self, feature: str | None = None) -> list[str]:
-        """Remove one quarantine (or all) and its history; returns the features cleared."""
+        """Remove one quarantine (or all) and its history; returns the features cleared.
+
+        The file is written only when something changed.
+        """
         cleared = [f for f in self.active if feature in (None, f)]
+        history = [h for h in self.history if feature not in (None, h[1])]
+        if not cleared and len(history) == len(self.history):
+            return []
         for f in cleared:
             del self.active[f]
-        self.history = [h for h in self.history if feature not in (None, h[1])]
+        self.history = history
         self.save()
         return cleared
+
+    def writable(self) -> str | None:
+        """None if the state file's directory can take the file, else why not (checked at start)."""
+        if not self.path:
+            return None
+        directory = os.path.dirname(os.path.abspath(self.path)) or "."
+        probe = directory
+        while not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        if not os.access(probe, os.W_OK | os.X_OK):
+            return f"{probe} is not writable"
+        return None
 
     def details(self) -> dict[str, str]:
         """feature -> human detail of each active quarantine."""

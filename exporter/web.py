@@ -52,10 +52,28 @@ class Renderer:
             log.exception("rendering the exposition failed; serving the previous rendering")
 
 
+def accepts_gzip(header: str) -> bool:
+    """True when Accept-Encoding lists gzip with q > 0 (RFC 9110 §12.5.3; ``gzip;q=0`` refuses it)."""
+    for part in header.lower().split(","):
+        coding, *params = (p.strip() for p in part.split(";"))
+        if coding not in ("gzip", "x-gzip"):
+            continue
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        return q > 0
+    return False
+
+
 async def metrics(request: web.Request) -> web.Response:
     rendered = request.app[RENDERER].current
     openmetrics = exposition.negotiate(request.headers.get("Accept"))
-    gz = "gzip" in request.headers.get("Accept-Encoding", "").lower()
+    gz = accepts_gzip(request.headers.get("Accept-Encoding", ""))
     body = rendered.body(openmetrics, gz)
     headers = {
         "Content-Type": exposition.OPENMETRICS_CONTENT_TYPE if openmetrics else exposition.TEXT_CONTENT_TYPE,

@@ -120,7 +120,11 @@ class Worker:
         """Load the backend and call nvmlInit once. False (after reporting) on failure."""
         from exporter.nvml import backend as backend_mod
 
-        backend = backend_mod.load(self.config["backend"])
+        try:
+            backend = backend_mod.load(self.config["backend"])
+        except ValueError as exc:  # ScenarioError: the file changed since the supervisor checked it
+            self.channel.send("init_failed", code=-1, error="BAD_BACKEND", message=str(exc))
+            return False
         client = StoppableClient(backend, self.crumbs, SLOT_SAMPLER)
         client.stop = self.stop
         self.client = client
@@ -392,8 +396,8 @@ class Worker:
                 )
         finally:
             if self.stop.is_set():
-                try:
-                    client.raw("events", "nvmlEventSetFree", "", event_set)
+                try:  # past the stop latch on purpose: shutdown waits for this thread first
+                    NvmlClient.raw(client, "events", "nvmlEventSetFree", "", event_set)
                 except Exception:  # noqa: BLE001 - best effort at shutdown
                     pass
 
@@ -474,7 +478,12 @@ def main() -> int:
     try:
         while not worker.stop.is_set():
             snap = worker.sample()
-            channel.send("snapshot", **snap)
+            try:
+                channel.send("snapshot", **snap)
+            except (TypeError, ValueError):  # a value JSON cannot carry: our bug, not a reason to die
+                logs.log_once(
+                    log, logging.ERROR, ("snapshot-encode",), "snapshot not encodable; skipped", exc_info=True
+                )
             next_at += worker.interval
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (a slow sample): start the schedule again from now
@@ -497,7 +506,13 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
+    try:
+        code = main()
+    except BaseException:  # noqa: BLE001 - report, then leave without interpreter teardown
+        import traceback
+
+        traceback.print_exc()
+        code = protocol.EXIT_ERROR
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # do not run interpreter teardown with NVML threads possibly alive

@@ -233,7 +233,7 @@ def test_listen_address_errors(text: str, says: str) -> None:
 
 
 def test_fake_backend_path_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "s.json").write_text("{}")
+    (tmp_path / "s.json").write_text('{"gpus": []}')
     monkeypatch.chdir(tmp_path)
     assert Config.from_env({"NVGPU_NVML_BACKEND": "fake:s.json"}).nvml_backend == f"fake:{tmp_path / 's.json'}"
 

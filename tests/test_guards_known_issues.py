@@ -175,7 +175,7 @@ def test_any_gpu_of_the_node_matching_is_enough() -> None:
     )
     detail = found["nvlink_throughput"]
     assert detail.endswith(f"; rule {INCIDENT_ID})")
-    assert "docs/DESIGN.md incident 1" in detail
+    assert "docs/design.md, first incident" in detail
     assert detail.startswith("native heap corruption")
 
 

@@ -11,7 +11,6 @@ Bad scenario files raise :class:`ScenarioError` naming the file, the place and w
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import os
 import signal
@@ -24,78 +23,9 @@ from typing import Any
 import pynvml
 
 from exporter.nvml import errors
+from exporter.nvml.scenario import _PER_LINK, _PER_LINK_FIELDS, EVENT_TYPES, ScenarioError, load_scenario
 
-EVENT_TYPES: dict[str, int] = {
-    "SingleBitEccError": 0x1,
-    "DoubleBitEccError": 0x2,
-    "PState": 0x4,
-    "XidCriticalError": 0x8,
-    "Clock": 0x10,
-    "PowerSourceChange": 0x80,
-    "MigConfigChange": 0x100,
-    "SingleBitEccErrorStorm": 0x200,
-    "DramRetirementEvent": 0x400,
-    "DramRetirementFailure": 0x800,
-    "NonFatalPoisonError": 0x1000,
-    "FatalPoisonError": 0x2000,
-    "GpuUnavailableError": 0x4000,
-    "GpuRecoveryAction": 0x8000,
-}
-
-_FAULT_KEYS = {
-    "function",
-    "gpu",
-    "fields",
-    "from_s",
-    "until_s",
-    "calls",
-    "after_calls",
-    "action",
-    "error",
-    "seconds",
-    "ignore_sigterm",
-    "code",
-    "comment",
-}
-_ACTIONS = {"error", "segfault", "abort", "hang", "exit"}
-_GPU_KEYS = {
-    "name",
-    "uuid",
-    "serial",
-    "pci_bus_id",
-    "minor_number",
-    "architecture",
-    "values",
-    "fields",
-    "default_field_error",
-    "nvlink_link_count",
-    "comment",
-}
-_TOP_KEYS = {
-    "description",
-    "driver_version",
-    "nvml_version",
-    "cuda_driver_version",
-    "missing_functions",
-    "gpus",
-    "faults",
-    "events",
-    "comment",
-}
-# Per-link functions: a link index at or past the GPU's link count answers INVALID_ARGUMENT,
-# as real drivers do (nvml-notes §3.9).
-_PER_LINK = {
-    "nvmlDeviceGetNvLinkState",
-    "nvmlDeviceGetNvLinkErrorCounter",
-    "nvmlDeviceGetNvLinkVersion",
-    "nvmlDeviceGetNvLinkRemotePciInfo",
-    "nvmlDeviceGetNvLinkCapability",
-}
-_PER_LINK_FIELDS = set(range(32, 60)) | set(range(96, 120)) | {138, 139, 140, 141} | set(range(146, 167))
-
-
-class ScenarioError(ValueError):
-    """The scenario file is not valid; the message names the file, the place and the expectation."""
+__all__ = ["EVENT_TYPES", "FakeHandle", "FakeNvml", "ScenarioError", "crash_segfault"]
 
 
 class FakeHandle:
@@ -145,14 +75,7 @@ class FakeNvml:
         self._path = path
         self._clock = clock
         self._epoch = clock() if epoch is None else epoch
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except OSError as exc:
-            raise ScenarioError(f"scenario {path}: cannot read: {exc}") from exc
-        except ValueError as exc:
-            raise ScenarioError(f"scenario {path}: not valid JSON: {exc}") from exc
-        self._scenario = self._validate(data)
+        self._scenario = load_scenario(path)
         self._gpus: list[dict[str, Any]] = self._scenario["gpus"]
         self._missing = set(self._scenario.get("missing_functions", []))
         self._faults: list[dict[str, Any]] = self._scenario.get("faults", [])
@@ -160,78 +83,6 @@ class FakeNvml:
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._initialised = 0
-
-    # -- scenario validation -------------------------------------------------------------------
-
-    def _fail(self, where: str, expected: str) -> ScenarioError:
-        return ScenarioError(f"scenario {self._path}: {where}: expected {expected}")
-
-    def _validate(self, data: Any) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            raise self._fail("top level", "a JSON object")
-        unknown = set(data) - _TOP_KEYS
-        if unknown:
-            raise self._fail(f"unknown top-level keys {sorted(unknown)}", f"only {sorted(_TOP_KEYS)}")
-        gpus = data.get("gpus")
-        if not isinstance(gpus, list):
-            raise self._fail("gpus", "a list of GPU objects")
-        for i, gpu in enumerate(gpus):
-            if not isinstance(gpu, dict):
-                raise self._fail(f"gpus[{i}]", "an object")
-            bad = set(gpu) - _GPU_KEYS
-            if bad:
-                raise self._fail(f"gpus[{i}] unknown keys {sorted(bad)}", f"only {sorted(_GPU_KEYS)}")
-            if not isinstance(gpu.get("uuid"), str):
-                raise self._fail(f"gpus[{i}].uuid", "a string such as GPU-xxxxxxxx-…")
-            for key in ("values", "fields"):
-                if not isinstance(gpu.get(key, {}), dict):
-                    raise self._fail(f"gpus[{i}].{key}", "an object")
-            for key, spec in {**gpu.get("values", {}), **gpu.get("fields", {})}.items():
-                self._check_spec(spec, f"gpus[{i}] value {key!r}")
-        for i, fault in enumerate(data.get("faults", [])):
-            if not isinstance(fault, dict):
-                raise self._fail(f"faults[{i}]", "an object")
-            bad = set(fault) - _FAULT_KEYS
-            if bad:
-                raise self._fail(f"faults[{i}] unknown keys {sorted(bad)}", f"only {sorted(_FAULT_KEYS)}")
-            if fault.get("action") not in _ACTIONS:
-                raise self._fail(f"faults[{i}].action={fault.get('action')!r}", f"one of {sorted(_ACTIONS)}")
-            if fault["action"] == "error":
-                try:
-                    errors.parse_code(fault.get("error", ""))
-                except ValueError as exc:
-                    raise self._fail(f"faults[{i}].error", str(exc)) from exc
-        for i, event in enumerate(data.get("events", [])):
-            if not isinstance(event, dict) or event.get("event_type") not in EVENT_TYPES:
-                raise self._fail(f"events[{i}].event_type", f"one of {sorted(EVENT_TYPES)}")
-            if not isinstance(event.get("at_s"), (int, float)) or not isinstance(event.get("gpu"), int):
-                raise self._fail(f"events[{i}]", "numbers at_s and gpu")
-        return data
-
-    def _check_spec(self, spec: Any, where: str) -> None:
-        if isinstance(spec, dict):
-            if "error" in spec:
-                try:
-                    errors.parse_code(spec["error"])
-                except ValueError as exc:
-                    raise self._fail(where, str(exc)) from exc
-            elif "cycle" in spec:
-                if not isinstance(spec["cycle"], list) or not spec["cycle"]:
-                    raise self._fail(where, "cycle to be a non-empty list")
-                if not isinstance(spec.get("step_s"), (int, float)) or spec["step_s"] <= 0:
-                    raise self._fail(where, "step_s > 0 with cycle")
-            elif "ramp" in spec:
-                if not isinstance(spec.get("per_s"), (int, float)):
-                    raise self._fail(where, "per_s (a number) with ramp")
-            elif "sequence" in spec:
-                if not isinstance(spec["sequence"], list):
-                    raise self._fail(where, "sequence to be a list of {until_s, value}")
-            else:
-                for k, v in spec.items():
-                    self._check_spec(v, f"{where}.{k}")
-        elif isinstance(spec, list):
-            for j, v in enumerate(spec):
-                self._check_spec(v, f"{where}[{j}]")
 
     # -- time, values, faults ------------------------------------------------------------------
 

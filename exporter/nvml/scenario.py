@@ -1,0 +1,276 @@
+"""Scenario files for the fake NVML backend: loading and strict validation (docs/scenarios.md).
+
+Standard library only, so the supervisor (and ``--check-config``) can reject a bad scenario before
+anything starts, without importing ``pynvml``. Every error names the file, the place and what was
+expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from typing import Any, NoReturn
+
+from exporter.nvml import errors
+
+EVENT_TYPES: dict[str, int] = {
+    "SingleBitEccError": 0x1,
+    "DoubleBitEccError": 0x2,
+    "PState": 0x4,
+    "XidCriticalError": 0x8,
+    "Clock": 0x10,
+    "PowerSourceChange": 0x80,
+    "MigConfigChange": 0x100,
+    "SingleBitEccErrorStorm": 0x200,
+    "DramRetirementEvent": 0x400,
+    "DramRetirementFailure": 0x800,
+    "NonFatalPoisonError": 0x1000,
+    "FatalPoisonError": 0x2000,
+    "GpuUnavailableError": 0x4000,
+    "GpuRecoveryAction": 0x8000,
+}
+
+_FAULT_KEYS = {
+    "function",
+    "gpu",
+    "fields",
+    "from_s",
+    "until_s",
+    "calls",
+    "after_calls",
+    "action",
+    "error",
+    "seconds",
+    "ignore_sigterm",
+    "code",
+    "comment",
+}
+_ACTIONS = {"error", "segfault", "abort", "hang", "exit"}
+_GPU_KEYS = {
+    "name",
+    "uuid",
+    "serial",
+    "pci_bus_id",
+    "minor_number",
+    "architecture",
+    "values",
+    "fields",
+    "default_field_error",
+    "nvlink_link_count",
+    "comment",
+}
+_TOP_KEYS = {
+    "description",
+    "driver_version",
+    "nvml_version",
+    "cuda_driver_version",
+    "missing_functions",
+    "gpus",
+    "faults",
+    "events",
+    "comment",
+}
+# Per-link functions: a link index at or past the GPU's link count answers INVALID_ARGUMENT,
+# as real drivers do (nvml-notes §3.9).
+_PER_LINK = {
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetNvLinkVersion",
+    "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetNvLinkCapability",
+}
+_PER_LINK_FIELDS = set(range(32, 60)) | set(range(96, 120)) | {138, 139, 140, 141} | set(range(146, 167))
+
+
+class ScenarioError(ValueError):
+    """The scenario file is not valid; the message names the file, the place and the expectation."""
+
+
+_SPEC_KEYS = {"cycle": {"cycle", "step_s"}, "ramp": {"ramp", "per_s"}, "sequence": {"sequence"}, "error": {"error"}}
+_RESERVED = {"cycle", "step_s", "ramp", "per_s", "sequence", "error", "until_s", "value"}
+_VALUE_KEY = re.compile(r"^nvml[A-Za-z0-9_]+(:[^:]+)?$")
+_FIELD_KEY = re.compile(r"^\d+(:\d+)?$")
+
+
+def _fail(path: str, where: str, expected: str) -> NoReturn:
+    raise ScenarioError(f"scenario {path}: {where}: expected {expected}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def load_scenario(path: str) -> dict[str, Any]:
+    """Read and validate a scenario file.
+
+    Returns:
+        The scenario as parsed JSON.
+
+    Raises:
+        ScenarioError: unreadable, not UTF-8, not JSON (NaN and Infinity included), or not a
+            valid scenario; the message says where and what was expected.
+    """
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ScenarioError(f"scenario {path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"scenario {path}: not UTF-8 text (byte {exc.start})") from exc
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise ScenarioError(f"scenario {path}: not valid JSON: {exc}") from exc
+    validate(path, data)
+    return data  # type: ignore[no-any-return]
+
+
+def validate(path: str, data: Any) -> None:
+    """Check a parsed scenario; raises ScenarioError on the first problem."""
+    if not isinstance(data, dict):
+        _fail(path, "top level", "a JSON object")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        _fail(path, f"unknown top-level keys {sorted(unknown)}", f"only {sorted(_TOP_KEYS)}")
+    for key in ("driver_version", "nvml_version"):
+        if key in data and not isinstance(data[key], str):
+            _fail(path, key, 'a string such as "580.159.04"')
+    if "cuda_driver_version" in data and not _is_int(data["cuda_driver_version"]):
+        _fail(path, "cuda_driver_version", "an integer such as 13000")
+    missing = data.get("missing_functions", [])
+    if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
+        _fail(path, "missing_functions", "a list of pynvml function names")
+    gpus = data.get("gpus")
+    if not isinstance(gpus, list):
+        _fail(path, "gpus", "a list of GPU objects")
+    seen: dict[str, int] = {}
+    for i, gpu in enumerate(gpus):
+        _check_gpu(path, i, gpu)
+        if gpu["uuid"] in seen:
+            _fail(path, f"gpus[{i}].uuid", f"a UUID not already used by gpus[{seen[gpu['uuid']]}]")
+        seen[gpu["uuid"]] = i
+    faults = data.get("faults", [])
+    if not isinstance(faults, list):
+        _fail(path, "faults", "a list of fault objects")
+    for i, fault in enumerate(faults):
+        _check_fault(path, i, fault)
+    events = data.get("events", [])
+    if not isinstance(events, list):
+        _fail(path, "events", "a list of event objects")
+    for i, event in enumerate(events):
+        if not isinstance(event, dict) or event.get("event_type") not in EVENT_TYPES:
+            _fail(path, f"events[{i}].event_type", f"one of {sorted(EVENT_TYPES)}")
+        if not _is_number(event.get("at_s")) or not _is_int(event.get("gpu")):
+            _fail(path, f"events[{i}]", "numbers at_s and gpu")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_gpu(path: str, i: int, gpu: Any) -> None:
+    if not isinstance(gpu, dict):
+        _fail(path, f"gpus[{i}]", "an object")
+    bad = set(gpu) - _GPU_KEYS
+    if bad:
+        _fail(path, f"gpus[{i}] unknown keys {sorted(bad)}", f"only {sorted(_GPU_KEYS)}")
+    uuid = gpu.get("uuid")
+    if not isinstance(uuid, str) or not uuid or not uuid.isprintable() or len(uuid) > 96:
+        _fail(path, f"gpus[{i}].uuid", "a printable string of at most 96 characters such as GPU-xxxxxxxx-…")
+    for key in ("name", "serial", "pci_bus_id"):
+        if key in gpu and not isinstance(gpu[key], str):
+            _fail(path, f"gpus[{i}].{key}", "a string")
+    for key in ("minor_number", "architecture", "nvlink_link_count"):
+        if key in gpu and (not _is_int(gpu[key]) or gpu[key] < 0):
+            _fail(path, f"gpus[{i}].{key}", "a non-negative integer")
+    if "default_field_error" in gpu:
+        _check_error(path, f"gpus[{i}].default_field_error", gpu["default_field_error"])
+    for key, pattern, what in (
+        ("values", _VALUE_KEY, "pynvml function names"),
+        ("fields", _FIELD_KEY, '"fieldId" or "fieldId:scopeId"'),
+    ):
+        table = gpu.get(key, {})
+        if not isinstance(table, dict):
+            _fail(path, f"gpus[{i}].{key}", "an object")
+        for name, spec in table.items():
+            if not pattern.match(name):
+                _fail(path, f"gpus[{i}].{key} key {name!r}", f"keys of the form {what}")
+            _check_spec(path, spec, f"gpus[{i}].{key}[{name!r}]")
+
+
+def _check_error(path: str, where: str, value: Any) -> None:
+    try:
+        errors.parse_code(value)
+    except (ValueError, AttributeError) as exc:
+        _fail(path, where, f"an NVML error name or code ({exc})")
+
+
+def _check_fault(path: str, i: int, fault: Any) -> None:
+    if not isinstance(fault, dict):
+        _fail(path, f"faults[{i}]", "an object")
+    bad = set(fault) - _FAULT_KEYS
+    if bad:
+        _fail(path, f"faults[{i}] unknown keys {sorted(bad)}", f"only {sorted(_FAULT_KEYS)}")
+    if fault.get("action") not in _ACTIONS:
+        _fail(path, f"faults[{i}].action={fault.get('action')!r}", f"one of {sorted(_ACTIONS)}")
+    if fault["action"] == "error":
+        _check_error(path, f"faults[{i}].error", fault.get("error", ""))
+    for key in ("from_s", "until_s", "seconds"):
+        if key in fault and not _is_number(fault[key]):
+            _fail(path, f"faults[{i}].{key}", "a number of seconds")
+    for key in ("calls", "fields"):
+        if key in fault and (not isinstance(fault[key], list) or not all(_is_int(c) for c in fault[key])):
+            _fail(path, f"faults[{i}].{key}", "a list of integers")
+    for key in ("gpu", "after_calls", "code"):
+        if key in fault and not _is_int(fault[key]):
+            _fail(path, f"faults[{i}].{key}", "an integer")
+
+
+def _check_spec(path: str, spec: Any, where: str) -> None:
+    if isinstance(spec, list):
+        for j, v in enumerate(spec):
+            _check_spec(path, v, f"{where}[{j}]")
+        return
+    if isinstance(spec, str) and not spec.isprintable():
+        _fail(path, where, "printable text (no control characters)")
+    if not isinstance(spec, dict):
+        return
+    kind = next((k for k in _SPEC_KEYS if k in spec), None)
+    if kind is None:  # a struct: attribute -> value; catch typos of the spec keys
+        for key, value in spec.items():
+            close = difflib.get_close_matches(key, sorted(_RESERVED), n=1, cutoff=0.75)
+            if close:
+                _fail(path, f"{where} key {key!r}", f"{close[0]!r} (a value spec) or a struct attribute name")
+            if not key.isidentifier():
+                _fail(path, f"{where} key {key!r}", "a struct attribute name (an identifier)")
+            _check_spec(path, value, f"{where}.{key}")
+        return
+    extra = set(spec) - _SPEC_KEYS[kind]
+    if extra:
+        _fail(path, f"{where} unknown keys {sorted(extra)}", f"only {sorted(_SPEC_KEYS[kind])} with {kind}")
+    if kind == "error":
+        _check_error(path, where, spec["error"])
+    elif kind == "cycle":
+        if not isinstance(spec["cycle"], list) or not spec["cycle"]:
+            _fail(path, where, "cycle to be a non-empty list")
+        if not _is_number(spec.get("step_s")) or spec["step_s"] <= 0:
+            _fail(path, where, "step_s > 0 with cycle")
+        _check_spec(path, spec["cycle"], f"{where}.cycle")
+    elif kind == "ramp":
+        if not _is_number(spec["ramp"]) or not _is_number(spec.get("per_s")):
+            _fail(path, where, "numbers ramp and per_s")
+    else:
+        seq = spec["sequence"]
+        if not isinstance(seq, list) or not all(isinstance(e, dict) and set(e) <= {"until_s", "value"} for e in seq):
+            _fail(path, where, "sequence to be a list of {until_s, value}")
+        for j, entry in enumerate(seq):
+            if "until_s" in entry and not _is_number(entry["until_s"]):
+                _fail(path, f"{where}.sequence[{j}].until_s", "a number of seconds")
+            _check_spec(path, entry.get("value"), f"{where}.sequence[{j}].value")
