@@ -29,6 +29,10 @@ class Reading:
     replay_count: int | None
 
 
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def read(dev: Any) -> Reading | None:
     static = dev.cache.get("pcie_max")
     if static is None:
@@ -38,11 +42,11 @@ def read(dev: Any) -> Reading | None:
         )
         dev.cache["pcie_max"] = static
     r = Reading(
-        generation=dev.get(FEATURE, "nvmlDeviceGetCurrPcieLinkGeneration"),
-        max_generation=static[0],
-        width=dev.get(FEATURE, "nvmlDeviceGetCurrPcieLinkWidth"),
-        max_width=static[1],
-        replay_count=dev.get(FEATURE, "nvmlDeviceGetPcieReplayCounter"),
+        generation=_int(dev.get(FEATURE, "nvmlDeviceGetCurrPcieLinkGeneration")),
+        max_generation=_int(static[0]),
+        width=_int(dev.get(FEATURE, "nvmlDeviceGetCurrPcieLinkWidth")),
+        max_width=_int(static[1]),
+        replay_count=_int(dev.get(FEATURE, "nvmlDeviceGetPcieReplayCounter")),
     )
     return None if r == Reading(None, None, None, None, None) else r
 

@@ -28,10 +28,13 @@ class Reading:
 
 
 def read(dev: Any) -> Reading | None:
+    usage = dev.get(FEATURE, "nvmlDeviceGetPowerUsage")
+    limit = dev.get(FEATURE, "nvmlDeviceGetEnforcedPowerLimit")
+    energy = dev.get(FEATURE, "nvmlDeviceGetTotalEnergyConsumption")
     r = Reading(
-        usage_mw=dev.get(FEATURE, "nvmlDeviceGetPowerUsage"),
-        limit_mw=dev.get(FEATURE, "nvmlDeviceGetEnforcedPowerLimit"),
-        energy_mj=dev.get(FEATURE, "nvmlDeviceGetTotalEnergyConsumption"),
+        usage_mw=None if usage is None else int(usage),  # a non-number from the driver raises here
+        limit_mw=None if limit is None else int(limit),
+        energy_mj=None if energy is None else int(energy),
     )
     return None if r == Reading(None, None, None) else r
 
