@@ -247,3 +247,19 @@ def test_gzip_bodies_decompress_to_the_same_format(sup: Supervisor) -> None:
         zipped = rendered.body(om, True)
         assert zipped[:2] == b"\x1f\x8b" and gzip.decompress(zipped) == plain
         assert rendered.body(om, True) is zipped  # compressed once per rendering
+
+
+def test_pod_labels_on_per_gpu_series_when_switched_on(sup: Supervisor) -> None:
+    """NVGPU_POD_LABELS: a GPU held by one container carries its names; a shared or free GPU gets
+    empty values (join nvgpu_gpu_pod_info for those); exporter-level series get none."""
+    held = {UUIDS[0]: ("team-a", "train-0", "main"), UUIDS[1]: ("", "", "")}
+    sup.pod_labels = lambda uuid: held.get(uuid, ("", "", ""))
+    load(sup, snapshot())
+    scrape = render(sup)
+    power0 = scrape.find("nvgpu_power_usage_watts", gpu="0")[0].labels
+    assert (power0["namespace"], power0["pod"], power0["container"]) == ("team-a", "train-0", "main")
+    power1 = scrape.find("nvgpu_power_usage_watts", gpu="1")[0].labels
+    assert (power1["namespace"], power1["pod"], power1["container"]) == ("", "", "")
+    assert "namespace" not in scrape.find("nvgpu_up")[0].labels
+    sup.pod_labels = None
+    assert "namespace" not in render(sup).find("nvgpu_power_usage_watts", gpu="0")[0].labels
