@@ -136,11 +136,11 @@ async def serve(config: Config) -> int:
     """Run the supervisor and the HTTP server until SIGTERM/SIGINT; returns the exit code."""
     from aiohttp import web
 
-    from exporter import integrations
     from exporter.supervisor import Supervisor
     from exporter.web import SUPERVISOR_TASK, Renderer, make_app
 
     supervisor = Supervisor(config)
+    state = supervisor.state
     why = supervisor.quarantine.writable()
     if why:
         log.warning(
@@ -149,18 +149,18 @@ async def serve(config: Config) -> int:
             config.state_file,
             why,
         )
-    sup_check = supervisor.selfchecks["supervisor"]
-    for problem in sup_check["problems"]:
+    sup_check = state.selfchecks["supervisor"]
+    for problem in sup_check.problems:
         log.warning("self-check (supervisor): %s", problem)
-    if sup_check["problems"] and config.selfcheck == "strict":
-        log.error("NVGPU_SELFCHECK=strict: refusing to start:\n  %s", "\n  ".join(sup_check["problems"]))
+    if sup_check.problems and config.selfcheck == "strict":
+        log.error("NVGPU_SELFCHECK=strict: refusing to start:\n  %s", "\n  ".join(sup_check.problems))
         supervisor.close()
         return protocol.EXIT_SELFCHECK
     if config.selfcheck == "off":
-        supervisor.selfchecks.clear()
-    renderer = Renderer(supervisor)
-    supervisor.on_change = renderer.changed
-    extras = integrations.attach(supervisor, config)
+        state.selfchecks.clear()
+    renderer = Renderer(state)
+    state.on_change = renderer.changed
+    extras = [ext.run(state) for ext in state.extensions]
     app = make_app(supervisor, renderer)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

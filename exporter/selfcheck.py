@@ -10,7 +10,6 @@ library only); this module runs them, turns results into JSON for the protocol a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -22,15 +21,16 @@ from guards import versions
 MODES = ("warn", "strict", "off")
 
 
-def run_in_process(process: str, driver_version: str | None = None) -> dict[str, Any]:
-    """Run the checks here; a JSON-ready dict ``{process, modules: [...], problems, notes}``."""
-    result = versions.run_checks(process, driver_version=driver_version)
-    return {
-        "process": result.process,
-        "modules": [dataclasses.asdict(r) for r in result.reports],
-        "problems": list(result.problems),
-        "notes": list(result.notes),
-    }
+def run_in_process(process: str, driver_version: str | None = None) -> versions.SelfCheckResult:
+    """Run the checks here (:func:`guards.versions.run_checks`)."""
+    return versions.run_checks(process, driver_version=driver_version)
+
+
+def to_dict(result: versions.SelfCheckResult) -> dict[str, Any]:
+    """A result as JSON: ``{process, modules: [...], problems, notes}`` (the protocol's shape)."""
+    from exporter.snapshot import selfcheck_to_wire
+
+    return selfcheck_to_wire(result)
 
 
 def run_worker_check(timeout_s: float = 60.0) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def run_worker_check(timeout_s: float = 60.0) -> dict[str, Any]:
         "import json, exporter.worker, exporter.nvml.backend, exporter.nvml.client\n"
         "try:\n    import pynvml\nexcept Exception as e:\n    pass\n"
         "from exporter import selfcheck\n"
-        "print(json.dumps(selfcheck.run_in_process('worker')))\n"
+        "print(json.dumps(selfcheck.to_dict(selfcheck.run_in_process('worker'))))\n"
     )
     try:
         proc = subprocess.run(
@@ -108,7 +108,7 @@ def command(as_json: bool, strict: bool) -> int:
     """``nvgpu-exporter selfcheck``: supervisor and worker checks; exit 3 on problems with --strict."""
     from exporter import protocol
 
-    results = [run_in_process("supervisor"), run_worker_check()]
+    results = [to_dict(run_in_process("supervisor")), run_worker_check()]
     print(json.dumps(results, indent=2) if as_json else format_table(results))
     failed = any(r["problems"] for r in results)
     return protocol.EXIT_SELFCHECK if failed and strict else protocol.EXIT_OK

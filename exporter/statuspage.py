@@ -1,8 +1,8 @@
 """Server-rendered status page at ``/``: GPUs, features, worker, self-check, versions, links.
 
 For operators who port-forward to one exporter pod when something looks odd. Plain HTML and CSS,
-no script. It reads only the supervisor's in-memory state (:meth:`Supervisor.fresh_snapshot`,
-:meth:`~Supervisor.feature_states`, counters), so it never waits on NVML: a hung or crashing
+no script. It reads only the served state (:class:`exporter.served.ServedState`: the fresh snapshot, feature
+states, counters), so it never waits on NVML: a hung or crashing
 worker leaves the page as fast as ``/metrics``. Each section is rendered on its own; a section
 that fails says so and the rest of the page still renders.
 """
@@ -17,9 +17,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from exporter import __version__
+from exporter.collectors import identity, memory, power, temperature, utilization
+from exporter.snapshot import GpuSample
+from exporter.stuck import StuckDetector
+from guards.features import Reason
 
 if TYPE_CHECKING:
-    from exporter.supervisor import Supervisor
+    from exporter.served import ServedState
 
 log = logging.getLogger(__name__)
 
@@ -96,69 +100,75 @@ def _xid_info(xid: int) -> tuple[str, str, str]:
 # -- sections ---------------------------------------------------------------------------------
 
 
-def _gpus(sup: Supervisor) -> str:
-    snap = sup.fresh_snapshot()
-    xids: dict[str, list[tuple[int, float, float]]] = {}
-    for (_gpu, uuid, xid), (count, ts) in sup.xids.items():
-        xids.setdefault(uuid, []).append((xid, count, ts))
-    rows = []
+def _gpu_cells(g: GpuSample) -> tuple[str, str, str, str, str, str]:
+    """(name, bus id, utilization, memory, temperature, power) of one GPU's readings."""
+    ident, util, mem = g.reading(identity.Reading), g.reading(utilization.Reading), g.reading(memory.Reading)
+    temp, power_r = g.reading(temperature.Reading), g.reading(power.Reading)
+    util_s = f"{util.gpu_percent} %" if util and util.gpu_percent is not None else "-"
+    used, total = (mem.used_bytes, mem.total_bytes) if mem else (None, None)
+    mem_s = (
+        f"{used / GIB:.1f} / {total / GIB:.1f} GiB ({100 * used / total:.0f} %)" if used is not None and total else "-"
+    )
+    temp_s = f"{temp.gpu_celsius} °C" if temp and temp.gpu_celsius is not None else "-"
+    if temp and temp.memory_celsius is not None:
+        temp_s += f" (HBM {temp.memory_celsius} °C)"
+    power_s = "-"
+    if power_r and power_r.usage_mw is not None:
+        power_s = f"{power_r.usage_mw / 1000:.0f} W"
+        if power_r.limit_mw:
+            power_s += f" / {power_r.limit_mw / 1000:.0f} W"
+    name = (ident.name if ident else None) or "-"
+    bus = (ident.pci_bus_id if ident else None) or ""
+    return name, bus, util_s, mem_s, temp_s, power_s
+
+
+def _xid_cell(state: ServedState, uuid: str) -> str:
+    latest = state.xids.latest(uuid) if uuid else None
+    if latest is None:
+        return "-"
+    xid, count, total_xids = latest
+    cls, severity, meaning = _xid_info(xid)
+    kind = {"critical": "bad", "warning": "warn"}.get(severity, "off")
+    return (
+        f"{_badge(f'Xid {xid}', kind)} {_e(cls)}{f' / {_e(severity)}' if severity else ''} at "
+        f'{_e(_utc(count.last_ts, "%H:%M:%SZ"))}<br><span class="small">{_e(meaning)}'
+        f"{f' ({total_xids} Xids in total)' if total_xids > 1 else ''}</span>"
+    )
+
+
+def _gpus(state: ServedState) -> str:
+    snap = state.fresh_snapshot()
+    stuck_ext = state.extension(StuckDetector)
     if snap is None:
         note = (
             f'<div class="alert">No fresh NVML sample: GPU values are not shown (see <a href="/readyz">/readyz</a>: '
-            f"{_e(sup.ready()[1])}).</div>"
+            f"{_e(state.ready()[1])}).</div>"
         )
-        known = sorted(sup.gpu_index.items(), key=lambda kv: (len(kv[1]), kv[1]))
-        gpus: list[dict[str, Any]] = [{"index": idx, "uuid": uuid, "up": None, "readings": {}} for uuid, idx in known]
+        known = sorted(state.gpu_index.items(), key=lambda kv: (len(kv[1]), kv[1]))
+        gpus: list[tuple[GpuSample, bool | None]] = [(GpuSample(int(idx), uuid, False), None) for uuid, idx in known]
     else:
-        note = f'<p class="small">Sample taken {_e(_age(time.time() - float(snap.get("ts", time.time()))))} ago.</p>'
-        gpus = list(snap["gpus"])
-    for g in gpus:
-        uuid = g["uuid"] or ""
-        r = g.get("readings") or {}
-        ident, util, mem = r.get("identity", {}), r.get("utilization", {}), r.get("memory", {})
-        temp, power = r.get("temperature", {}), r.get("power", {})
-        stuck = bool(uuid) and sup.stuck_state(uuid)
-        if g["up"] is None:
-            state = _badge("no fresh sample", "warn")
-        elif g["up"]:
-            state = _badge("up", "ok")
+        note = f'<p class="small">Sample taken {_e(_age(time.time() - snap.ts))} ago.</p>'
+        gpus = [(g, g.up) for g in snap.gpus]
+    rows = []
+    for g, up in gpus:
+        uuid = g.uuid
+        stuck = bool(uuid) and stuck_ext is not None and stuck_ext.suspected(uuid)
+        if up is None:
+            badge = _badge("no fresh sample", "warn")
+        elif up:
+            badge = _badge("up", "ok")
         else:
-            state = _badge("LOST", "bad")
-        util_s = f"{util['gpu_percent']} %" if util.get("gpu_percent") is not None else "-"
-        used, total = mem.get("used_bytes"), mem.get("total_bytes")
-        mem_s = (
-            f"{used / GIB:.1f} / {total / GIB:.1f} GiB ({100 * used / total:.0f} %)"
-            if used is not None and total
-            else "-"
-        )
-        temp_s = f"{temp['gpu_celsius']} °C" if temp.get("gpu_celsius") is not None else "-"
-        if temp.get("memory_celsius") is not None:
-            temp_s += f" (HBM {temp['memory_celsius']} °C)"
-        power_s = "-"
-        if power.get("usage_mw") is not None:
-            power_s = f"{power['usage_mw'] / 1000:.0f} W"
-            if power.get("limit_mw"):
-                power_s += f" / {power['limit_mw'] / 1000:.0f} W"
+            badge = _badge("LOST", "bad")
+        name, bus, util_s, mem_s, temp_s, power_s = _gpu_cells(g)
         stuck_s = _badge("STUCK: busy, no memory, no processes", "bad") if stuck else _badge("no", "ok")
-        xid_s = "-"
-        if uuid in xids:
-            xid, _count, ts = max(xids[uuid], key=lambda x: x[2])
-            total_xids = sum(int(c) for _x, c, _t in xids[uuid])
-            cls, severity, meaning = _xid_info(xid)
-            kind = {"critical": "bad", "warning": "warn"}.get(severity, "off")
-            xid_s = (
-                f"{_badge(f'Xid {xid}', kind)} {_e(cls)}{f' / {_e(severity)}' if severity else ''} at "
-                f'{_e(_utc(ts, "%H:%M:%SZ"))}<br><span class="small">{_e(meaning)}'
-                f"{f' ({total_xids} Xids in total)' if total_xids > 1 else ''}</span>"
-            )
-        cls_row = "bad" if g["up"] is False or stuck else ""
+        cls_row = "bad" if up is False or stuck else ""
         rows.append(
-            f'<tr class="{cls_row}" data-uuid="{_e(uuid)}"><td class="num">{_e(g["index"])}</td>'
+            f'<tr class="{cls_row}" data-uuid="{_e(uuid)}"><td class="num">{_e(g.index)}</td>'
             f"<td><code>{_e(uuid)}</code></td>"
-            f'<td>{_e(ident.get("name") or "-")}<br><span class="small">{_e(ident.get("pci_bus_id") or "")}</span></td>'
-            f'<td>{state}</td><td class="num">{_e(util_s)}</td><td class="num">{_e(mem_s)}</td>'
+            f'<td>{_e(name)}<br><span class="small">{_e(bus)}</span></td>'
+            f'<td>{badge}</td><td class="num">{_e(util_s)}</td><td class="num">{_e(mem_s)}</td>'
             f'<td class="num">{_e(temp_s)}</td><td class="num">{_e(power_s)}</td>'
-            f"<td>{stuck_s}</td><td>{xid_s}</td></tr>"
+            f"<td>{stuck_s}</td><td>{_xid_cell(state, uuid)}</td></tr>"
         )
     if not rows:
         rows.append('<tr><td colspan="10">no GPUs known yet</td></tr>')
@@ -170,14 +180,13 @@ def _gpus(sup: Supervisor) -> str:
     )
 
 
-def _features(sup: Supervisor) -> str:
-    states = sup.feature_states()
+def _features(state: ServedState) -> str:
     rows = []
-    for name, st in sorted(states.items()):
-        reason = str(st.get("reason", ""))
+    for name, st in sorted(state.feature_states().items()):
+        reason = st.reason.value
         if reason == "quarantined":
             cls, badge = "bad", _badge("QUARANTINED", "bad")
-        elif st.get("enabled"):
+        elif st.enabled:
             cls, badge = "", _badge("on", "ok")
         elif reason in ("known_issue", "unsupported"):
             cls, badge = (
@@ -188,7 +197,7 @@ def _features(sup: Supervisor) -> str:
             cls, badge = "off", _badge("off", "off")
         rows.append(
             f'<tr class="{cls}" data-feature="{_e(name)}" data-reason="{_e(reason)}"><td><code>{_e(name)}</code></td>'
-            f"<td>{badge}</td><td>{_e(reason)}</td><td>{_e(st.get('detail') or '')}</td></tr>"
+            f"<td>{badge}</td><td>{_e(reason)}</td><td>{_e(st.detail)}</td></tr>"
         )
     return (
         '<table id="features"><tr><th>feature</th><th>state</th><th>reason</th><th>detail</th></tr>'
@@ -197,13 +206,11 @@ def _features(sup: Supervisor) -> str:
     )
 
 
-def _quarantine_banner(sup: Supervisor) -> str:
-    quarantined = {k: v for k, v in sup.feature_states().items() if v.get("reason") == "quarantined"}
+def _quarantine_banner(state: ServedState) -> str:
+    quarantined = {k: v for k, v in state.feature_states().items() if v.reason is Reason.QUARANTINED}
     if not quarantined:
         return ""
-    items = "".join(
-        f"<li><code>{_e(k)}</code>: {_e(v.get('detail') or '')}</li>" for k, v in sorted(quarantined.items())
-    )
+    items = "".join(f"<li><code>{_e(k)}</code>: {_e(v.detail)}</li>" for k, v in sorted(quarantined.items()))
     return (
         f'<div class="alert" id="quarantine-alert"><b>{len(quarantined)} feature{"s" if len(quarantined) > 1 else ""} '
         f"quarantined</b> after worker crashes; every other metric continues. To retry: "
@@ -211,44 +218,45 @@ def _quarantine_banner(sup: Supervisor) -> str:
     )
 
 
-def _worker(sup: Supervisor) -> str:
+def _worker(state: ServedState) -> str:
     now = time.time()
-    if sup.respawn_stopped:
-        state = _badge("respawning stopped (hung workers cannot be reaped)", "bad")
-    elif sup.worker_stuck:
-        state = _badge("stuck in the driver (D state)", "bad")
-    elif sup.last_init_error:
-        state = _badge("NVML unavailable", "bad")
-    elif sup.fresh_snapshot() is not None:
-        state = _badge("sampling", "ok")
+    w = state.worker
+    if w.respawn_stopped:
+        badge = _badge("respawning stopped (hung workers cannot be reaped)", "bad")
+    elif w.stuck:
+        badge = _badge("stuck in the driver (D state)", "bad")
+    elif state.last_init_error:
+        badge = _badge("NVML unavailable", "bad")
+    elif state.fresh_snapshot() is not None:
+        badge = _badge("sampling", "ok")
     else:
-        state = _badge("starting / no fresh sample", "warn")
-    restarts = ", ".join(f"{k}: {v}" for k, v in sorted(sup.restarts.items()) if v) or "none"
+        badge = _badge("starting / no fresh sample", "warn")
+    restarts = ", ".join(f"{k}: {v}" for k, v in sorted(w.restarts.items()) if v) or "none"
     crashes = (
-        "<br>".join(f"<code>{_e(f)}</code> in <code>{_e(fn)}</code>: {n}" for (f, fn), n in sorted(sup.crashes.items()))
+        "<br>".join(f"<code>{_e(f)}</code> in <code>{_e(fn)}</code>: {n}" for (f, fn), n in sorted(w.crashes.items()))
         or "none"
     )
-    uptime = f" (up {_age(now - sup.worker_started_at)})" if sup.worker_started_at else ""
-    snap = sup.last_snapshot
-    age = f"{_age(now - float(snap['ts']))} ago" if snap and snap.get("ts") else "none yet"
-    sig = _signal_name(sup.last_exit_signal) if sup.last_exit_signal else "none"
+    uptime = f" (up {_age(now - w.started_at)})" if w.started_at else ""
+    snap = state.last
+    age = f"{_age(now - snap.ts)} ago" if snap and snap.ts else "none yet"
+    sig = _signal_name(w.last_exit_signal) if w.last_exit_signal else "none"
     return (
-        f'<table id="worker"><tr><th>state</th><td>{state}</td></tr>'
-        f"<tr><th>pid</th><td>{_e(sup.worker_pid or '-')}</td></tr>"
-        f"<tr><th>started</th><td>{_e(_utc(sup.worker_started_at))}{_e(uptime)}</td></tr>"
+        f'<table id="worker"><tr><th>state</th><td>{badge}</td></tr>'
+        f"<tr><th>pid</th><td>{_e(w.pid or '-')}</td></tr>"
+        f"<tr><th>started</th><td>{_e(_utc(w.started_at))}{_e(uptime)}</td></tr>"
         f"<tr><th>last sample</th><td>{_e(age)}</td></tr>"
         f'<tr class="{"warn" if restarts != "none" else ""}"><th>restarts</th><td>{_e(restarts)}</td></tr>'
-        f'<tr class="{"bad" if sup.crashes else ""}"><th>crashes by feature</th><td>{crashes}</td></tr>'
-        f"<tr><th>last exit signal / code</th><td>{_e(sig)} / {_e(sup.last_exit_code)}</td></tr>"
-        f'<tr class="{"bad" if sup.last_init_error else ""}"><th>NVML</th>'
-        f"<td>{_e(sup.last_init_error or 'initialised')}</td></tr>"
+        f'<tr class="{"bad" if w.crashes else ""}"><th>crashes by feature</th><td>{crashes}</td></tr>'
+        f"<tr><th>last exit signal / code</th><td>{_e(sig)} / {_e(w.last_exit_code)}</td></tr>"
+        f'<tr class="{"bad" if state.last_init_error else ""}"><th>NVML</th>'
+        f"<td>{_e(state.last_init_error or 'initialised')}</td></tr>"
         "</table>"
     )
 
 
-def _selfcheck(sup: Supervisor) -> str:
+def _selfcheck(state: ServedState) -> str:
     rows = []
-    checks = dict(sup.selfchecks)
+    checks = dict(state.selfchecks)
     for process in sorted({*checks, "supervisor", "worker"}):
         res = checks.get(process)
         if res is None:
@@ -258,11 +266,8 @@ def _selfcheck(sup: Supervisor) -> str:
                 "<td>-</td><td>no self-check result from this process yet</td></tr>"
             )
             continue
-        problems = list(res.get("problems", []))
-        modules = res.get("modules", [])
-        mods = ", ".join(
-            f"{m.get('module')} {m.get('distribution_version') or m.get('version') or ''}".strip() for m in modules
-        )
+        problems = list(res.problems)
+        mods = ", ".join(f"{m.module} {m.distribution_version or m.version or ''}".strip() for m in res.reports)
         rows.append(
             f'<tr class="{"bad" if problems else ""}" data-process="{_e(process)}"><td>{_e(process)}</td>'
             f"<td>{_badge('FAILED', 'bad') if problems else _badge('ok', 'ok')}</td>"
@@ -275,31 +280,31 @@ def _selfcheck(sup: Supervisor) -> str:
     )
 
 
-def _build(sup: Supervisor) -> str:
-    s = sup.system
+def _build(state: ServedState) -> str:
+    s = state.system
     items = [
         ("exporter", __version__),
-        ("nvidia-ml-py", s.get("nvidia_ml_py_version")),
-        ("driver", s.get("driver_version")),
-        ("NVML", s.get("nvml_version")),
-        ("CUDA driver", s.get("cuda_driver_version")),
-        ("Python", sup.python_version),
+        ("nvidia-ml-py", s.nvidia_ml_py_version),
+        ("driver", s.driver_version),
+        ("NVML", s.nvml_version),
+        ("CUDA driver", s.cuda_driver_version),
+        ("Python", state.python_version),
     ]
     return '<dl id="build">' + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v or '?')}</dd>" for k, v in items) + "</dl>"
 
 
-def _section(title: str, render: Callable[[Supervisor], str], sup: Supervisor, anchor: str) -> str:
+def _section(title: str, render: Callable[[ServedState], str], state: ServedState, anchor: str) -> str:
     try:
-        body = render(sup)
+        body = render(state)
     except Exception as exc:  # noqa: BLE001 - one broken section must not hide the others
         log.exception("status page section %r failed", title)
         body = f'<div class="alert">this section could not be rendered: {_e(type(exc).__name__)}: {_e(exc)}</div>'
     return f'<section id="{anchor}-section"><h2>{_e(title)}</h2>{body}</section>' if title else body
 
 
-def render(sup: Supervisor) -> str:
+def render(state: ServedState) -> str:
     """The whole page as HTML text (reads in-memory state only)."""
-    ready, why = sup.ready()
+    ready, why = state.ready()
     ready_badge = _badge("ready", "ok") if ready else _badge(f"not ready: {why}", "bad")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
@@ -308,17 +313,17 @@ def render(sup: Supervisor) -> str:
 <header><h1>nvgpu-exporter {_e(__version__)}</h1>
 <nav><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></nav>
 <span id="ready">{ready_badge}</span>
-<span class="meta">driver {_e(sup.system.get("driver_version", "?"))}
+<span class="meta">driver {_e(state.system.driver_version or "?")}
  · page rendered {_e(_utc(time.time()))}</span></header>
 <main>
-{_section("", _quarantine_banner, sup, "quarantine")}
-{_section("GPUs", _gpus, sup, "gpus")}
+{_section("", _quarantine_banner, state, "quarantine")}
+{_section("GPUs", _gpus, state, "gpus")}
 <div class="cols"><div>
-{_section("Features", _features, sup, "features")}
+{_section("Features", _features, state, "features")}
 </div><div>
-{_section("Worker", _worker, sup, "worker")}
-{_section("Self-check", _selfcheck, sup, "selfcheck")}
-{_section("Build", _build, sup, "build")}
+{_section("Worker", _worker, state, "worker")}
+{_section("Self-check", _selfcheck, state, "selfcheck")}
+{_section("Build", _build, state, "build")}
 </div></div>
 </main>
 </body></html>

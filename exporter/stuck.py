@@ -17,9 +17,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from exporter.collectors import memory, processes, utilization
+from exporter.extensions import Extension
+from exporter.metric import GpuKey, MetricDef
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+    from exporter.snapshot import Snapshot
+
+SUSPECTED = MetricDef(
+    "nvgpu_stuck_context_suspected",
+    "1 while the GPU shows the stuck-context signature: utilization at or above the threshold, "
+    "memory used at or "
+    "below the threshold, no compute processes, for the configured time (NVGPU_STUCK_*)",
+)
+SINCE = MetricDef(
+    "nvgpu_stuck_context_since_timestamp_seconds",
+    "Unix time the current stuck-context signature began (present only while it holds)",
+)
+METRICS = (SUSPECTED, SINCE)
 
 
 @dataclass
@@ -29,7 +48,7 @@ class _GpuState:
     evaluable: bool = False
 
 
-class StuckDetector:
+class StuckDetector(Extension):
     """Feeds on snapshots (supervisor side); renders two per-GPU families.
 
     Args:
@@ -42,26 +61,26 @@ class StuckDetector:
         self.utilization = utilization
         self.memory_bytes = memory_bytes
         self.after_s = after_s
-        self.gpus: dict[tuple[str, str], _GpuState] = {}
+        self.gpus: dict[GpuKey, _GpuState] = {}
 
-    def feed(self, snapshot: dict[str, Any]) -> None:
+    def on_snapshot(self, snapshot: Snapshot) -> None:
         """Update every GPU's state from one snapshot."""
-        ts = float(snapshot["ts"])
+        ts = snapshot.ts
         seen = set()
-        for g in snapshot["gpus"]:
-            key = (str(g["index"]), g["uuid"])
+        for g in snapshot.gpus:
+            key = GpuKey(str(g.index), g.uuid)
             seen.add(key)
             st = self.gpus.setdefault(key, _GpuState())
-            r = g["readings"]
-            util = r.get("utilization", {}).get("gpu_percent")
-            used = r.get("memory", {}).get("used_bytes")
-            procs = r.get("processes", {}).get("count")
-            if not g["up"] or util is None or used is None or procs is None:
+            util = g.reading(utilization.Reading)
+            mem = g.reading(memory.Reading)
+            procs = g.reading(processes.Reading)
+            busy = util.gpu_percent if util else None
+            used = mem.used_bytes if mem else None
+            if not g.up or busy is None or used is None or procs is None:
                 st.evaluable, st.since, st.holding = False, None, False
                 continue
             st.evaluable = True
-            cond = util / 100.0 >= self.utilization and used <= self.memory_bytes and procs == 0
-            if not cond:
+            if not (busy / 100.0 >= self.utilization and used <= self.memory_bytes and procs.count == 0):
                 st.since, st.holding = None, False
                 continue
             if st.since is None:
@@ -73,25 +92,14 @@ class StuckDetector:
 
     def suspected(self, uuid: str) -> bool:
         """True while the signature holds for that GPU."""
-        return any(st.holding for (g, u), st in self.gpus.items() if u == uuid)
+        return any(st.holding for key, st in self.gpus.items() if key.uuid == uuid)
 
-    def families(self, snapshot: dict[str, Any]) -> Iterable[Metric]:
-        flag = GaugeMetricFamily(
-            "nvgpu_stuck_context_suspected",
-            "1 while the GPU shows the stuck-context signature: utilization at or above the threshold, "
-            "memory used at or "
-            "below the threshold, no compute processes, for the configured time (NVGPU_STUCK_*)",
-            labels=["gpu", "uuid"],
-        )
-        since = GaugeMetricFamily(
-            "nvgpu_stuck_context_since_timestamp_seconds",
-            "Unix time the current stuck-context signature began (present only while it holds)",
-            labels=["gpu", "uuid"],
-        )
-        for (gpu, uuid), st in sorted(self.gpus.items()):
+    def gpu_families(self, snapshot: Snapshot) -> Iterable[Metric]:
+        flag, since = SUSPECTED.family(), SINCE.family()
+        for key, st in sorted(self.gpus.items()):
             if not st.evaluable:
                 continue
-            flag.add_metric([gpu, uuid], 1.0 if st.holding else 0.0)
+            flag.add(key, 1 if st.holding else 0)
             if st.holding and st.since is not None:
-                since.add_metric([gpu, uuid], st.since)
-        return [flag, since]
+                since.add(key, st.since)
+        return [flag.always(), since.always()]

@@ -15,6 +15,7 @@ import logging
 from aiohttp import web
 
 from exporter import exposition, statuspage
+from exporter.served import ServedState
 from exporter.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -25,11 +26,11 @@ SUPERVISOR_TASK: web.AppKey[asyncio.Task[None]] = web.AppKey("supervisor_task")
 
 
 class Renderer:
-    """Holds the current rendering; re-renders (coalesced) when the supervisor's state changes."""
+    """Holds the current rendering; re-renders (coalesced) when the served state changes."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.supervisor = supervisor
-        self.current = exposition.render(supervisor)
+    def __init__(self, state: ServedState) -> None:
+        self.state = state
+        self.current = exposition.render(state)
         self._pending = False
         self.renders = 0
 
@@ -46,7 +47,7 @@ class Renderer:
     def _render(self) -> None:
         self._pending = False
         try:
-            self.current = exposition.render(self.supervisor)
+            self.current = exposition.render(self.state)
             self.renders += 1
         except Exception:  # the previous rendering stays; self-metrics keep flowing next time
             log.exception("rendering the exposition failed; serving the previous rendering")
@@ -92,12 +93,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    ok, why = request.app[SUPERVISOR].ready()
+    ok, why = request.app[SUPERVISOR].state.ready()
     return web.Response(status=200 if ok else 503, text=f"{why}\n")
 
 
 async def index(request: web.Request) -> web.Response:
-    html = statuspage.render(request.app[SUPERVISOR])
+    html = statuspage.render(request.app[SUPERVISOR].state)
     return web.Response(text=html, content_type="text/html", charset="utf-8")
 
 

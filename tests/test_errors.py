@@ -164,15 +164,15 @@ def test_handle_lookup_overrides(name: str) -> None:
     """On nvmlDeviceGetHandleByIndex/ByUUID, UNKNOWN (Xid 79 can surface so) and INVALID_ARGUMENT
     mean the GPU is gone; every other code keeps its ordinary class."""
     exc = pynvml.NVMLError(errors.NAME_CODES[name])
-    assert errors.classify(exc, handle_lookup=True).error_class is HANDLE_OVERRIDES.get(name, EXPECTED[name])
-    assert errors.classify(exc, handle_lookup=False).error_class is EXPECTED[name]
+    assert errors.classify(exc, errors.Context.HANDLE_LOOKUP).error_class is HANDLE_OVERRIDES.get(name, EXPECTED[name])
+    assert errors.classify(exc, errors.Context.CALL).error_class is EXPECTED[name]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_classify_code_for_field_value_entries(name: str) -> None:
     """Per field-value entry, INVALID_ARGUMENT means "no such field / link here": unsupported."""
     want = C.UNSUPPORTED if name == "INVALID_ARGUMENT" else EXPECTED[name]
-    assert errors.classify_code(errors.NAME_CODES[name]) is want
+    assert errors.classify_entry(errors.NAME_CODES[name]).error_class is want
 
 
 @pytest.mark.parametrize(
@@ -202,3 +202,25 @@ def test_parse_code_errors_name_the_input_and_the_choices(text: str) -> None:
     message = str(info.value)
     assert repr(text) in message
     assert "GPU_IS_LOST" in message and "NOT_SUPPORTED" in message
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_indexed_calls(name: str) -> None:
+    """A per-link / per-fan / per-counter call answering INVALID_ARGUMENT names an index the GPU
+    does not have: cached as unsupported; every other code keeps its ordinary class."""
+    exc = pynvml.NVMLError(errors.NAME_CODES[name])
+    want = C.UNSUPPORTED if name == "INVALID_ARGUMENT" else EXPECTED[name]
+    assert errors.classify(exc, errors.Context.INDEXED).error_class is want
+
+
+@pytest.mark.parametrize(
+    ("calls", "ok", "fatal"),
+    [(10, 0, True), (1, 0, True), (10, 1, False), (0, 0, False), (10, 10, False)],
+)
+def test_sample_failed_everywhere(calls: int, ok: int, fatal: bool) -> None:
+    """A sample whose every NVML call failed means NVML is unusable (re-init cures it); a sample
+    that needed no call, or had one answer, does not."""
+    failure = errors.sample_failed_everywhere(calls, ok)
+    assert (failure is not None) is fatal
+    if failure is not None:
+        assert failure.error_class is C.FATAL and failure.name == "UNKNOWN"

@@ -1,8 +1,8 @@
-"""exporter.exposition: rendering from supervisor state, content negotiation, gzip.
+"""exporter.exposition: rendering from the served state, content negotiation, gzip.
 
-The state is a real :class:`exporter.supervisor.Supervisor` (no worker started) whose last snapshot
-is set directly, in the shape the worker sends (``readings`` are collectors' Reading dataclasses
-as JSON).
+The state is a real :class:`exporter.served.ServedState` (no worker) fed a snapshot message in the
+shape the worker sends (``readings`` are collectors' Reading dataclasses as JSON), decoded as the
+supervisor decodes it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from exporter import collectors, exposition
 from exporter.collectors import identity, power, temperature, utilization
 from exporter.config import Config
-from exporter.supervisor import Supervisor
+from exporter.extensions import Extension
+from exporter.quarantine import QuarantineStore
+from exporter.served import ServedState
+from exporter.snapshot import decode_message
 
 UUIDS = [
     "GPU-00000000-0000-0000-0000-000000000000",
@@ -66,20 +69,17 @@ def snapshot(**overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def sup() -> Iterator[Supervisor]:
-    s = Supervisor(Config(state_file=""))
-    yield s
-    s.close()
+def sup() -> Iterator[ServedState]:
+    yield ServedState(Config(state_file=""), QuarantineStore("", 3, 600.0, 86400.0), [])
 
 
-def load(sup: Supervisor, snap: dict[str, Any], age_s: float = 0.0) -> None:
+def load(sup: ServedState, snap: dict[str, Any], age_s: float = 0.0) -> None:
     sup.nvml_up = True
-    sup.system = snap["system"]
-    sup.last_snapshot = snap
-    sup.last_snapshot_mono = time.monotonic() - age_s
+    sup.apply_snapshot(decode_message(snap))  # type: ignore[arg-type]
+    sup.last_mono = time.monotonic() - age_s
 
 
-def render(sup: Supervisor) -> Scrape:
+def render(sup: ServedState) -> Scrape:
     rendered = exposition.render(sup)
     parse_openmetrics(rendered.openmetrics.decode())  # both encodings stay valid
     return Scrape(rendered.text.decode())
@@ -89,7 +89,7 @@ def success(scrape: Scrape) -> dict[str, float]:
     return {s.labels["feature"]: s.value for s in scrape.find("nvgpu_feature_success")}
 
 
-def test_all_gpus_and_families(sup: Supervisor) -> None:
+def test_all_gpus_and_families(sup: ServedState) -> None:
     load(sup, snapshot())
     scrape = render(sup)
     for i, uuid in enumerate(UUIDS):
@@ -103,7 +103,7 @@ def test_all_gpus_and_families(sup: Supervisor) -> None:
     assert success(scrape) == {"identity": 1.0, "utilization": 1.0, "power": 1.0, "temperature": 1.0}
 
 
-def test_one_gpu_raising_in_families_costs_only_that_gpu(sup: Supervisor) -> None:
+def test_one_gpu_raising_in_families_costs_only_that_gpu(sup: ServedState) -> None:
     """GPU 1's power reading holds a string: power.families() raises on it. Every other GPU keeps
     its power series, GPU 1 keeps every other family, and power's success becomes 0."""
     snap = snapshot()
@@ -128,7 +128,7 @@ def test_one_gpu_raising_in_families_costs_only_that_gpu(sup: Supervisor) -> Non
     assert scrape.value("nvgpu_up") == 1.0
 
 
-def test_identity_raising_for_one_gpu(sup: Supervisor) -> None:
+def test_identity_raising_for_one_gpu(sup: ServedState) -> None:
     """An unhashable architecture makes identity.families() raise for GPU 2 only."""
     snap = snapshot()
     snap["gpus"][2]["readings"]["identity"]["architecture"] = [9]
@@ -139,7 +139,7 @@ def test_identity_raising_for_one_gpu(sup: Supervisor) -> None:
     assert success(scrape)["identity"] == 0.0
 
 
-def test_reading_of_another_shape_fails_that_feature_only(sup: Supervisor) -> None:
+def test_reading_of_another_shape_fails_that_feature_only(sup: ServedState) -> None:
     """A reading that does not fit the Reading dataclass (a worker of another version)."""
     snap = snapshot()
     snap["gpus"][0]["readings"]["temperature"]["fahrenheit"] = 93
@@ -150,14 +150,14 @@ def test_reading_of_another_shape_fails_that_feature_only(sup: Supervisor) -> No
     assert success(scrape)["power"] == 1.0
 
 
-def test_worker_reported_failure_kept(sup: Supervisor) -> None:
+def test_worker_reported_failure_kept(sup: ServedState) -> None:
     snap = snapshot()
     snap["features"]["utilization"]["success"] = 0
     load(sup, snap)
     assert success(render(sup))["utilization"] == 0.0
 
 
-def test_stale_snapshot_drops_gpu_series_keeps_self_metrics(sup: Supervisor) -> None:
+def test_stale_snapshot_drops_gpu_series_keeps_self_metrics(sup: ServedState) -> None:
     load(sup, snapshot(), age_s=sup.config.stale_s + 1)
     scrape = render(sup)
     assert not scrape.gpus() and not scrape.find("nvgpu_gpu_info") and not scrape.find("nvgpu_power_usage_watts")
@@ -167,14 +167,14 @@ def test_stale_snapshot_drops_gpu_series_keeps_self_metrics(sup: Supervisor) -> 
     assert scrape.find("nvgpu_worker_restarts_total")
 
 
-def test_no_snapshot_yet(sup: Supervisor) -> None:
+def test_no_snapshot_yet(sup: ServedState) -> None:
     scrape = render(sup)
     assert scrape.value("nvgpu_up") == 0.0
     assert scrape.value("nvgpu_last_sample_timestamp_seconds") is None
     assert not scrape.gpus()
 
 
-def test_lost_gpu_and_gpu_without_uuid(sup: Supervisor) -> None:
+def test_lost_gpu_and_gpu_without_uuid(sup: ServedState) -> None:
     """A lost GPU keeps only device_up 0; a GPU whose handle lookup failed before its UUID was read
     gets device_up 0 with an empty uuid."""
     snap = snapshot()
@@ -188,7 +188,7 @@ def test_lost_gpu_and_gpu_without_uuid(sup: Supervisor) -> None:
         assert {s.name for s in scrape.samples if s.labels.get("gpu") == gpu} == {"nvgpu_device_up"}
 
 
-def test_no_nan_and_no_value_for_missing_readings(sup: Supervisor) -> None:
+def test_no_nan_and_no_value_for_missing_readings(sup: ServedState) -> None:
     snap = snapshot()
     snap["gpus"][0]["readings"]["power"] = collectors.to_json(power.Reading(None, 700000, None))
     load(sup, snap)
@@ -238,7 +238,7 @@ def test_negotiate(name: str) -> None:
     assert exposition.negotiate(case.accept) is case.openmetrics
 
 
-def test_gzip_bodies_decompress_to_the_same_format(sup: Supervisor) -> None:
+def test_gzip_bodies_decompress_to_the_same_format(sup: ServedState) -> None:
     load(sup, snapshot())
     rendered = exposition.render(sup)
     assert rendered.openmetrics.endswith(b"# EOF\n") and b"# EOF" not in rendered.text
@@ -249,11 +249,19 @@ def test_gzip_bodies_decompress_to_the_same_format(sup: Supervisor) -> None:
         assert rendered.body(om, True) is zipped  # compressed once per rendering
 
 
-def test_pod_labels_on_per_gpu_series_when_switched_on(sup: Supervisor) -> None:
+def test_pod_labels_on_per_gpu_series_when_switched_on(sup: ServedState) -> None:
     """NVGPU_POD_LABELS: a GPU held by one container carries its names; a shared or free GPU gets
     empty values (join nvgpu_gpu_pod_info for those); exporter-level series get none."""
     held = {UUIDS[0]: ("team-a", "train-0", "main"), UUIDS[1]: ("", "", "")}
-    sup.pod_labels = lambda uuid: held.get(uuid, ("", "", ""))
+
+    class Labels(Extension):
+        relabels_gpus = True
+
+        def gpu_labels(self, uuid: str) -> tuple[str, str, str]:
+            return held.get(uuid, ("", "", ""))
+
+    labels = Labels()
+    sup.extensions.append(labels)
     load(sup, snapshot())
     scrape = render(sup)
     power0 = scrape.find("nvgpu_power_usage_watts", gpu="0")[0].labels
@@ -261,5 +269,5 @@ def test_pod_labels_on_per_gpu_series_when_switched_on(sup: Supervisor) -> None:
     power1 = scrape.find("nvgpu_power_usage_watts", gpu="1")[0].labels
     assert (power1["namespace"], power1["pod"], power1["container"]) == ("", "", "")
     assert "namespace" not in scrape.find("nvgpu_up")[0].labels
-    sup.pod_labels = None
+    labels.relabels_gpus = False
     assert "namespace" not in render(sup).find("nvgpu_power_usage_watts", gpu="0")[0].labels

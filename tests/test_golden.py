@@ -37,10 +37,14 @@ from unittest import mock
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import exposition, integrations
+from exporter import exposition, selfmetrics
 from exporter.breadcrumb import Breadcrumb
 from exporter.config import Config
-from exporter.supervisor import Outcome, Supervisor
+from exporter.kernel_xid import KernelXid
+from exporter.policy import Outcome
+from exporter.pods import PodAttribution
+from exporter.snapshot import decode_message
+from exporter.supervisor import Supervisor
 from guards import features as gf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,12 +71,10 @@ def golden_names() -> list[str]:
     return sorted(p.name[: -len(".snapshot.json")] for p in GOLDEN.glob("*.snapshot.json"))
 
 
-def _hook_owner(sup: Supervisor, cls_name: str) -> Any:
-    for hook in [*sup.gpu_family_hooks, *sup.self_family_hooks]:
-        owner = getattr(hook, "__self__", None)
-        if type(owner).__name__ == cls_name:
-            return owner
-    raise AssertionError(f"integrations.attach did not attach {cls_name}")
+def _extension(sup: Supervisor, kind: type[Any]) -> Any:
+    ext = sup.state.extension(kind)
+    assert ext is not None, f"the default extensions do not include {kind.__name__}"
+    return ext
 
 
 def _supervisor_side_faults(sup: Supervisor, fixture: dict[str, Any]) -> None:
@@ -80,9 +82,9 @@ def _supervisor_side_faults(sup: Supervisor, fixture: dict[str, Any]) -> None:
     hello = next(m for m in fixture["messages"] if m["type"] == "hello")
     uuid0 = next(g["uuid"] for g in hello["gpus"] if g["index"] == 0)
     crumb = Breadcrumb("nvlink", "nvmlDeviceGetNvLinkErrorCounter", uuid0, 1_699_999_990.0, True)
-    sup._account(Outcome("crash", -11, 11, crumb, 42.0, True, ""))
-    _hook_owner(sup, "KernelXid").up = True
-    pods = _hook_owner(sup, "PodAttribution")
+    sup.account(Outcome("crash", -11, 11, crumb, 42.0, True, ""))
+    _extension(sup, KernelXid).up = True
+    pods = _extension(sup, PodAttribution)
     pods.up = True
     pods.assignments = {uuid0: (SimpleNamespace(namespace="ml", pod="train-0", container="trainer"),)}
 
@@ -103,19 +105,18 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
     )
 
     async def build() -> str:
-        sup = Supervisor(config)
+        sup = Supervisor(config)  # default extensions attached, not run: no kernel log or kubelet here
+        state = sup.state
         try:
-            for coro in integrations.attach(sup, config):
-                coro.close()  # wired, not run: no kernel log or kubelet in a golden
-            sup.python_version = PLACEHOLDER_VERSION
-            sup.selfchecks = {"supervisor": fixture["supervisor_selfcheck"]}
+            state.python_version = PLACEHOLDER_VERSION
+            state.selfchecks = {"supervisor": decode_message({"type": "selfcheck", **fixture["supervisor_selfcheck"]})}
             for msg in fixture["messages"]:
-                sup.handle(msg)
-            sup.worker_started_at = 1_699_999_940.0
+                sup.handle(decode_message(msg))
+            state.worker.started_at = 1_699_999_940.0
             if name == "faults":
                 _supervisor_side_faults(sup, fixture)
-            with mock.patch.object(exposition, "__version__", PLACEHOLDER_VERSION):
-                rendered = exposition.render(sup)
+            with mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION):
+                rendered = exposition.render(state)
                 return (rendered.openmetrics if openmetrics else rendered.text).decode()
         finally:
             sup.close()

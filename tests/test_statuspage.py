@@ -24,6 +24,15 @@ import pytest
 from exporter_proc import ROOT, SCENARIOS, Exporter, load_scenario, write_scenario
 
 from exporter import statuspage
+from exporter.config import Config
+from exporter.metric import GpuKey
+from exporter.quarantine import QuarantineStore
+from exporter.served import ServedState
+from exporter.snapshot import Snapshot, SystemInfo
+from exporter.stuck import StuckDetector, _GpuState
+from exporter.xids import XidCount
+from guards.features import FeatureState, Reason
+from guards.versions import SelfCheckResult
 
 UUID0 = "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6"
 UUID1 = "GPU-094221fd-19f9-1561-7ef8-949bb0d57826"
@@ -214,42 +223,30 @@ def test_page_answers_while_the_worker_hangs_in_nvml(tmp_path: Path) -> None:
 # -- unit: states a live exporter rarely shows ------------------------------------------------
 
 
-class StandIn:
-    """The attributes and methods of Supervisor the page reads."""
+def stand_in() -> ServedState:
+    """A real served state with what a live exporter rarely shows at once: no fresh sample, known
+    GPUs, Xids on GPU 1 and its stuck signature holding."""
+    import time
 
-    def __init__(self) -> None:
-        self.system = {
-            "driver_version": "580.159.04",
-            "nvml_version": "13.580.159.04",
-            "nvidia_ml_py_version": "13.580.82",
-        }
-        self.python_version = "3.11.7"
-        self.snapshot: dict[str, Any] | None = None
-        self.gpu_index = {UUID0: "0", UUID1: "1"}
-        self.xids = {("1", UUID1, 43): [1.0, 1_700_000_000.0], ("1", UUID1, 13): [2.0, 1_699_999_000.0]}
-        self.restarts = {"crash": 0, "hang": 0}
-        self.crashes: dict[tuple[str, str], int] = {}
-        self.selfchecks = {"supervisor": {"modules": [], "problems": []}}
-        self.worker_pid, self.worker_started_at, self.last_snapshot = 42, 1_700_000_000.0, None
-        self.worker_stuck = self.respawn_stopped = False
-        self.last_exit_signal, self.last_exit_code, self.last_init_error = 0, 0, None
-        self.features = {"ecc": {"enabled": True, "reason": "default", "detail": ""}}
-
-    def fresh_snapshot(self) -> dict[str, Any] | None:
-        return self.snapshot
-
-    def ready(self) -> tuple[bool, str]:
-        return (self.snapshot is not None, "ok" if self.snapshot else "last NVML sample is 40 s old")
-
-    def feature_states(self) -> dict[str, dict[str, Any]]:
-        return self.features
-
-    def stuck_state(self, uuid: str) -> bool:
-        return uuid == UUID1
+    stuck = StuckDetector(0.99, 64 << 20, 60.0)
+    stuck.gpus[GpuKey("1", UUID1)] = _GpuState(since=1_699_999_900.0, holding=True, evaluable=True)
+    state = ServedState(Config(state_file=""), QuarantineStore("", 3, 600.0, 86400.0), [stuck])
+    state.system = SystemInfo("580.159.04", "13.580.159.04", "", "13.580.82")
+    state.python_version = "3.11.7"
+    state.gpu_index = {UUID0: "0", UUID1: "1"}
+    state.xids.xids = {
+        ("1", UUID1, 43): XidCount(1, 1_700_000_000.0),
+        ("1", UUID1, 13): XidCount(2, 1_699_999_000.0),
+    }
+    state.selfchecks = {"supervisor": SelfCheckResult("supervisor", (), ())}
+    state.worker.pid, state.worker.started_at = 42, 1_700_000_000.0
+    state.last = Snapshot(1_700_000_000.0, 0.01, state.system, (), {}, {}, {}, 0, {})
+    state.last_mono = time.monotonic() - 40.0
+    return state
 
 
 def test_without_a_fresh_sample_known_gpus_and_xids_still_show() -> None:
-    dom = Dom(statuspage.render(StandIn()))  # type: ignore[arg-type]
+    dom = Dom(statuspage.render(stand_in()))
     assert "No fresh NVML sample" in dom.one("section", id="gpus-section")["text"]
     assert "no fresh sample" in dom.one("tr", data_uuid=UUID0)["text"]
     row = dom.one("tr", data_uuid=UUID1)
@@ -263,17 +260,17 @@ def test_without_a_fresh_sample_known_gpus_and_xids_still_show() -> None:
 
 
 def test_hostile_text_is_escaped_and_a_broken_section_stays_local() -> None:
-    sup = StandIn()
-    sup.features = {
-        "nvlink_throughput": {"enabled": False, "reason": "quarantined", "detail": "<script>alert(1)</script>"}
-    }
-    sup.selfchecks = {"supervisor": {"modules": [], "problems": ["shadowed by <b>./exporter</b>"]}}
+    state = stand_in()
+    state.set_feature_state(FeatureState("nvlink_throughput", False, Reason.QUARANTINED, "<script>alert(1)</script>"))
+    state.selfchecks = {"supervisor": SelfCheckResult("supervisor", (), ("shadowed by <b>./exporter</b>",))}
 
     def broken(uuid: str) -> bool:
         raise RuntimeError("detector gone")
 
-    sup.stuck_state = broken  # type: ignore[method-assign]
-    page = statuspage.render(sup)  # type: ignore[arg-type]
+    stuck = state.extension(StuckDetector)
+    assert stuck is not None
+    stuck.suspected = broken  # type: ignore[method-assign]
+    page = statuspage.render(state)
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "shadowed by &lt;b&gt;./exporter&lt;/b&gt;" in page
     dom = Dom(page)

@@ -1,4 +1,5 @@
-"""Supervisor policy without a worker: unkillable (D-state) workers, backoff, feature states."""
+"""Supervisor parts without a worker: the pure restart policy, killing an unkillable (D-state)
+process, and quarantine accounting through the supervisor."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import asyncio
 import signal
 from pathlib import Path
 
+import pytest
+
 from exporter.breadcrumb import Breadcrumb
 from exporter.config import Config
-from exporter.supervisor import Outcome, Supervisor
+from exporter.policy import Outcome, RestartPolicy
+from exporter.supervisor import Supervisor
+from exporter.workerproc import WorkerProcess
+from guards.features import FeatureState, Reason
 
 
 class Unkillable:
@@ -34,51 +40,107 @@ def _config(tmp_path: Path, **kw: object) -> Config:
     )
 
 
-def test_unreapable_worker_is_reported_and_respawning_stops_on_a_second(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("exporter.supervisor.KILL_GRACE_S", 0.01)
-    monkeypatch.setattr("exporter.supervisor.REAP_WAIT_S", 0.01)
-    sup = Supervisor(_config(tmp_path), proc_state_fn=lambda pid: "D")
-    crumb = Breadcrumb("temperature", "nvmlDeviceGetTemperatureV", "GPU-x", 0.0, True)
+CRUMB = Breadcrumb("temperature", "nvmlDeviceGetTemperatureV", "GPU-x", 0.0, True)
+
+
+def _policy(**kw: float) -> RestartPolicy:
+    return RestartPolicy(kw.get("initial", 1.0), kw.get("max", 8.0), kw.get("healthy", 30.0), {"temperature"})
+
+
+def _out(reason: str = "crash", lifetime: float = 0.5, reaped: bool = True, crumb: Breadcrumb | None = None) -> Outcome:
+    return Outcome(reason, -11 if reason == "crash" else None, 11 if reason == "crash" else 0, crumb, lifetime, reaped, "")
+
+
+def test_backoff_doubles_and_is_bounded() -> None:
+    policy = _policy()
+    delays = [policy.decide(_out(), unreaped=0, had_snapshot=False, new_quarantine=False).delay_s for _ in range(6)]
+    assert delays == [1, 2, 4, 8, 8, 8]
+
+
+def test_backoff_never_overflows() -> None:
+    """Issue 12: 2 ** (n - 1) stopped converting to float after 1,025 consecutive failures."""
+    policy = _policy(initial=0.001, max=60.0)
+    for _ in range(5000):
+        delay = policy.decide(_out("nvml_error"), unreaped=0, had_snapshot=False, new_quarantine=False).delay_s
+    assert delay == 60.0
+
+
+@pytest.mark.parametrize(
+    ("lifetime", "had_snapshot", "new_quarantine", "want"),
+    [
+        (31.0, True, False, 1.0),  # lived long after delivering samples: a fresh start
+        (31.0, False, False, 2.0),  # lived long but never sampled: keeps backing off
+        (0.5, False, True, 1.0),  # its cause was just quarantined: retry at once
+        (0.5, True, False, 2.0),
+    ],
+)
+def test_backoff_resets(lifetime: float, had_snapshot: bool, new_quarantine: bool, want: float) -> None:
+    policy = _policy()
+    policy.decide(_out(), unreaped=0, had_snapshot=False, new_quarantine=False)
+    got = policy.decide(_out(lifetime=lifetime), unreaped=0, had_snapshot=had_snapshot, new_quarantine=new_quarantine)
+    assert got.delay_s == want
+
+
+def test_quarantine_candidates() -> None:
+    policy = _policy()
+    assert policy.quarantine_candidate(_out("crash", crumb=CRUMB)) == ("temperature", "nvmlDeviceGetTemperatureV")
+    assert policy.quarantine_candidate(_out("hang", crumb=CRUMB)) == ("temperature", "nvmlDeviceGetTemperatureV")
+    assert policy.quarantine_candidate(_out("exit", crumb=CRUMB)) is None  # exited by itself: not a crash
+    assert policy.quarantine_candidate(_out("crash")) is None  # no breadcrumb: nothing to blame
+    other = Breadcrumb("init", "nvmlInit", "", 0.0, True)
+    assert policy.quarantine_candidate(_out("crash", crumb=other)) is None  # not a quarantinable feature
+
+
+def test_unreapable_hangs_stop_respawning() -> None:
+    policy = _policy()
+    first = policy.decide(_out("hang", reaped=False, crumb=CRUMB), unreaped=1, had_snapshot=True, new_quarantine=False)
+    assert not first.stop_respawn  # one unreaped worker is allowed
+    second = policy.decide(_out("hang", reaped=False, crumb=CRUMB), unreaped=1, had_snapshot=True, new_quarantine=False)
+    assert second.stop_respawn  # the replacement hung unreapably in the same place
+    other = _policy()
+    assert other.decide(_out("hang", reaped=False), unreaped=2, had_snapshot=True, new_quarantine=False).stop_respawn
+
+
+def test_kill_reports_a_process_that_survives_sigkill(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("exporter.workerproc.KILL_GRACE_S", 0.01)
+    monkeypatch.setattr("exporter.workerproc.REAP_WAIT_S", 0.01)
+    worker = WorkerProcess({}, None, lambda msg: None, (1.0, 1.0), proc_state_fn=lambda pid: "D")  # type: ignore[arg-type]
 
     async def scenario() -> None:
         never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        first = Unkillable(101)
-        assert await sup._kill(first, never) is False  # type: ignore[arg-type]
-        assert first.signals == [signal.SIGTERM, signal.SIGKILL]
-        sup._account(Outcome("hang", None, 0, crumb, 12.0, False, ""))
-        assert sup.worker_stuck and not sup.respawn_stopped  # one unreaped worker is allowed
-        second = Unkillable(102)
-        assert await sup._kill(second, never) is False  # type: ignore[arg-type]
-        sup._account(Outcome("hang", None, 0, crumb, 12.0, False, ""))
-        assert sup.respawn_stopped and sup.worker_stuck
+        stuck = Unkillable(101)
+        worker.proc = stuck  # type: ignore[assignment]
+        assert await worker.kill(never) is False
+        assert stuck.signals == [signal.SIGTERM, signal.SIGKILL]
         never.cancel()
 
     asyncio.run(scenario())
-    sup.close()
 
 
-def test_backoff_doubles_and_is_bounded(tmp_path: Path) -> None:
-    sup = Supervisor(_config(tmp_path))
-    delays = [sup._account(Outcome("crash", -11, 11, None, 0.5, True, "")) for _ in range(6)]
-    assert delays == [1, 2, 4, 8, 8, 8]
-    assert sup.restarts["crash"] == 6 and sup.crashes[("unknown", "unknown")] == 6
-    sup.close()
-
-
-def test_quarantine_beats_explicit_on(tmp_path: Path) -> None:
+def test_account_counts_and_quarantine_beats_explicit_on(tmp_path: Path) -> None:
     sup = Supervisor(_config(tmp_path, NVGPU_FEATURE_NVLINK_THROUGHPUT="on", NVGPU_QUARANTINE_AFTER=2))
     crumb = Breadcrumb("nvlink_throughput", "nvmlDeviceGetFieldValues", "GPU-x", 0.0, True)
-    assert (
-        sup.feature_states()["nvlink_throughput"] == {"enabled": True, "reason": "env", "detail": ""}
-        or sup.feature_states()["nvlink_throughput"]["reason"] == "env"
-    )
-    for _ in range(2):
-        sup._account(Outcome("crash", -11, 11, crumb, 1.0, True, ""))
-    state = sup.feature_states()["nvlink_throughput"]
-    assert state["enabled"] is False and state["reason"] == "quarantined"
-    assert "nvmlDeviceGetFieldValues" in state["detail"]
+    state = sup.state.feature_states()["nvlink_throughput"]
+    assert (state.enabled, state.reason) == (True, Reason.ENV)
+    delays = [sup.account(Outcome("crash", -11, 11, crumb, 1.0, True, "")) for _ in range(2)]
+    assert delays == [1.0, 1.0]  # the second crash quarantined the cause: the backoff starts over
+    assert sup.state.worker.restarts["crash"] == 2
+    assert sup.state.worker.crashes[("nvlink_throughput", "nvmlDeviceGetFieldValues")] == 2
+    state = sup.state.feature_states()["nvlink_throughput"]
+    assert state.enabled is False and state.reason is Reason.QUARANTINED
+    assert "nvmlDeviceGetFieldValues" in state.detail
     # the state file carries it to the next exporter process
     again = Supervisor(_config(tmp_path, NVGPU_FEATURE_NVLINK_THROUGHPUT="on"))
-    assert again.feature_states()["nvlink_throughput"]["reason"] == "quarantined"
+    assert again.state.feature_states()["nvlink_throughput"].reason is Reason.QUARANTINED
     sup.close()
     again.close()
+
+
+def test_extension_override_and_quarantine_order(tmp_path: Path) -> None:
+    """An extension's override (kernel log unreadable) shows, and a quarantine still wins over it."""
+    sup = Supervisor(_config(tmp_path, NVGPU_QUARANTINE_AFTER=1))
+    sup.state.set_feature_state(FeatureState("events", False, Reason.UNSUPPORTED, "no event support"))
+    assert sup.state.feature_states()["events"].reason is Reason.UNSUPPORTED
+    sup.account(Outcome("crash", -11, 11, Breadcrumb("events", "nvmlEventSetWait_v2", "", 0.0, True), 1.0, True, ""))
+    assert sup.state.feature_states()["events"].reason is Reason.QUARANTINED
+    sup.close()

@@ -1,14 +1,13 @@
 """Collector registry: feature name -> collector module, in sampling order.
 
-Identity comes first so a GPU's labels are known before anything else is read. ``events``,
-``kernel_xid`` and ``pod_attribution`` are features without a per-sample collector (an NVML event
-thread in the worker; the kernel log and the kubelet in the supervisor).
+Identity comes first so a GPU's labels are known before anything else is read. The features
+without a per-sample collector are listed in :data:`NOT_COLLECTORS` (an NVML event thread in the
+worker; the kernel log and the kubelet in the supervisor); ``tests/test_collectors.py`` checks that
+the two together name exactly ``guards.features.FEATURES``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from types import ModuleType
 from typing import Any
 
 from exporter.collectors import (
@@ -26,25 +25,42 @@ from exporter.collectors import (
     temperature,
     utilization,
 )
+from exporter.collectors.base import Collector
 
-COLLECTORS: dict[str, ModuleType] = {
-    m.FEATURE: m
-    for m in (
-        identity,
-        utilization,
-        memory,
-        power,
-        temperature,
-        fan,
-        clocks,
-        pcie,
-        ecc,
-        remapped_rows,
-        nvlink,
-        nvlink_throughput,
-        processes,
-    )
+_ORDER: tuple[Collector, ...] = (
+    identity,
+    utilization,
+    memory,
+    power,
+    temperature,
+    fan,
+    clocks,
+    pcie,
+    ecc,
+    remapped_rows,
+    nvlink,
+    nvlink_throughput,
+    processes,
+)
+COLLECTORS: dict[str, Collector] = {c.FEATURE: c for c in _ORDER}
+
+# Features that are not read per sample by a collector, and who serves them.
+NOT_COLLECTORS: dict[str, str] = {
+    "events": "exporter.nvml_events (worker thread); counted by exporter.xids",
+    "kernel_xid": "exporter.kernel_xid (supervisor extension)",
+    "pod_attribution": "exporter.pods (supervisor extension)",
 }
+
+_FEATURE_OF: dict[type[Any], str] = {c.Reading: c.FEATURE for c in _ORDER}
+
+
+def feature_of(reading_class: type[Any]) -> str:
+    """The feature whose collector defines ``reading_class``.
+
+    Raises:
+        KeyError: not a collector's Reading class.
+    """
+    return _FEATURE_OF[reading_class]
 
 
 def to_json(reading: Any) -> dict[str, Any]:
@@ -53,13 +69,4 @@ def to_json(reading: Any) -> dict[str, Any]:
     Shallow: Reading fields hold plain numbers, strings, tuples and flat dicts, so
     ``dataclasses.asdict``'s deep copy (a third of a sample's time on 8 GPUs) buys nothing.
     """
-    return {f.name: getattr(reading, f.name) for f in dataclasses.fields(reading)}
-
-
-def from_json(feature: str, data: dict[str, Any]) -> Any:
-    """Rebuild a feature's Reading from its JSON dict (supervisor side).
-
-    Raises:
-        TypeError: the dict does not fit the Reading (a worker of another version).
-    """
-    return COLLECTORS[feature].Reading(**data)
+    return {name: getattr(reading, name) for name in reading.__dataclass_fields__}

@@ -1,28 +1,48 @@
-"""Shared pieces of collectors: unit conversion in one visible place, family builders.
+"""What a collector is, and unit conversion in one visible place.
 
-A collector module defines ``FEATURE`` (its feature name), a frozen ``Reading`` dataclass in NVML's
-native units (field names carry the unit), ``read(dev) -> Reading | None`` (runs in the worker; may
-raise DeviceLost / NvmlFatal, everything else is a missing value), and
-``families(samples) -> Iterable[Metric]`` (runs in the supervisor; pure). ``samples`` is a list of
-(``GpuKey``, ``Reading``) for every GPU that produced a reading in the snapshot.
+A collector is a module with (checked by ``mypy --strict`` through :class:`Collector`):
+
+- ``FEATURE``: its feature name (a key of ``guards.features.FEATURES``);
+- ``Reading``: a frozen dataclass in NVML's native units, field names carrying the unit
+  (``usage_mw``, ``energy_mj``, ``clock_mhz``);
+- ``METRICS``: the :class:`~exporter.metric.MetricDef` of every family it can emit;
+- ``read(dev: DeviceClient) -> Reading | None``: runs in the worker. NVML errors are handled by the
+  device client (a missing value is None); ``DeviceLost`` and ``NvmlFatal`` propagate;
+- ``families(samples, system) -> Iterable[Metric]``: runs in the supervisor, pure. ``samples`` is
+  a list of (``GpuKey``, ``Reading``) for every GPU that produced a reading in the snapshot;
+  ``system`` carries the versions (identity uses them).
+
+Conversions to base units happen only in ``families()``, through the helpers below.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:  # the worker imports collectors for read(); only the supervisor renders
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
-GPU_LABELS = ("gpu", "uuid")
+    from exporter.metric import GpuKey, MetricDef
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
 
 
-class GpuKey(NamedTuple):
-    """Labels every per-GPU series carries."""
+class Collector(Protocol):
+    """The shape of a collector module (see the module docstring)."""
 
-    gpu: str
-    uuid: str
+    @property
+    def FEATURE(self) -> str: ...  # noqa: N802 - module constants
+
+    @property
+    def Reading(self) -> type[Any]: ...  # noqa: N802
+
+    @property
+    def METRICS(self) -> tuple[MetricDef, ...]: ...  # noqa: N802
+
+    def read(self, dev: DeviceClient) -> Any: ...
+
+    def families(self, samples: Sequence[tuple[GpuKey, Any]], system: SystemInfo) -> Iterable[Metric]: ...
 
 
 def mw_to_watts(mw: float) -> float:
@@ -48,29 +68,3 @@ def percent_to_ratio(percent: float) -> float:
 def kib_to_bytes(kib: int) -> int:
     """KiB (NVLink throughput fields 138-141) to bytes."""
     return kib * 1024
-
-
-class Family:
-    """Builds one metric family over GPUs; adds nothing for a None value."""
-
-    def __init__(self, name: str, doc: str, extra_labels: Sequence[str] = (), counter: bool = False) -> None:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        labels = [*GPU_LABELS, *extra_labels]
-        self.metric: CounterMetricFamily | GaugeMetricFamily
-        if counter:
-            self.metric = CounterMetricFamily(name, doc, labels=labels)
-        else:
-            self.metric = GaugeMetricFamily(name, doc, labels=labels)
-        self.counter = counter
-
-    def add(self, key: GpuKey, value: float | int | bool | None, *extra: str) -> None:
-        """Add one sample unless ``value`` is None."""
-        if value is None:
-            return
-        self.metric.add_metric([key.gpu, key.uuid, *extra], float(value))
-
-    def done(self) -> Iterable[Metric]:
-        """Yield the family if it holds any sample."""
-        if self.metric.samples:
-            yield self.metric

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey, mhz_to_hertz
+from exporter.collectors.base import mhz_to_hertz
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
+
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
 
 FEATURE = "clocks"
 CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))
@@ -32,6 +36,23 @@ REASONS = (
     ("display_clock_setting", 0x100),
 )
 
+CLOCK = MetricDef("nvgpu_clock_hertz", "Current clock (nvmlDeviceGetClockInfo)", ("clock",))
+CLOCK_MAX = MetricDef("nvgpu_clock_max_hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo)", ("clock",))
+PERFORMANCE_STATE = MetricDef(
+    "nvgpu_performance_state", "Performance state, 0 = P0 (maximum) to 15 (nvmlDeviceGetPerformanceState)"
+)
+EVENT_REASON_ACTIVE = MetricDef(
+    "nvgpu_clock_event_reason_active",
+    "1 if this clock event (throttle) reason is active (nvmlDeviceGetCurrentClocksEventReasons)",
+    ("reason",),
+)
+METRICS = (
+    CLOCK,
+    CLOCK_MAX,
+    PERFORMANCE_STATE,
+    EVENT_REASON_ACTIVE,
+)
+
 
 @dataclass(frozen=True)
 class Reading:
@@ -41,7 +62,7 @@ class Reading:
     event_reasons: int | None
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     current = {}
     for name, clock_type in CLOCKS:
         value = dev.get(FEATURE, "nvmlDeviceGetClockInfo", clock_type)
@@ -65,15 +86,11 @@ def read(dev: Any) -> Reading | None:
     return None if r == Reading({}, {}, None, None) else r
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    cur = Family("nvgpu_clock_hertz", "Current clock (nvmlDeviceGetClockInfo)", ("clock",))
-    mx = Family("nvgpu_clock_max_hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo)", ("clock",))
-    ps = Family("nvgpu_performance_state", "Performance state, 0 = P0 (maximum) to 15 (nvmlDeviceGetPerformanceState)")
-    ev = Family(
-        "nvgpu_clock_event_reason_active",
-        "1 if this clock event (throttle) reason is active (nvmlDeviceGetCurrentClocksEventReasons)",
-        ("reason",),
-    )
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    cur = CLOCK.family()
+    mx = CLOCK_MAX.family()
+    ps = PERFORMANCE_STATE.family()
+    ev = EVENT_REASON_ACTIVE.family()
     for key, r in samples:
         for name, mhz in r.clock_mhz.items():
             cur.add(key, mhz_to_hertz(mhz), name)

@@ -10,16 +10,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
 FEATURE = "ecc"
 ERROR_TYPES = (("corrected", 0), ("uncorrected", 1))
 COUNTER_TYPES = (("volatile", 0), ("aggregate", 1))
+
+ECC_ENABLED = MetricDef("nvgpu_ecc_enabled", "1 if ECC is currently enabled (nvmlDeviceGetEccMode)")
+ECC_ERRORS = MetricDef(
+    "nvgpu_ecc_errors_total",
+    "ECC errors; volatile since driver load, aggregate over the board's life (nvmlDeviceGetTotalEccErrors)",
+    ("error_type", "counter_type"),
+)
+METRICS = (
+    ECC_ENABLED,
+    ECC_ERRORS,
+)
 
 
 @dataclass(frozen=True)
@@ -28,7 +42,7 @@ class Reading:
     errors: dict[str, int]  # "<error_type>/<counter_type>" -> count
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     mode = dev.get(FEATURE, "nvmlDeviceGetEccMode")
     if mode is None:
         return None
@@ -43,14 +57,9 @@ def read(dev: Any) -> Reading | None:
     return Reading(enabled, counts)
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    mode = Family("nvgpu_ecc_enabled", "1 if ECC is currently enabled (nvmlDeviceGetEccMode)")
-    errs = Family(
-        "nvgpu_ecc_errors",
-        "ECC errors; volatile since driver load, aggregate over the board's life (nvmlDeviceGetTotalEccErrors)",
-        ("error_type", "counter_type"),
-        counter=True,
-    )
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    mode = ECC_ENABLED.family()
+    errs = ECC_ERRORS.family()
     for key, r in samples:
         mode.add(key, None if r.enabled is None else int(r.enabled))
         for name, value in r.errors.items():

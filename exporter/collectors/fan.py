@@ -11,14 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey, percent_to_ratio
+from exporter.collectors.base import percent_to_ratio
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
 FEATURE = "fan"
+
+FAN_SPEED = MetricDef(
+    "nvgpu_fan_speed_ratio", "Intended fan speed as a fraction of maximum (nvmlDeviceGetFanSpeed_v2)", ("fan",)
+)
+METRICS = (FAN_SPEED,)
 
 
 @dataclass(frozen=True)
@@ -26,7 +35,7 @@ class Reading:
     speeds_percent: tuple[int, ...]
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     count = dev.cache.get("fan_count")
     if count is None:
         value = dev.get(FEATURE, "nvmlDeviceGetNumFans")
@@ -50,10 +59,8 @@ def read(dev: Any) -> Reading | None:
     return Reading(tuple(speeds))
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    fam = Family(
-        "nvgpu_fan_speed_ratio", "Intended fan speed as a fraction of maximum (nvmlDeviceGetFanSpeed_v2)", ("fan",)
-    )
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    fam = FAN_SPEED.family()
     for key, r in samples:
         for i, speed in enumerate(r.speeds_percent):
             fam.add(key, percent_to_ratio(speed), str(i))

@@ -7,16 +7,28 @@ driver reload, which restarts the worker anyway. System versions come with the s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from exporter.collectors.base import Family, GpuKey
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
 FEATURE = "identity"
+
+GPU_INFO = MetricDef(
+    "nvgpu_gpu_info",
+    "GPU identity (nvmlDeviceGetName, nvmlDeviceGetPciInfo, nvmlDeviceGetSerial, "
+    "nvmlDeviceGetArchitecture, nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, "
+    "nvmlSystemGetCudaDriverVersion); value is always 1",
+    ("name", "pci_bus_id", "serial", "architecture", "driver_version", "nvml_version", "cuda_driver_version"),
+)
+METRICS = (GPU_INFO,)
 
 ARCHITECTURES = {
     2: "kepler",
@@ -48,10 +60,10 @@ class Reading:
     architecture: int | None
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     cached = dev.cache.get(FEATURE)
-    if cached is not None:
-        return cached  # type: ignore[no-any-return]
+    if isinstance(cached, Reading):
+        return cached
     name = dev.get(FEATURE, "nvmlDeviceGetName")
     pci = dev.get(FEATURE, "nvmlDeviceGetPciInfo")
     serial = dev.get(FEATURE, "nvmlDeviceGetSerial")
@@ -67,15 +79,8 @@ def read(dev: Any) -> Reading | None:
     return reading
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]], system: Mapping[str, str] | None = None) -> Iterable[Metric]:
-    system = system or {}
-    info = Family(
-        "nvgpu_gpu_info",
-        "GPU identity (nvmlDeviceGetName, nvmlDeviceGetPciInfo, nvmlDeviceGetSerial, "
-        "nvmlDeviceGetArchitecture, nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, "
-        "nvmlSystemGetCudaDriverVersion); value is always 1",
-        ("name", "pci_bus_id", "serial", "architecture", "driver_version", "nvml_version", "cuda_driver_version"),
-    )
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    info = GPU_INFO.family()
     for key, r in samples:
         arch = ARCHITECTURES.get(r.architecture, str(r.architecture)) if r.architecture is not None else ""
         info.add(
@@ -85,8 +90,8 @@ def families(samples: Sequence[tuple[GpuKey, Reading]], system: Mapping[str, str
             r.pci_bus_id or "",
             r.serial or "",
             arch,
-            system.get("driver_version", ""),
-            system.get("nvml_version", ""),
-            system.get("cuda_driver_version", ""),
+            system.driver_version,
+            system.nvml_version,
+            system.cuda_driver_version,
         )
     yield from info.done()

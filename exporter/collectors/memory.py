@@ -10,15 +10,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
 FEATURE = "memory"
 NVML_MEMORY_V2 = 0x02000028  # sizeof(nvmlMemory_v2_t) | 2 << 24
+_SRC = "nvmlDeviceGetMemoryInfo, v2 when available"
+
+USED = MetricDef(
+    "nvgpu_memory_used_bytes", f"Framebuffer memory used by processes, excluding driver-reserved memory on v2 ({_SRC})"
+)
+FREE = MetricDef("nvgpu_memory_free_bytes", f"Framebuffer memory free ({_SRC})")
+RESERVED = MetricDef(
+    "nvgpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver (nvmlDeviceGetMemoryInfo v2)"
+)
+TOTAL = MetricDef("nvgpu_memory_total_bytes", f"Framebuffer memory total ({_SRC})")
+BAR1_USED = MetricDef("nvgpu_bar1_memory_used_bytes", "BAR1 memory used (nvmlDeviceGetBAR1MemoryInfo)")
+BAR1_TOTAL = MetricDef("nvgpu_bar1_memory_total_bytes", "BAR1 memory total (nvmlDeviceGetBAR1MemoryInfo)")
+METRICS = (
+    USED,
+    FREE,
+    RESERVED,
+    TOTAL,
+    BAR1_USED,
+    BAR1_TOTAL,
+)
 
 
 @dataclass(frozen=True)
@@ -31,7 +54,7 @@ class Reading:
     bar1_used_bytes: int | None
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     mem = None
     if ("nvmlDeviceGetMemoryInfo", ("version", NVML_MEMORY_V2)) not in dev.unsupported:
         mem = dev.get(FEATURE, "nvmlDeviceGetMemoryInfo", version=NVML_MEMORY_V2)
@@ -51,19 +74,13 @@ def read(dev: Any) -> Reading | None:
     )
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    src = "nvmlDeviceGetMemoryInfo, v2 when available"
-    used = Family(
-        "nvgpu_memory_used_bytes",
-        f"Framebuffer memory used by processes, excluding driver-reserved memory on v2 ({src})",
-    )
-    free = Family("nvgpu_memory_free_bytes", f"Framebuffer memory free ({src})")
-    reserved = Family(
-        "nvgpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver (nvmlDeviceGetMemoryInfo v2)"
-    )
-    total = Family("nvgpu_memory_total_bytes", f"Framebuffer memory total ({src})")
-    b_used = Family("nvgpu_bar1_memory_used_bytes", "BAR1 memory used (nvmlDeviceGetBAR1MemoryInfo)")
-    b_total = Family("nvgpu_bar1_memory_total_bytes", "BAR1 memory total (nvmlDeviceGetBAR1MemoryInfo)")
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    used = USED.family()
+    free = FREE.family()
+    reserved = RESERVED.family()
+    total = TOTAL.family()
+    b_used = BAR1_USED.family()
+    b_total = BAR1_TOTAL.family()
     for key, r in samples:
         used.add(key, r.used_bytes)
         free.add(key, r.free_bytes)

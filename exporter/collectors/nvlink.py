@@ -19,17 +19,29 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
+
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
 
 FEATURE = "nvlink"
 MAX_LINKS = 36
 COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))
 ERRORS_EVERY_S = 30.0
+
+LINK_UP = MetricDef("nvgpu_nvlink_up", "1 if the NVLink link is active (nvmlDeviceGetNvLinkState)", ("link",))
+LINK_ERRORS = MetricDef(
+    "nvgpu_nvlink_errors_total", "NVLink data-link errors (nvmlDeviceGetNvLinkErrorCounter)", ("link", "error_type")
+)
+METRICS = (
+    LINK_UP,
+    LINK_ERRORS,
+)
 
 
 @dataclass(frozen=True)
@@ -38,7 +50,7 @@ class Reading:
     errors: dict[str, int]  # "<link>/<error_type>" -> count
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     links = dev.cache.get("nvlink_links")
     if links is None:
         links = []
@@ -68,14 +80,9 @@ def read(dev: Any) -> Reading | None:
     return Reading(up, dict(errs)) if up or errs else None
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    up = Family("nvgpu_nvlink_up", "1 if the NVLink link is active (nvmlDeviceGetNvLinkState)", ("link",))
-    errs = Family(
-        "nvgpu_nvlink_errors",
-        "NVLink data-link errors (nvmlDeviceGetNvLinkErrorCounter)",
-        ("link", "error_type"),
-        counter=True,
-    )
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    up = LINK_UP.family()
+    errs = LINK_ERRORS.family()
     for key, r in samples:
         for link, state in sorted(r.up.items(), key=lambda kv: int(kv[0])):
             up.add(key, state, str(link))

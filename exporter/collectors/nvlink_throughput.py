@@ -12,17 +12,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey, kib_to_bytes
+from exporter.collectors.base import kib_to_bytes
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
+
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
 
 FEATURE = "nvlink_throughput"
 NVML_FI_DEV_NVLINK_LINK_COUNT = 91
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+
+LINKS = MetricDef("nvgpu_nvlink_links", "NVLink links present (field NVML_FI_DEV_NVLINK_LINK_COUNT)")
+TRANSMIT = MetricDef(
+    "nvgpu_nvlink_transmit_bytes_total",
+    "NVLink payload bytes transmitted (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, KiB x 1024)",
+    ("link",),
+)
+RECEIVE = MetricDef(
+    "nvgpu_nvlink_receive_bytes_total",
+    "NVLink payload bytes received (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, KiB x 1024)",
+    ("link",),
+)
+METRICS = (
+    LINKS,
+    TRANSMIT,
+    RECEIVE,
+)
 
 
 @dataclass(frozen=True)
@@ -32,7 +53,7 @@ class Reading:
     rx_kib: dict[int, int]
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     count = dev.cache.get("nvlink_link_count")
     if count is None:
         got = dev.fields(FEATURE, [(NVML_FI_DEV_NVLINK_LINK_COUNT, 0)])
@@ -55,20 +76,10 @@ def read(dev: Any) -> Reading | None:
     return Reading(count, tx, rx)
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    links = Family("nvgpu_nvlink_links", "NVLink links present (field NVML_FI_DEV_NVLINK_LINK_COUNT)")
-    tx = Family(
-        "nvgpu_nvlink_transmit_bytes",
-        "NVLink payload bytes transmitted (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, KiB x 1024)",
-        ("link",),
-        counter=True,
-    )
-    rx = Family(
-        "nvgpu_nvlink_receive_bytes",
-        "NVLink payload bytes received (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, KiB x 1024)",
-        ("link",),
-        counter=True,
-    )
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    links = LINKS.family()
+    tx = TRANSMIT.family()
+    rx = RECEIVE.family()
     for key, r in samples:
         links.add(key, r.link_count)
         for link, kib in sorted(r.tx_kib.items(), key=lambda kv: int(kv[0])):

@@ -12,12 +12,35 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from exporter.collectors.base import Family, GpuKey
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
 FEATURE = "pcie"
+
+LINK_GENERATION = MetricDef(
+    "nvgpu_pcie_link_generation", "Current PCIe link generation (nvmlDeviceGetCurrPcieLinkGeneration)"
+)
+LINK_MAX_GENERATION = MetricDef(
+    "nvgpu_pcie_link_max_generation",
+    "Maximum PCIe link generation of device and system (nvmlDeviceGetMaxPcieLinkGeneration)",
+)
+LINK_WIDTH = MetricDef("nvgpu_pcie_link_width", "Current PCIe link width in lanes (nvmlDeviceGetCurrPcieLinkWidth)")
+LINK_MAX_WIDTH = MetricDef(
+    "nvgpu_pcie_link_max_width", "Maximum PCIe link width in lanes (nvmlDeviceGetMaxPcieLinkWidth)"
+)
+REPLAY_ERRORS = MetricDef("nvgpu_pcie_replay_errors_total", "PCIe replays (nvmlDeviceGetPcieReplayCounter)")
+METRICS = (
+    LINK_GENERATION,
+    LINK_MAX_GENERATION,
+    LINK_WIDTH,
+    LINK_MAX_WIDTH,
+    REPLAY_ERRORS,
+)
 
 
 @dataclass(frozen=True)
@@ -33,7 +56,7 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     static = dev.cache.get("pcie_max")
     if static is None:
         static = (
@@ -51,15 +74,12 @@ def read(dev: Any) -> Reading | None:
     return None if r == Reading(None, None, None, None, None) else r
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    gen = Family("nvgpu_pcie_link_generation", "Current PCIe link generation (nvmlDeviceGetCurrPcieLinkGeneration)")
-    mgen = Family(
-        "nvgpu_pcie_link_max_generation",
-        "Maximum PCIe link generation of device and system (nvmlDeviceGetMaxPcieLinkGeneration)",
-    )
-    width = Family("nvgpu_pcie_link_width", "Current PCIe link width in lanes (nvmlDeviceGetCurrPcieLinkWidth)")
-    mwidth = Family("nvgpu_pcie_link_max_width", "Maximum PCIe link width in lanes (nvmlDeviceGetMaxPcieLinkWidth)")
-    replay = Family("nvgpu_pcie_replay_errors", "PCIe replays (nvmlDeviceGetPcieReplayCounter)", counter=True)
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    gen = LINK_GENERATION.family()
+    mgen = LINK_MAX_GENERATION.family()
+    width = LINK_WIDTH.family()
+    mwidth = LINK_MAX_WIDTH.family()
+    replay = REPLAY_ERRORS.family()
     for key, r in samples:
         gen.add(key, r.generation)
         mgen.add(key, r.max_generation)

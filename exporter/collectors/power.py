@@ -10,14 +10,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey, mj_to_joules, mw_to_watts
+from exporter.collectors.base import mj_to_joules, mw_to_watts
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
 FEATURE = "power"
+
+USAGE = MetricDef("nvgpu_power_usage_watts", "Power draw (nvmlDeviceGetPowerUsage; 1 s average on Ampere and newer)")
+LIMIT = MetricDef("nvgpu_power_limit_watts", "Enforced power limit (nvmlDeviceGetEnforcedPowerLimit)")
+ENERGY = MetricDef(
+    "nvgpu_energy_consumption_joules_total",
+    "Energy consumed since the driver was loaded (nvmlDeviceGetTotalEnergyConsumption)",
+)
+METRICS = (
+    USAGE,
+    LIMIT,
+    ENERGY,
+)
 
 
 @dataclass(frozen=True)
@@ -27,7 +43,7 @@ class Reading:
     energy_mj: int | None
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     usage = dev.get(FEATURE, "nvmlDeviceGetPowerUsage")
     limit = dev.get(FEATURE, "nvmlDeviceGetEnforcedPowerLimit")
     energy = dev.get(FEATURE, "nvmlDeviceGetTotalEnergyConsumption")
@@ -39,14 +55,10 @@ def read(dev: Any) -> Reading | None:
     return None if r == Reading(None, None, None) else r
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    usage = Family("nvgpu_power_usage_watts", "Power draw (nvmlDeviceGetPowerUsage; 1 s average on Ampere and newer)")
-    limit = Family("nvgpu_power_limit_watts", "Enforced power limit (nvmlDeviceGetEnforcedPowerLimit)")
-    energy = Family(
-        "nvgpu_energy_consumption_joules",
-        "Energy consumed since the driver was loaded (nvmlDeviceGetTotalEnergyConsumption)",
-        counter=True,
-    )
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    usage = USAGE.family()
+    limit = LIMIT.family()
+    energy = ENERGY.family()
     for key, r in samples:
         usage.add(key, None if r.usage_mw is None else mw_to_watts(r.usage_mw))
         limit.add(key, None if r.limit_mw is None else mw_to_watts(r.limit_mw))

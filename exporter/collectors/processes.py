@@ -11,15 +11,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
 FEATURE = "processes"
 VALUE_NOT_AVAILABLE_LIMIT = 1 << 63  # anything this large is a sentinel, not a byte count
+
+COUNT = MetricDef("nvgpu_compute_processes", "Compute processes on the GPU (nvmlDeviceGetComputeRunningProcesses)")
+MEMORY_USED = MetricDef(
+    "nvgpu_compute_processes_memory_used_bytes",
+    "Memory used by compute processes, where readable (nvmlDeviceGetComputeRunningProcesses)",
+)
+METRICS = (
+    COUNT,
+    MEMORY_USED,
+)
 
 
 @dataclass(frozen=True)
@@ -28,7 +41,7 @@ class Reading:
     memory_used_bytes: int | None
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     procs = dev.first(
         FEATURE,
         [
@@ -48,12 +61,9 @@ def read(dev: Any) -> Reading | None:
     return Reading(len(procs), total if known or not procs else None)
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    count = Family("nvgpu_compute_processes", "Compute processes on the GPU (nvmlDeviceGetComputeRunningProcesses)")
-    mem = Family(
-        "nvgpu_compute_processes_memory_used_bytes",
-        "Memory used by compute processes, where readable (nvmlDeviceGetComputeRunningProcesses)",
-    )
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    count = COUNT.family()
+    mem = MEMORY_USED.family()
     for key, r in samples:
         count.add(key, r.count)
         mem.add(key, r.memory_used_bytes)

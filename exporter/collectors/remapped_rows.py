@@ -11,15 +11,35 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
 FEATURE = "remapped_rows"
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+
+REMAPPED_ROWS = MetricDef("nvgpu_remapped_rows", "Rows remapped, by cause (nvmlDeviceGetRemappedRows)", ("cause",))
+PENDING = MetricDef(
+    "nvgpu_remapped_rows_pending", "1 if a row remap is pending and needs a GPU reset (nvmlDeviceGetRemappedRows)"
+)
+FAILURE = MetricDef("nvgpu_remapped_rows_failure", "1 if a row remap failed (nvmlDeviceGetRemappedRows)")
+RECOVERY_ACTION = MetricDef(
+    "nvgpu_recovery_action",
+    "Driver-recommended recovery action: 0 none, 1 gpu_reset, 2 node_reboot, 3 drain_p2p, 4 drain_and_reset, "
+    "5 recover_imex_domain, 6 bus_reset, 7 system_reboot (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)",
+)
+METRICS = (
+    REMAPPED_ROWS,
+    PENDING,
+    FAILURE,
+    RECOVERY_ACTION,
+)
 
 
 @dataclass(frozen=True)
@@ -31,7 +51,7 @@ class Reading:
     recovery_action: int | None
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     rows = dev.get(FEATURE, "nvmlDeviceGetRemappedRows")
     action = dev.fields(FEATURE, [(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)]).get(
         (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)
@@ -47,17 +67,11 @@ def read(dev: Any) -> Reading | None:
     )
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    rows = Family("nvgpu_remapped_rows", "Rows remapped, by cause (nvmlDeviceGetRemappedRows)", ("cause",))
-    pending = Family(
-        "nvgpu_remapped_rows_pending", "1 if a row remap is pending and needs a GPU reset (nvmlDeviceGetRemappedRows)"
-    )
-    failure = Family("nvgpu_remapped_rows_failure", "1 if a row remap failed (nvmlDeviceGetRemappedRows)")
-    action = Family(
-        "nvgpu_recovery_action",
-        "Driver-recommended recovery action: 0 none, 1 gpu_reset, 2 node_reboot, 3 drain_p2p, 4 drain_and_reset, "
-        "5 recover_imex_domain, 6 bus_reset, 7 system_reboot (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)",
-    )
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    rows = REMAPPED_ROWS.family()
+    pending = PENDING.family()
+    failure = FAILURE.family()
+    action = RECOVERY_ACTION.family()
     for key, r in samples:
         rows.add(key, r.correctable, "correctable")
         rows.add(key, r.uncorrectable, "uncorrectable")

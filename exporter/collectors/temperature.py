@@ -9,16 +9,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
 FEATURE = "temperature"
 NVML_TEMPERATURE_GPU = 0
 NVML_FI_DEV_MEMORY_TEMP = 82
+
+GPU_TEMPERATURE = MetricDef(
+    "nvgpu_gpu_temperature_celsius", "GPU die temperature (nvmlDeviceGetTemperatureV, sensor NVML_TEMPERATURE_GPU)"
+)
+MEMORY_TEMPERATURE = MetricDef(
+    "nvgpu_memory_temperature_celsius", "Memory (HBM) temperature (field NVML_FI_DEV_MEMORY_TEMP)"
+)
+METRICS = (
+    GPU_TEMPERATURE,
+    MEMORY_TEMPERATURE,
+)
 
 
 @dataclass(frozen=True)
@@ -27,7 +41,7 @@ class Reading:
     memory_celsius: int | None
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     gpu = dev.first(
         FEATURE,
         [
@@ -41,11 +55,9 @@ def read(dev: Any) -> Reading | None:
     return Reading(int(gpu) if gpu is not None else None, int(mem) if mem is not None else None)
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    gpu = Family(
-        "nvgpu_gpu_temperature_celsius", "GPU die temperature (nvmlDeviceGetTemperatureV, sensor NVML_TEMPERATURE_GPU)"
-    )
-    mem = Family("nvgpu_memory_temperature_celsius", "Memory (HBM) temperature (field NVML_FI_DEV_MEMORY_TEMP)")
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    gpu = GPU_TEMPERATURE.family()
+    mem = MEMORY_TEMPERATURE.family()
     for key, r in samples:
         gpu.add(key, r.gpu_celsius)
         mem.add(key, r.memory_celsius)

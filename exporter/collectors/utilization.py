@@ -9,14 +9,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.collectors.base import Family, GpuKey, percent_to_ratio
+from exporter.collectors.base import percent_to_ratio
+from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
 FEATURE = "utilization"
+
+GPU_UTILIZATION = MetricDef(
+    "nvgpu_gpu_utilization_ratio", "Fraction of time one or more kernels ran (nvmlDeviceGetUtilizationRates.gpu)"
+)
+MEMORY_UTILIZATION = MetricDef(
+    "nvgpu_memory_utilization_ratio",
+    "Fraction of time device memory was read or written (nvmlDeviceGetUtilizationRates.memory)",
+)
+ENCODER_UTILIZATION = MetricDef(
+    "nvgpu_encoder_utilization_ratio", "Video encoder utilization (nvmlDeviceGetEncoderUtilization)"
+)
+DECODER_UTILIZATION = MetricDef(
+    "nvgpu_decoder_utilization_ratio", "Video decoder utilization (nvmlDeviceGetDecoderUtilization)"
+)
+METRICS = (
+    GPU_UTILIZATION,
+    MEMORY_UTILIZATION,
+    ENCODER_UTILIZATION,
+    DECODER_UTILIZATION,
+)
 
 
 @dataclass(frozen=True)
@@ -27,7 +51,7 @@ class Reading:
     decoder_percent: int | None
 
 
-def read(dev: Any) -> Reading | None:
+def read(dev: DeviceClient) -> Reading | None:
     util = dev.get(FEATURE, "nvmlDeviceGetUtilizationRates")
     enc = dev.get(FEATURE, "nvmlDeviceGetEncoderUtilization")
     dec = dev.get(FEATURE, "nvmlDeviceGetDecoderUtilization")
@@ -40,16 +64,11 @@ def read(dev: Any) -> Reading | None:
     return None if r == Reading(None, None, None, None) else r
 
 
-def families(samples: Sequence[tuple[GpuKey, Reading]]) -> Iterable[Metric]:
-    gpu = Family(
-        "nvgpu_gpu_utilization_ratio", "Fraction of time one or more kernels ran (nvmlDeviceGetUtilizationRates.gpu)"
-    )
-    mem = Family(
-        "nvgpu_memory_utilization_ratio",
-        "Fraction of time device memory was read or written (nvmlDeviceGetUtilizationRates.memory)",
-    )
-    enc = Family("nvgpu_encoder_utilization_ratio", "Video encoder utilization (nvmlDeviceGetEncoderUtilization)")
-    dec = Family("nvgpu_decoder_utilization_ratio", "Video decoder utilization (nvmlDeviceGetDecoderUtilization)")
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    gpu = GPU_UTILIZATION.family()
+    mem = MEMORY_UTILIZATION.family()
+    enc = ENCODER_UTILIZATION.family()
+    dec = DECODER_UTILIZATION.family()
     for key, r in samples:
         gpu.add(key, None if r.gpu_percent is None else percent_to_ratio(r.gpu_percent))
         mem.add(key, None if r.memory_percent is None else percent_to_ratio(r.memory_percent))

@@ -12,6 +12,7 @@ unusable library raises :class:`NvmlFatal`: the worker's loop decides what happe
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,6 +24,14 @@ from exporter.nvml.backend import UNPOPULATED, FieldValue
 from exporter.nvml.errors import ErrorClass, NvmlFailure
 
 log = logging.getLogger(__name__)
+
+
+class Stopping(BaseException):
+    """Raised instead of a new NVML call once a shutdown was requested.
+
+    A BaseException, like KeyboardInterrupt, so that the per-call error handling
+    (``except Exception`` -> classify) does not mistake it for an NVML error.
+    """
 
 
 class DeviceLost(Exception):
@@ -50,12 +59,16 @@ class NvmlClient:
         backend: ``RealNvml`` or ``FakeBackend`` (pynvml-shaped).
         crumbs: shared-memory breadcrumb writer.
         slot: breadcrumb slot of the calling thread (sampler by default).
+        stop: once set, new calls raise :class:`Stopping` (calls in flight finish).
     """
 
-    def __init__(self, backend: Any, crumbs: BreadcrumbWriter, slot: int = SLOT_SAMPLER) -> None:
+    def __init__(
+        self, backend: Any, crumbs: BreadcrumbWriter, slot: int = SLOT_SAMPLER, stop: threading.Event | None = None
+    ) -> None:
         self.backend = backend
         self.crumbs = crumbs
         self.slot = slot
+        self.stop = stop or threading.Event()
         self.calls = 0
         self.ok_calls = 0  # calls that returned: "every call failing" is told apart from "no call needed"
         self.errors: Counter[tuple[str, str]] = Counter()  # (feature, error name) -> count
@@ -63,7 +76,7 @@ class NvmlClient:
 
     def fork(self, slot: int) -> NvmlClient:
         """A client for another thread, sharing the backend and breadcrumb memory."""
-        other = NvmlClient(self.backend, self.crumbs, slot)
+        other = NvmlClient(self.backend, self.crumbs, slot, self.stop)
         other._fns = self._fns
         return other
 
@@ -75,7 +88,17 @@ class NvmlClient:
         return fn
 
     def raw(self, feature: str, function: str, uuid: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``function`` with a breadcrumb; exceptions propagate unclassified."""
+        """Call ``function`` with a breadcrumb; exceptions propagate unclassified.
+
+        Raises:
+            Stopping: a shutdown was requested (the call is not made).
+        """
+        if self.stop.is_set():
+            raise Stopping()
+        return self.raw_during_shutdown(feature, function, uuid, *args, **kwargs)
+
+    def raw_during_shutdown(self, feature: str, function: str, uuid: str, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`raw`, past the stop latch: for ``nvmlShutdown`` and freeing the event set."""
         self.crumbs.enter(self.slot, feature, function, uuid)
         self.calls += 1
         try:
@@ -87,6 +110,8 @@ class NvmlClient:
 
     def field_values(self, feature: str, uuid: str, handle: Any, pairs: list[tuple[int, int]]) -> list[FieldValue]:
         """``nvmlDeviceGetFieldValues`` through the backend's safe implementation."""
+        if self.stop.is_set():
+            raise Stopping()
         self.crumbs.enter(self.slot, feature, "nvmlDeviceGetFieldValues", uuid)
         self.calls += 1
         try:
@@ -120,10 +145,9 @@ class DeviceClient:
     def _handle_error(
         self, feature: str, function: str, key: tuple[Any, ...], exc: BaseException, quiet: bool = False
     ) -> None:
-        failure = errors.classify(exc)
+        context = errors.Context.INDEXED if len(key) > 1 else errors.Context.CALL
+        failure = errors.classify(exc, context)
         cls = failure.error_class
-        if failure.code == errors.INVALID_ARGUMENT and len(key) > 1:
-            cls = ErrorClass.UNSUPPORTED  # a per-link / per-index argument the GPU does not have
         if cls is ErrorClass.UNSUPPORTED:
             self.unsupported[key] = (feature, failure.name)
             self.feature_unsupported.add(feature)
@@ -253,16 +277,17 @@ class DeviceClient:
             pair = (entry.field_id, entry.scope_id)
             if entry.code == errors.SUCCESS and entry.value is not None:
                 out[pair] = entry.value
-            elif entry.code == UNPOPULATED:
                 continue
-            elif errors.classify_code(entry.code) is ErrorClass.UNSUPPORTED:
-                field_key = ("field", *pair)
-                self.unsupported[field_key] = (feature, errors.code_name(entry.code))
-            elif errors.classify_code(entry.code) is ErrorClass.DEVICE_LOST:
-                failure = NvmlFailure(entry.code, errors.code_name(entry.code), ErrorClass.DEVICE_LOST, "field value")
+            if entry.code == UNPOPULATED:
+                continue
+            failure = errors.classify_entry(entry.code)
+            if failure.error_class is ErrorClass.UNSUPPORTED:
+                field_key: tuple[Any, ...] = ("field", *pair)
+                self.unsupported[field_key] = (feature, failure.name)
+            elif failure.error_class is ErrorClass.DEVICE_LOST:
                 raise DeviceLost(failure, "nvmlDeviceGetFieldValues")
             else:
-                self.client.errors[(feature, errors.code_name(entry.code))] += 1
+                self.client.errors[(feature, failure.name)] += 1
         if out:
             self.feature_ok.add(feature)
         elif wanted and all(("field", *p) in self.unsupported for p in wanted):

@@ -5,7 +5,8 @@ newer classes (a code a binding does not know arrives as the base ``NVMLError``)
 missing from the binding or the driver is treated as "function not found". Codes and their meaning
 come from ``nvml.h`` (NVML 13.x) and ../shared/reference/nvml-notes.md §7.
 
-Collectors let errors propagate; the worker's sampling loop asks :func:`classify` what to do.
+Collectors let errors propagate; the device client and the sampler ask :func:`classify` (or
+:func:`classify_entry`, :func:`sample_failed_everywhere`) what to do. Every rule lives here.
 """
 
 from __future__ import annotations
@@ -91,13 +92,28 @@ _TABLE: dict[int, ErrorClass] = {
     ALREADY_INITIALIZED: _C.BUG,
 }
 
-# Handle acquisition: UNKNOWN there means the GPU is gone (gpud: Xid 79 can surface as
-# "Unknown Error" from nvmlDeviceGetHandleByIndex); elsewhere UNKNOWN is transient.
-_HANDLE_OVERRIDES: dict[int, ErrorClass] = {UNKNOWN: _C.DEVICE_LOST, INVALID_ARGUMENT: _C.DEVICE_LOST}
 
-# Library init: every failure means "no NVML"; the supervisor retries with backoff.
-# UNKNOWN on every call (the "Unknown Error" state after a driver problem) is treated as fatal by
-# the sampling loop when it hits every GPU (see worker.py), because re-initialising is the cure.
+class Context(str, enum.Enum):
+    """Where a return code came from; some codes mean something else there."""
+
+    CALL = "call"  # an ordinary per-GPU query
+    INDEXED = "indexed"  # a per-link / per-fan / per-counter query: the index may not exist
+    HANDLE_LOOKUP = "handle_lookup"  # nvmlDeviceGetHandleByIndex / ByUUID / ByPciBusId
+    FIELD_ENTRY = "field_entry"  # the per-entry code of one nvmlDeviceGetFieldValues result
+
+
+# Per-context exceptions to _TABLE, each with its reason:
+# - INDEXED: INVALID_ARGUMENT means "this GPU has no such link / fan / counter" (indices past the
+#   real count answer it; nvml-notes §3.9), so it is cached like NOT_SUPPORTED.
+# - HANDLE_LOOKUP: UNKNOWN means the GPU is gone (gpud: Xid 79 can surface as "Unknown Error" from
+#   nvmlDeviceGetHandleByIndex), and INVALID_ARGUMENT for an index NVML just counted means the same.
+# - FIELD_ENTRY: INVALID_ARGUMENT means "no such field / scope on this driver" (nvml-notes §4.2).
+_OVERRIDES: dict[Context, dict[int, ErrorClass]] = {
+    Context.CALL: {},
+    Context.INDEXED: {INVALID_ARGUMENT: _C.UNSUPPORTED},
+    Context.HANDLE_LOOKUP: {UNKNOWN: _C.DEVICE_LOST, INVALID_ARGUMENT: _C.DEVICE_LOST},
+    Context.FIELD_ENTRY: {INVALID_ARGUMENT: _C.UNSUPPORTED},
+}
 
 
 @dataclass(frozen=True)
@@ -155,12 +171,17 @@ def code_of(exc: BaseException) -> int | None:
     return None
 
 
-def classify(exc: BaseException, *, handle_lookup: bool = False) -> NvmlFailure:
+def class_of(code: int, context: Context = Context.CALL) -> ErrorClass:
+    """The class of a return code in a context (the table above, then its overrides)."""
+    return _OVERRIDES[context].get(code) or _TABLE.get(code, ErrorClass.TRANSIENT)
+
+
+def classify(exc: BaseException, context: Context = Context.CALL) -> NvmlFailure:
     """Classify an exception raised by an NVML call.
 
     Args:
         exc: what the call raised.
-        handle_lookup: the call was ``nvmlDeviceGetHandleByIndex`` / ``…ByUUID``.
+        context: where the call was made (see :class:`Context`).
 
     Returns:
         The failure with its class; non-NVML exceptions are ``BUG`` with code ``-1``.
@@ -168,13 +189,28 @@ def classify(exc: BaseException, *, handle_lookup: bool = False) -> NvmlFailure:
     code = code_of(exc)
     if code is None:
         return NvmlFailure(-1, type(exc).__name__, ErrorClass.BUG, f"{type(exc).__name__}: {exc}")
-    cls = (_HANDLE_OVERRIDES.get(code) if handle_lookup else None) or _TABLE.get(code, ErrorClass.TRANSIENT)
-    return NvmlFailure(code, code_name(code), cls, f"{code_name(code)}: {exc}")
+    return NvmlFailure(code, code_name(code), class_of(code, context), f"{code_name(code)}: {exc}")
 
 
-def classify_code(code: int) -> ErrorClass:
-    """Class of a bare return code (per-entry field-value results)."""
-    if code in (INVALID_ARGUMENT, NOT_SUPPORTED):
-        # Per entry, INVALID_ARGUMENT means "no such field / link on this driver" (nvml-notes §4.2).
-        return ErrorClass.UNSUPPORTED
-    return _TABLE.get(code, ErrorClass.TRANSIENT)
+def classify_entry(code: int) -> NvmlFailure:
+    """Classify the per-entry return code of a field-value result."""
+    return NvmlFailure(code, code_name(code), class_of(code, Context.FIELD_ENTRY), f"field value: {code_name(code)}")
+
+
+def sample_failed_everywhere(calls: int, ok_calls: int) -> NvmlFailure | None:
+    """The "Unknown Error" state: a sample that made NVML calls and had none of them answer.
+
+    After a driver problem (or a container that lost its device access) NVML answers UNKNOWN to
+    every call; each call alone looks transient, together they mean the library is unusable and
+    re-initialising in a fresh worker is the cure, so the sample is classified FATAL.
+
+    Args:
+        calls: NVML calls made during the sample.
+        ok_calls: those that returned.
+
+    Returns:
+        A FATAL failure, or None when at least one call answered (or none was made).
+    """
+    if calls > 0 and ok_calls == 0:
+        return NvmlFailure(UNKNOWN, "UNKNOWN", ErrorClass.FATAL, "every NVML call of this sample failed")
+    return None

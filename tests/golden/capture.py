@@ -237,7 +237,7 @@ def capture(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
         "comment": f"captured by tests/golden/capture.py from the real worker on golden {name!r} at scenario time 0",
         "golden": name,
         "modes": modes,
-        "supervisor_selfcheck": normalise_selfcheck(selfcheck.run_in_process("supervisor")),
+        "supervisor_selfcheck": normalise_selfcheck(selfcheck.to_dict(selfcheck.run_in_process("supervisor"))),
         "messages": normalise(messages),
     }
     fixture_path(name).write_text(json.dumps(fixture, indent=1, sort_keys=True) + "\n")

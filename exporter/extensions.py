@@ -1,0 +1,91 @@
+"""Supervisor-side extensions: concerns that are not NVML but feed on snapshots or add series.
+
+The stuck-context signature (:mod:`exporter.stuck`), kernel-log Xids (:mod:`exporter.kernel_xid`)
+and pod attribution (:mod:`exporter.pods`) are extensions. Each subclasses :class:`Extension` and
+overrides what it needs; the supervisor calls every hook of every extension, so nothing is wired
+by overwriting attributes. An extension talks back only through the :class:`Host` it is given in
+:meth:`Extension.run` (the served state implements it). Hooks run on the event loop and must not
+block: blocking reads (the kernel log, the kubelet's gRPC socket) go through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+    from exporter.config import Config
+    from exporter.quarantine import QuarantineStore
+    from exporter.snapshot import Snapshot
+    from guards.features import FeatureState
+
+
+class Host(Protocol):
+    """What an extension may ask of the supervisor."""
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The last snapshot (fresh or not), None before the first."""
+
+    def changed(self) -> None:
+        """The exposition must be rendered again (coalesced)."""
+
+    def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
+        """Count one Xid (see :meth:`exporter.xids.XidLedger.record_xid`)."""
+
+    def set_feature_state(self, state: FeatureState) -> None:
+        """Override the effective state of the extension's feature (e.g. unsupported: no socket)."""
+
+
+class Extension:
+    """Base class: every hook is a no-op until overridden.
+
+    Attributes:
+        feature: the feature (``guards.features.FEATURES``) this extension serves, or "" when it
+            is always on (the stuck signature).
+        relabels_gpus: True when :meth:`gpu_labels` adds labels to every per-GPU series.
+    """
+
+    feature = ""
+    relabels_gpus = False
+
+    def on_snapshot(self, snapshot: Snapshot) -> None:
+        """A snapshot arrived from the worker (called before rendering)."""
+
+    def accept_xid(self, uuid: str, xid: int, ts: float) -> bool:
+        """Whether an Xid from an NVML event should be counted (False: already counted elsewhere)."""
+        return True
+
+    def gpu_families(self, snapshot: Snapshot) -> Iterable[Metric]:
+        """Per-GPU families for a fresh snapshot."""
+        return ()
+
+    def self_families(self) -> Iterable[Metric]:
+        """Exporter-level families (always rendered)."""
+        return ()
+
+    def gpu_labels(self, uuid: str) -> tuple[str, str, str]:
+        """(namespace, pod, container) for a GPU, when :attr:`relabels_gpus` is set."""
+        return ("", "", "")
+
+    async def run(self, host: Host) -> None:
+        """Background work for the exporter's lifetime (returns at once by default)."""
+
+
+def default_extensions(config: Config, quarantine: QuarantineStore) -> list[Extension]:
+    """The extensions of a running exporter, in rendering order: the stuck signature always, the
+    kernel log and pod attribution when their features are enabled."""
+    from exporter.kernel_xid import KernelXid
+    from exporter.pods import PodAttribution
+    from exporter.stuck import StuckDetector
+    from guards import features as gf
+
+    states = gf.resolve(config.feature_modes, quarantined=quarantine.details())
+    out: list[Extension] = [StuckDetector(config.stuck_utilization, config.stuck_memory_bytes, config.stuck_after_s)]
+    if states["kernel_xid"].enabled:
+        out.append(KernelXid(config))
+    if states["pod_attribution"].enabled:
+        out.append(PodAttribution(config))
+    return out

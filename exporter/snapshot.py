@@ -1,0 +1,406 @@
+"""The typed messages between worker and supervisor; the snapshot is the one contract between them.
+
+The worker builds a :class:`Snapshot` from collectors' frozen ``Reading`` dataclasses and sends
+``snapshot.to_wire()`` through :mod:`exporter.protocol` (JSON lines). The supervisor decodes each
+line once, on receipt, with :func:`decode_message`: every field is checked against the dataclass
+annotations here and in the collectors (``int | None``, ``dict[int, int]``, ``tuple[int, ...]`` …),
+JSON's string keys become ints where the annotation says so, and everything downstream (served
+state, rendering, the status page, the stuck signature, pod and kernel-log extensions) reads
+attributes. A renamed reading field therefore fails here, with the field named, not in a golden.
+
+A reading that does not fit its dataclass (a worker of another version, a driver string where an
+integer belongs) costs only that GPU's reading of that feature: it is left out and the feature is
+listed in :attr:`Snapshot.undecodable`, so its ``nvgpu_feature_success`` reads 0. Anything else
+malformed raises :class:`~exporter.protocol.ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union
+
+from exporter import collectors
+from exporter.protocol import ProtocolError
+from guards.features import FeatureState, Reason
+from guards.versions import ModuleReport, SelfCheckResult
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    """Versions the worker read after ``nvmlInit`` (empty strings when unknown).
+
+    Attributes:
+        driver_version: ``nvmlSystemGetDriverVersion``, e.g. ``580.159.04``.
+        nvml_version: ``nvmlSystemGetNVMLVersion``, e.g. ``13.580.159.04``.
+        cuda_driver_version: ``nvmlSystemGetCudaDriverVersion`` as ``major.minor``.
+        nvidia_ml_py_version: the installed binding's distribution version.
+    """
+
+    driver_version: str = ""
+    nvml_version: str = ""
+    cuda_driver_version: str = ""
+    nvidia_ml_py_version: str = ""
+
+
+@dataclass(frozen=True)
+class FeatureStat:
+    """One feature's last sample: success on every GPU it ran on, and time spent (seconds)."""
+
+    success: bool
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU in a snapshot.
+
+    Attributes:
+        index: NVML index (the ``gpu`` label).
+        uuid: GPU UUID; empty when the handle lookup failed before it was read.
+        up: False when the GPU is lost (GPU_IS_LOST, failed handle lookup).
+        readings: feature name -> that collector's ``Reading``, in the order sampled.
+    """
+
+    index: int
+    uuid: str
+    up: bool
+    readings: Mapping[str, object] = field(default_factory=dict)
+
+    def reading(self, kind: type[R]) -> R | None:
+        """The reading of the collector whose ``Reading`` class is ``kind``, or None."""
+        value = self.readings.get(collectors.feature_of(kind))
+        return value if isinstance(value, kind) else None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One sample of every GPU and enabled feature.
+
+    Attributes:
+        ts: Unix time the sample started.
+        duration_s: wall time of the sample.
+        system: versions.
+        gpus: every GPU NVML enumerated, by index.
+        features: per-feature success and duration of this sample.
+        feature_states: the worker's effective feature states (env, known issues, unsupported).
+        errors: (feature, NVML error name) -> count since this worker started.
+        calls: NVML calls since this worker started.
+        events_enabled: UUID -> whether NVML event registration succeeded.
+        undecodable: features with a reading the supervisor could not decode (see module doc).
+    """
+
+    ts: float
+    duration_s: float
+    system: SystemInfo
+    gpus: tuple[GpuSample, ...]
+    features: Mapping[str, FeatureStat]
+    feature_states: Mapping[str, FeatureState]
+    errors: Mapping[tuple[str, str], int]
+    calls: int
+    events_enabled: Mapping[str, bool]
+    undecodable: frozenset[str] = frozenset()
+
+    def to_wire(self) -> dict[str, Any]:
+        """The ``snapshot`` message fields (JSON-ready)."""
+        return {
+            "ts": self.ts,
+            "duration_s": self.duration_s,
+            "system": dataclasses.asdict(self.system),
+            "gpus": [
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "up": g.up,
+                    "readings": {f: collectors.to_json(r) for f, r in g.readings.items()},
+                }
+                for g in self.gpus
+            ],
+            "features": {f: {"success": int(s.success), "duration_s": s.duration_s} for f, s in self.features.items()},
+            "feature_states": states_to_wire(self.feature_states),
+            "errors": [[f, n, c] for (f, n), c in sorted(self.errors.items())],
+            "calls": self.calls,
+            "events_enabled": dict(self.events_enabled),
+        }
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The worker initialised NVML and enumerated GPUs (``index``, ``uuid`` pairs)."""
+
+    pid: int
+    system: SystemInfo
+    gpus: tuple[tuple[int, str], ...]
+    feature_states: Mapping[str, FeatureState]
+
+
+@dataclass(frozen=True)
+class InitFailed:
+    """``nvmlInit`` (or NVML as a whole) failed; ``error`` is the NVML code name."""
+
+    code: int
+    error: str
+    message: str
+
+
+@dataclass(frozen=True)
+class NvmlEvent:
+    """An NVML event; ``xid`` is set for Xid events (``event_type == "xid"``)."""
+
+    ts: float
+    gpu: int | None
+    uuid: str
+    event_type: str
+    xid: int | None
+
+
+@dataclass(frozen=True)
+class Bye:
+    """Orderly worker shutdown; ``nvml_shutdown`` says whether ``nvmlShutdown`` ran."""
+
+    nvml_shutdown: bool
+
+
+Message = Snapshot | Hello | InitFailed | NvmlEvent | Bye | SelfCheckResult
+
+
+def states_to_wire(states: Mapping[str, FeatureState]) -> dict[str, dict[str, Any]]:
+    """Feature states as the wire carries them: ``{feature: {enabled, reason, detail}}``."""
+    return {k: {"enabled": s.enabled, "reason": s.reason.value, "detail": s.detail} for k, s in states.items()}
+
+
+def selfcheck_to_wire(result: SelfCheckResult) -> dict[str, Any]:
+    """A self-check result as the ``selfcheck`` message and ``selfcheck --json`` carry it."""
+    return {
+        "process": result.process,
+        "modules": [dataclasses.asdict(r) for r in result.reports],
+        "problems": list(result.problems),
+        "notes": list(result.notes),
+    }
+
+
+# -- decoding ----------------------------------------------------------------------------------
+
+
+class _Bad(ValueError):
+    """A value that does not fit its annotation; the message names the place."""
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        for option in options:
+            try:
+                return _convert(option, value, where)
+            except _Bad:
+                continue
+        raise _Bad(f"{where}: {value!r} is not {tp}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Bad(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Bad(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _Bad(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _Bad(f"{where}: expected a string, got {value!r}")
+    if origin in (dict, Mapping):
+        key_t, val_t = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise _Bad(f"{where}: expected an object, got {type(value).__name__}")
+        out = {}
+        for k, v in value.items():
+            key = k
+            if key_t is int:
+                if not (isinstance(k, str) and k.lstrip("-").isdigit()):
+                    raise _Bad(f"{where}: key {k!r} is not an integer")
+                key = int(k)
+            out[key] = _convert(val_t, v, f"{where}[{k!r}]")
+        return out
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise _Bad(f"{where}: expected a list, got {type(value).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise _Bad(f"{where}: expected {len(args)} items, got {len(value)}")
+        return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise _Bad(f"{where}: {value!r} is not one of {[m.value for m in tp]}") from None
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return decode_dataclass(tp, value, where)
+    raise _Bad(f"{where}: no decoder for {tp}")  # a type this module must learn: our bug
+
+
+def decode_dataclass(cls: type[T], data: Any, where: str) -> T:
+    """Build ``cls`` from a JSON object, checking every field against its annotation.
+
+    Raises:
+        ValueError: a missing or unknown field, or a value of the wrong type; the message names
+            the place (``where`` and the field).
+    """
+    if not isinstance(data, dict):
+        raise _Bad(f"{where}: expected an object, got {type(data).__name__}")
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - names
+    if unknown:
+        raise _Bad(f"{where}: unknown field(s) {sorted(unknown)}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise _Bad(f"{where}: missing field {f.name!r}")
+            continue
+        kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+    return cls(**kwargs)
+
+
+def _states(raw: Any, where: str) -> dict[str, FeatureState]:
+    if not isinstance(raw, dict):
+        raise _Bad(f"{where}: expected an object")
+    out = {}
+    for name, st in raw.items():
+        if not isinstance(st, dict):
+            raise _Bad(f"{where}[{name!r}]: expected an object")
+        out[name] = FeatureState(
+            name,
+            _convert(bool, st.get("enabled"), f"{where}[{name!r}].enabled"),
+            _convert(Reason, st.get("reason"), f"{where}[{name!r}].reason"),
+            _convert(str, st.get("detail", ""), f"{where}[{name!r}].detail"),
+        )
+    return out
+
+
+def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
+    if not isinstance(raw, dict):
+        raise _Bad(f"{where}: expected an object")
+    readings: dict[str, object] = {}
+    raw_readings = raw.get("readings", {})
+    if not isinstance(raw_readings, dict):
+        raise _Bad(f"{where}.readings: expected an object")
+    for feature, data in raw_readings.items():
+        collector = collectors.COLLECTORS.get(feature)
+        if collector is None:
+            undecodable.add(feature)
+            continue
+        try:
+            readings[feature] = decode_dataclass(collector.Reading, data, f"{where}.readings.{feature}")
+        except _Bad:
+            undecodable.add(feature)
+    return GpuSample(
+        index=_convert(int, raw.get("index"), f"{where}.index"),
+        uuid=_convert(str, raw.get("uuid"), f"{where}.uuid"),
+        up=_convert(bool, raw.get("up"), f"{where}.up"),
+        readings=readings,
+    )
+
+
+def _snapshot(msg: dict[str, Any]) -> Snapshot:
+    undecodable: set[str] = set()
+    gpus = msg.get("gpus")
+    if not isinstance(gpus, list):
+        raise _Bad("snapshot.gpus: expected a list")
+    features = _convert(dict[str, dict[str, float]], msg.get("features", {}), "snapshot.features")
+    errors = _convert(tuple[tuple[str, str, int], ...], msg.get("errors", []), "snapshot.errors")
+    return Snapshot(
+        ts=_convert(float, msg.get("ts"), "snapshot.ts"),
+        duration_s=_convert(float, msg.get("duration_s"), "snapshot.duration_s"),
+        system=decode_dataclass(SystemInfo, msg.get("system", {}), "snapshot.system"),
+        gpus=tuple(_gpu(g, f"snapshot.gpus[{i}]", undecodable) for i, g in enumerate(gpus)),
+        features={
+            f: FeatureStat(bool(s.get("success", 0)), float(s.get("duration_s", 0.0))) for f, s in features.items()
+        },
+        feature_states=_states(msg.get("feature_states", {}), "snapshot.feature_states"),
+        errors={(f, n): c for f, n, c in errors},
+        calls=_convert(int, msg.get("calls", 0), "snapshot.calls"),
+        events_enabled=_convert(dict[str, bool], msg.get("events_enabled", {}), "snapshot.events_enabled"),
+        undecodable=frozenset(undecodable),
+    )
+
+
+def _hello(msg: dict[str, Any]) -> Hello:
+    gpus = _convert(tuple[dict[str, int | str], ...], msg.get("gpus", []), "hello.gpus")
+    return Hello(
+        pid=_convert(int, msg.get("pid", 0), "hello.pid"),
+        system=decode_dataclass(SystemInfo, msg.get("system", {}), "hello.system"),
+        gpus=tuple((int(g["index"]), str(g["uuid"])) for g in gpus),
+        feature_states=_states(msg.get("feature_states", {}), "hello.feature_states"),
+    )
+
+
+def _selfcheck(msg: dict[str, Any]) -> SelfCheckResult:
+    modules = msg.get("modules", [])
+    if not isinstance(modules, list):
+        raise _Bad("selfcheck.modules: expected a list")
+    return SelfCheckResult(
+        process=_convert(str, msg.get("process"), "selfcheck.process"),
+        reports=tuple(decode_dataclass(ModuleReport, m, f"selfcheck.modules[{i}]") for i, m in enumerate(modules)),
+        problems=_convert(tuple[str, ...], msg.get("problems", []), "selfcheck.problems"),
+        notes=_convert(tuple[str, ...], msg.get("notes", []), "selfcheck.notes"),
+    )
+
+
+def _fields(cls: type[T]) -> typing.Callable[[dict[str, Any]], T]:
+    def decode(msg: dict[str, Any]) -> T:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return decode_dataclass(cls, {k: v for k, v in msg.items() if k in names}, cls.__name__.lower())
+
+    return decode
+
+
+_DECODERS: dict[str, typing.Callable[[dict[str, Any]], Message]] = {
+    "snapshot": _snapshot,
+    "hello": _hello,
+    "selfcheck": _selfcheck,
+    "init_failed": _fields(InitFailed),
+    "event": _fields(NvmlEvent),
+    "bye": _fields(Bye),
+}
+
+
+def decode_message(msg: dict[str, Any]) -> Message:
+    """Turn a decoded protocol line (:func:`exporter.protocol.decode`) into its typed message.
+
+    Raises:
+        ProtocolError: an unknown message type, or a message that does not fit its type (the
+            error names the field).
+    """
+    decoder = _DECODERS.get(msg["type"])
+    if decoder is None:
+        raise ProtocolError(f"worker sent an unknown message type {msg['type']!r}")
+    try:
+        return decoder(msg)
+    except (_Bad, KeyError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"worker sent a malformed {msg['type']} message: {exc}") from exc

@@ -1,0 +1,258 @@
+"""One worker process: spawn (exec), its message and stderr streams, deadline, kill, reap -> Outcome.
+
+:meth:`WorkerProcess.run` starts ``python -m exporter.worker`` (spawn/exec: NVML state is not
+fork-safe) with the message pipe and the breadcrumb memory passed as descriptors, decodes each
+message once (:func:`exporter.snapshot.decode_message`) and hands it to ``on_message``, echoes the
+worker's stderr while keeping its tail (the faulthandler stack of a crash), and watches the
+deadline: ``init_deadline_s`` until the worker's ``hello``, then ``interval_s + sample_deadline_s``
+after each snapshot. A worker past its deadline is asked to stop (SIGTERM), then killed (SIGKILL);
+one that survives SIGKILL (uninterruptible sleep in the driver) is reported as not reaped and left
+to the caller. It returns how the worker ended; what happens next is :mod:`exporter.policy`'s call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from exporter import protocol
+from exporter.breadcrumb import SLOT_EVENTS, SLOT_SAMPLER, Breadcrumb, BreadcrumbReader
+from exporter.logs import log_once
+from exporter.policy import Outcome
+from exporter.snapshot import Hello, Message, Snapshot, decode_message
+
+log = logging.getLogger("exporter.supervisor")
+
+KILL_GRACE_S = 2.0  # SIGTERM -> SIGKILL
+REAP_WAIT_S = 5.0  # SIGKILL -> "cannot be reaped"
+STDERR_LINES = 400
+POLL_S = 0.25
+
+
+def proc_state(pid: int) -> str | None:
+    """The state letter from ``/proc/<pid>/stat`` (``R``, ``S``, ``D``, ``Z`` …), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    return data[data.rfind(b")") + 2 :].split(b" ", 1)[0].decode()
+
+
+class WorkerProcess:
+    """One worker's life.
+
+    Args:
+        env: environment additions (the worker configuration, the fake epoch).
+        crumbs: the breadcrumb memory (the caller clears it before each worker).
+        on_message: called on the event loop for each decoded message.
+        deadlines: ``(init_deadline_s, sample_deadline_s)``: until the worker's ``hello``, then from
+            each snapshot (events come from another thread and prove nothing about sampling).
+        proc_state_fn: reads a process state letter (tests inject ``D``).
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        crumbs: BreadcrumbReader,
+        on_message: Callable[[Message], None],
+        deadlines: tuple[float, float],
+        proc_state_fn: Callable[[int], str | None] = proc_state,
+    ) -> None:
+        self.env = env
+        self.crumbs = crumbs
+        self.on_message = on_message
+        self.init_deadline_s, self.sample_deadline_s = deadlines
+        self.proc_state_fn = proc_state_fn
+        self.proc: asyncio.subprocess.Process | None = None
+        self.hello = False
+        self.killed_for_hang = False
+        self.last_message_mono = 0.0
+        self.spawned_mono = 0.0
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's PID once spawned."""
+        return self.proc.pid if self.proc else None
+
+    async def spawn(self) -> asyncio.StreamReader:
+        """Start the process; returns the message stream."""
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ)
+        env.update(self.env, NVGPU_WORKER_FD=str(write_fd), NVGPU_BREADCRUMB_FD=str(self.crumbs.fd))
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "exporter.worker",
+                stdin=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(write_fd, self.crumbs.fd),
+                env=env,
+            )
+        finally:
+            os.close(write_fd)
+        self.spawned_mono = time.monotonic()
+        reader = asyncio.StreamReader(limit=64 << 20)
+        loop = asyncio.get_running_loop()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0))
+        return reader
+
+    async def run(self, reader: asyncio.StreamReader, stopping: Callable[[], bool], drain_s: float) -> Outcome:
+        """Watch the spawned worker until it ends (or ``stopping()``); returns how it ended."""
+        proc = self.proc
+        assert proc is not None and proc.stderr is not None
+        msg_task = asyncio.ensure_future(self._read_messages(reader))
+        err_task = asyncio.ensure_future(self._read_stderr(proc.stderr))
+        wait_task = asyncio.ensure_future(proc.wait())
+        crumb: Breadcrumb | None = None
+        reaped = True
+        while not stopping():
+            done, _ = await asyncio.wait({wait_task}, timeout=POLL_S)
+            if done:
+                break
+            if time.monotonic() > self._deadline():
+                crumb = self.in_flight()
+                self._log_hang(crumb)
+                self.killed_for_hang = True
+                reaped = await self.kill(wait_task)
+                break
+        if stopping() and not wait_task.done():
+            reaped = await self.stop(wait_task, drain_s)
+        if reaped:
+            try:
+                await asyncio.wait_for(asyncio.gather(msg_task, err_task), timeout=2.0)
+            except asyncio.TimeoutError:
+                pass
+        else:
+            msg_task.cancel()
+            err_task.cancel()
+        return self._outcome(crumb or self.in_flight(), reaped, stopping())
+
+    def _deadline(self) -> float:
+        if not self.hello:
+            return self.spawned_mono + self.init_deadline_s
+        return self.last_message_mono + self.sample_deadline_s
+
+    def _log_hang(self, crumb: Breadcrumb | None) -> None:
+        where = f"{crumb.feature}/{crumb.function} on {crumb.uuid or '-'}" if crumb else "no NVML call in flight"
+        log.error(
+            "worker %d missed its deadline (%s); stopping it",
+            self.pid,
+            where,
+            extra={"feature": crumb.feature if crumb else "", "function": crumb.function if crumb else ""},
+        )
+
+    def _outcome(self, crumb: Breadcrumb | None, reaped: bool, stopped: bool) -> Outcome:
+        assert self.proc is not None
+        rc = self.proc.returncode
+        sig = -rc if rc is not None and rc < 0 else 0
+        if self.killed_for_hang:
+            reason = "hang"
+        elif stopped:
+            reason = "stopped"
+        elif sig:
+            reason = "crash"
+        elif rc == protocol.EXIT_NVML_FATAL:
+            reason = "nvml_error"
+        else:
+            reason = "exit"
+        return Outcome(reason, rc, sig, crumb, time.monotonic() - self.spawned_mono, reaped, self.dead_stack())
+
+    async def _read_messages(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            try:
+                msg = decode_message(protocol.decode(line))
+            except protocol.ProtocolError as exc:
+                log_once(log, logging.ERROR, ("protocol", str(exc)[:80]), "%s", exc)
+                continue
+            if isinstance(msg, (Hello, Snapshot)):  # progress; events come from another thread
+                self.last_message_mono = time.monotonic()
+                self.hello = True
+            self.on_message(msg)
+
+    async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
+        out = sys.stderr
+        while True:
+            line = await stream.readline()
+            if not line:
+                return
+            text = line.decode("utf-8", "replace")
+            self.stderr_tail.append(text)
+            out.write(text)
+            out.flush()
+
+    def in_flight(self) -> Breadcrumb | None:
+        """The call in flight: the sampler's first, then the event thread's (a wait is normal)."""
+        sampler = self.crumbs.read(SLOT_SAMPLER)
+        if sampler is not None and sampler.in_flight:
+            return sampler
+        events = self.crumbs.read(SLOT_EVENTS)
+        if events is not None and events.in_flight and events.function != "nvmlEventSetWait_v2":
+            return events
+        return None
+
+    def dead_stack(self) -> str:
+        """The faulthandler report at the end of the worker's stderr, if any."""
+        lines = list(self.stderr_tail)
+        for i in range(len(lines) - 1, -1, -1):
+            if lines[i].startswith("Fatal Python error"):
+                return "".join(lines[i:]).rstrip()
+        return ""
+
+    async def kill(self, wait_task: asyncio.Future[Any]) -> bool:
+        """SIGTERM, wait, SIGKILL, wait; False if the process could not be reaped."""
+        proc = self.proc
+        assert proc is not None
+        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, REAP_WAIT_S)):
+            if proc.returncode is not None:
+                return True
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                return True
+            done, _ = await asyncio.wait({wait_task}, timeout=wait)
+            if done:
+                return True
+        state = self.proc_state_fn(proc.pid)
+        log.error(
+            "worker %d survived SIGKILL (state %s%s); it is kept aside and not waited for",
+            proc.pid,
+            state,
+            ": uninterruptible sleep in the driver" if state == "D" else "",
+        )
+        return False
+
+    async def stop(self, wait_task: asyncio.Future[Any], drain_s: float) -> bool:
+        """Orderly stop: ask on stdin, wait ``drain_s``, then kill."""
+        proc = self.proc
+        assert proc is not None
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(protocol.encode("shutdown"))
+            await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError, AssertionError):
+            pass
+        done, _ = await asyncio.wait({wait_task}, timeout=drain_s)
+        if done:
+            return True
+        log.warning("worker %d did not stop within %.1f s; killing it", proc.pid, drain_s)
+        return await self.kill(wait_task)
+
+
+def worker_env(config_json: Mapping[str, Any], epoch: float) -> dict[str, str]:
+    """The environment additions of a worker: its configuration and the fake backend's epoch."""
+    return {"NVGPU_WORKER_CONFIG": json.dumps(config_json), "NVGPU_FAKE_EPOCH": repr(epoch)}
