@@ -203,62 +203,88 @@ def _hints(cls: type) -> dict[str, Any]:
     return hints
 
 
+def _bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _Bad(f"{where}: expected true or false, got {value!r}")
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _Bad(f"{where}: expected an integer, got {value!r}")
+
+
+def _float(value: Any, where: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise _Bad(f"{where}: expected a number, got {value!r}")
+
+
+def _str(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise _Bad(f"{where}: expected a string, got {value!r}")
+
+
+_SCALARS: dict[Any, typing.Callable[[Any, str], Any]] = {bool: _bool, int: _int, float: _float, str: _str}
+
+
+def _union(tp: Any, value: Any, where: str) -> Any:
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for option in (a for a in args if a is not type(None)):
+        try:
+            return _convert(option, value, where)
+        except _Bad:
+            continue
+    raise _Bad(f"{where}: {value!r} is not {tp}")
+
+
+def _mapping(tp: Any, value: Any, where: str) -> dict[Any, Any]:
+    key_t, val_t = typing.get_args(tp)
+    if not isinstance(value, dict):
+        raise _Bad(f"{where}: expected an object, got {type(value).__name__}")
+    out = {}
+    for k, v in value.items():
+        key = k
+        if key_t is int:  # JSON keys are strings: "3" -> 3
+            if not (isinstance(k, str) and k.lstrip("-").isdigit()):
+                raise _Bad(f"{where}: key {k!r} is not an integer")
+            key = int(k)
+        out[key] = _convert(val_t, v, f"{where}[{k!r}]")
+    return out
+
+
+def _tuple(tp: Any, value: Any, where: str) -> tuple[Any, ...]:
+    args = typing.get_args(tp)
+    if not isinstance(value, list):
+        raise _Bad(f"{where}: expected a list, got {type(value).__name__}")
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+    if len(args) != len(value):
+        raise _Bad(f"{where}: expected {len(args)} items, got {len(value)}")
+    return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+
+
 def _convert(tp: Any, value: Any, where: str) -> Any:
+    """``value`` (decoded JSON) as the annotation ``tp`` says, or :class:`_Bad` naming ``where``."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        options = [a for a in typing.get_args(tp) if a is not type(None)]
-        for option in options:
-            try:
-                return _convert(option, value, where)
-            except _Bad:
-                continue
-        raise _Bad(f"{where}: {value!r} is not {tp}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Bad(f"{where}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _Bad(f"{where}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _Bad(f"{where}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _Bad(f"{where}: expected a string, got {value!r}")
+        return _union(tp, value, where)
     if origin in (dict, Mapping):
-        key_t, val_t = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise _Bad(f"{where}: expected an object, got {type(value).__name__}")
-        out = {}
-        for k, v in value.items():
-            key = k
-            if key_t is int:
-                if not (isinstance(k, str) and k.lstrip("-").isdigit()):
-                    raise _Bad(f"{where}: key {k!r} is not an integer")
-                key = int(k)
-            out[key] = _convert(val_t, v, f"{where}[{k!r}]")
-        return out
+        return _mapping(tp, value, where)
     if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise _Bad(f"{where}: expected a list, got {type(value).__name__}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
-        if len(args) != len(value):
-            raise _Bad(f"{where}: expected {len(args)} items, got {len(value)}")
-        return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+        return _tuple(tp, value, where)
+    if tp in _SCALARS:
+        return _SCALARS[tp](value, where)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(value)
         except ValueError:
             raise _Bad(f"{where}: {value!r} is not one of {[m.value for m in tp]}") from None
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return decode_dataclass(tp, value, where)
     raise _Bad(f"{where}: no decoder for {tp}")  # a type this module must learn: our bug
 

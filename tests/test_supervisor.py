@@ -48,7 +48,9 @@ def _policy(**kw: float) -> RestartPolicy:
 
 
 def _out(reason: str = "crash", lifetime: float = 0.5, reaped: bool = True, crumb: Breadcrumb | None = None) -> Outcome:
-    return Outcome(reason, -11 if reason == "crash" else None, 11 if reason == "crash" else 0, crumb, lifetime, reaped, "")
+    return Outcome(
+        reason, -11 if reason == "crash" else None, 11 if reason == "crash" else 0, crumb, lifetime, reaped, ""
+    )
 
 
 def test_backoff_doubles_and_is_bounded() -> None:

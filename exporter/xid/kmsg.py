@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 import logging
 import os
 import re
@@ -43,6 +42,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Final, Literal, NamedTuple
+
+from exporter.xid.cursor import Cursor
 
 __all__ = [
     "BOOT_ID_PATH",
@@ -72,7 +73,6 @@ FALLEN_OFF_DEDUPE_S: Final = 10.0
 _FALLEN_OFF_DEDUPE_RECORDS: Final = 50  # same, by record distance, when a line has no time
 _MULTILINE_SPAN: Final = 5  # records between "The NVIDIA GPU <bdf>" and "... fallen off the bus"
 _READ_SIZE: Final = 16384  # larger than any printk record (the kernel caps a line near 1 KiB)
-_CURSOR_VERSION: Final = 1
 
 _EMPTY: Final[Mapping[str, str]] = types.MappingProxyType({})
 
@@ -475,6 +475,7 @@ class KmsgReader:
     ) -> None:
         self.path = os.fspath(path)
         self.cursor_path = os.fspath(cursor_path) if cursor_path is not None else None
+        self._cursor = Cursor(self.cursor_path, self.path)
         self._boot_id_path = boot_id_path
         self._uptime_path = uptime_path
         self._clock = clock
@@ -490,7 +491,6 @@ class KmsgReader:
         self._offset = 0  # text files: byte offset after the last consumed line
         self._skip_through: int | None = None  # device: cursor seq not yet reached
         self._cursor_dirty = False
-        self._cursor_warned = False
         self.records_read = 0
         """Records or lines consumed since open."""
         self.records_lost = 0
@@ -589,32 +589,13 @@ class KmsgReader:
         return events
 
     def commit(self) -> None:
-        """Saves the cursor if it moved (atomically: temporary file, then rename)."""
+        """Saves the cursor if it moved (atomically; see :mod:`exporter.xid.cursor`)."""
         if not self._cursor_dirty or self.cursor_path is None:
             return
-        data: dict[str, object] = {
-            "version": _CURSOR_VERSION,
-            "path": self.path,
-            "kind": "device" if self._is_device else "file",
-            "boot_id": self._boot_id,
-            "seq": self._seq,
-        }
-        if not self._is_device and self._identity is not None:
-            data.update(offset=self._offset, dev=self._identity[0], inode=self._identity[1])
-        tmp = f"{self.cursor_path}.tmp"
-        try:
-            Path(tmp).write_text(json.dumps(data, sort_keys=True) + "\n", encoding="utf-8")
-            os.replace(tmp, self.cursor_path)
-        except OSError as exc:
-            if not self._cursor_warned:
-                log.warning(
-                    "cannot save kernel-log cursor %s (%s); a restart will count history again",
-                    self.cursor_path,
-                    exc,
-                )
-                self._cursor_warned = True
-            return
-        self._cursor_dirty = False
+        if self._cursor.save(
+            device=self._is_device, boot_id=self._boot_id, seq=self._seq, offset=self._offset, identity=self._identity
+        ):
+            self._cursor_dirty = False
 
     def _wall(self, boot_us: int | None) -> float | None:
         if boot_us is None or self._boot_wall_time is None:
@@ -721,45 +702,15 @@ class KmsgReader:
             self._cursor_dirty = True
         return events
 
-    # -- cursor ----------------------------------------------------------------------------
-
     def _load_cursor(self, size: int) -> None:
-        if self.cursor_path is None:
+        pos = self._cursor.load(device=self._is_device, boot_id=self._boot_id, identity=self._identity, size=size)
+        if pos is None:
             return
-        try:
-            data = json.loads(Path(self.cursor_path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            log.info("no kernel-log cursor at %s: counting history since boot", self.cursor_path)
-            return
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable kernel-log cursor %s: %s", self.cursor_path, exc)
-            return
-        if not isinstance(data, dict) or data.get("version") != _CURSOR_VERSION:
-            log.warning("ignoring kernel-log cursor %s of unknown version", self.cursor_path)
-            return
-        seq = data.get("seq")
-        if data.get("path") != self.path or not isinstance(seq, int) or isinstance(seq, bool):
-            log.info("kernel-log cursor %s is for another source; starting over", self.cursor_path)
-            return
+        self._seq = pos.seq
         if self._is_device:
-            saved_boot = data.get("boot_id")
-            if saved_boot is not None and self._boot_id is not None and saved_boot != self._boot_id:
-                log.info(
-                    "kernel-log cursor is from boot %s, this is %s: counting history since boot",
-                    saved_boot,
-                    self._boot_id,
-                )
-                return
-            self._skip_through = seq
-            self._seq = seq
-            return
-        offset = data.get("offset")
-        identity = (data.get("dev"), data.get("inode"))
-        if identity != self._identity or not isinstance(offset, int) or offset > size:
-            log.info("kernel-log file %s was replaced or truncated; reading it from the start", self.path)
-            return
-        self._offset = offset
-        self._seq = seq
+            self._skip_through = pos.seq
+        else:
+            self._offset = pos.offset
 
 
 class XidSighting(NamedTuple):
