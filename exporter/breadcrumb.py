@@ -15,17 +15,32 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
 import time
 from dataclasses import dataclass
 
 SLOT_SIZE = 256
-SLOTS = 2  # 0: sampling thread, 1: NVML event thread
-SLOT_SAMPLER = 0
-SLOT_EVENTS = 1
-SIZE = SLOT_SIZE * SLOTS
+SLOT_SAMPLER = 0  # the worker's main thread: init, enumeration, coordination
+SLOT_EVENTS = 1  # the NVML event thread
+SLOT_GPU_BASE = 2  # one slot per GPU sampling thread, by enumeration position
+MAX_GPU_SLOTS = 64
+SLOTS = SLOT_GPU_BASE + MAX_GPU_SLOTS
+SIZE = SLOT_SIZE * SLOTS  # 16.5 KiB
 
-# seq, in_flight, pad, t_enter, feature, function, uuid
-_LAYOUT = struct.Struct("<QI4xd32s64s96s")
+
+def gpu_slot(position: int) -> int:
+    """The breadcrumb slot of the sampling thread of the ``position``-th attached GPU.
+
+    Raises:
+        ValueError: more GPUs than slots (no supported system has more than 64 per node).
+    """
+    if not 0 <= position < MAX_GPU_SLOTS:
+        raise ValueError(f"GPU position {position} has no breadcrumb slot (at most {MAX_GPU_SLOTS} GPUs)")
+    return SLOT_GPU_BASE + position
+
+
+# seq, in_flight, pad, t_enter, thread ident, feature, function, uuid (224 of 256 bytes)
+_LAYOUT = struct.Struct("<QI4xdQ32s64s96s")
 _SEQ = struct.Struct("<Q")
 _FLAG = struct.Struct("<I")
 
@@ -40,6 +55,8 @@ class Breadcrumb:
         uuid: GPU UUID, empty when the call is not per GPU.
         entered_at: Unix time the call was entered, seconds.
         in_flight: True while the call has not returned.
+        thread: ``threading.get_ident()`` of the calling thread (faulthandler prints it as
+            "Current thread 0x…", which tells which of several calls in flight crashed).
     """
 
     feature: str
@@ -47,10 +64,23 @@ class Breadcrumb:
     uuid: str
     entered_at: float
     in_flight: bool
+    thread: int = 0
 
 
 def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _read(buf: mmap.mmap | bytearray, slot: int) -> Breadcrumb | None:
+    """The slot's last complete record (seqlock: retry while a write is in progress)."""
+    off = slot * SLOT_SIZE
+    for _ in range(100):
+        seq, flag, t_enter, tid, feature, function, uuid = _LAYOUT.unpack_from(buf, off)
+        if seq == 0:
+            return None
+        if seq % 2 == 0 and _SEQ.unpack_from(buf, off)[0] == seq:
+            return Breadcrumb(_text(feature), _text(function), _text(uuid), t_enter, bool(flag), tid)
+    return None
 
 
 class BreadcrumbWriter:
@@ -75,6 +105,7 @@ class BreadcrumbWriter:
             seq,
             1,
             time.time(),
+            threading.get_ident(),
             feature.encode()[:31],
             function.encode()[:63],
             uuid.encode()[:95],
@@ -85,6 +116,10 @@ class BreadcrumbWriter:
     def exit(self, slot: int) -> None:
         """Record that the call returned (or raised)."""
         _FLAG.pack_into(self._buf, slot * SLOT_SIZE + 8, 0)
+
+    def read(self, slot: int) -> Breadcrumb | None:
+        """This process's own record in ``slot`` (the worker names a hung GPU's call with it)."""
+        return _read(self._buf, slot)
 
 
 class BreadcrumbReader:
@@ -101,17 +136,10 @@ class BreadcrumbReader:
 
     def read(self, slot: int) -> Breadcrumb | None:
         """The slot's last record, or None if nothing was ever written."""
-        off = slot * SLOT_SIZE
-        for _ in range(100):
-            seq, flag, t_enter, feature, function, uuid = _LAYOUT.unpack_from(self._map, off)
-            if seq == 0:
-                return None
-            if seq % 2 == 0 and _SEQ.unpack_from(self._map, off)[0] == seq:
-                return Breadcrumb(_text(feature), _text(function), _text(uuid), t_enter, bool(flag))
-        return None
+        return _read(self._map, slot)
 
     def in_flight(self) -> list[Breadcrumb]:
-        """Records of calls that have not returned, sampler slot first."""
+        """Records of calls that have not returned, in slot order (main thread, events, GPUs)."""
         crumbs = [self.read(slot) for slot in range(SLOTS)]
         return [c for c in crumbs if c is not None and c.in_flight]
 

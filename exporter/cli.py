@@ -160,7 +160,9 @@ async def serve(config: Config) -> int:
         state.selfchecks.clear()
     renderer = Renderer(state)
     state.on_change = renderer.changed
-    extras = [ext.run(state) for ext in state.extensions]
+    extras = [
+        supervisor.contained(f"extension:{ext.feature or type(ext).__name__}", ext.run) for ext in state.extensions
+    ]
     app = make_app(supervisor, renderer)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
@@ -198,7 +200,8 @@ async def serve(config: Config) -> int:
     try:
         await asyncio.wait_for(asyncio.shield(task), timeout=config.shutdown_timeout_s)
     except asyncio.TimeoutError:
-        log.error("the worker did not stop within %g s", config.shutdown_timeout_s)
+        log.error("the worker did not stop within %g s; killing it", config.shutdown_timeout_s)
+        await supervisor.kill_now()
     except Exception:  # noqa: BLE001 - report and exit non-zero below
         log.exception("supervisor loop failed")
     for t in extra_tasks:

@@ -43,6 +43,8 @@ class Setting:
 
 
 MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 3600.0
+MAX_DURATION_S = 10 * 365 * 86400.0  # ten years: beyond it time arithmetic stops meaning anything
 
 
 def _interval(name: str, text: str) -> float:
@@ -51,6 +53,8 @@ def _interval(name: str, text: str) -> float:
         raise ValueError(
             f"{name}={text!r}: expected at least {MIN_INTERVAL_S} s (NVML's own sampling periods are 1/6 s to 1 s)"
         )
+    if value > MAX_INTERVAL_S:
+        raise ValueError(f"{name}={text!r}: expected at most {MAX_INTERVAL_S:g} s (an hour between samples)")
     return value
 
 
@@ -61,7 +65,16 @@ def _duration(name: str, text: str) -> float:
         raise ValueError(f"{name}={text!r}: expected seconds as a number, e.g. 5 or 0.5") from None
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}={text!r}: expected a positive, finite number of seconds")
+    if value > MAX_DURATION_S:
+        raise ValueError(f"{name}={text!r}: expected at most {MAX_DURATION_S:g} s (ten years)")
     return value
+
+
+def _duration_or_off(name: str, text: str) -> float:
+    """Seconds, or 0 to switch the behaviour off."""
+    if text.strip() in ("0", "0.0"):
+        return 0.0
+    return _duration(name, text)
 
 
 def _integer(minimum: int, expected: str) -> Callable[[str, str], int]:
@@ -302,6 +315,38 @@ SETTINGS: tuple[Setting, ...] = (
         "how often to ask the kubelet for pod assignments",
     ),
     Setting(
+        "gpu_retry_s",
+        "NVGPU_GPU_RETRY_SECONDS",
+        "--gpu-retry",
+        "30",
+        _duration,
+        "first delay before a probe retries a hung or crashed GPU; doubles each time",
+    ),
+    Setting(
+        "gpu_retry_max_s",
+        "NVGPU_GPU_RETRY_MAX_SECONDS",
+        "--gpu-retry-max",
+        "600",
+        _duration,
+        "longest delay between probes of a hung or crashed GPU",
+    ),
+    Setting(
+        "reprobe_s",
+        "NVGPU_REPROBE_SECONDS",
+        "--reprobe",
+        "300",
+        _duration,
+        "how often features a GPU did not support are asked again (also at once after MIG changes and resets)",
+    ),
+    Setting(
+        "unhealthy_after_s",
+        "NVGPU_UNHEALTHY_AFTER_SECONDS",
+        "--unhealthy-after",
+        "600",
+        _duration_or_off,
+        "NVML worked, then UNKNOWN on every call and re-init this long: /healthz fails (0: never)",
+    ),
+    Setting(
         "stuck_utilization",
         "NVGPU_STUCK_UTILIZATION_RATIO",
         "--stuck-utilization",
@@ -353,6 +398,10 @@ class Config:
     pod_resources_socket: str = ""
     pod_labels: bool = False
     pod_refresh_s: float = 15.0
+    gpu_retry_s: float = 30.0
+    gpu_retry_max_s: float = 600.0
+    reprobe_s: float = 300.0
+    unhealthy_after_s: float = 600.0
     stuck_utilization: float = 0.99
     stuck_memory_bytes: int = 64 << 20
     stuck_after_s: float = 60.0
@@ -405,15 +454,22 @@ class Config:
             )
         if values.get("backoff_max_s", 60.0) < values.get("backoff_initial_s", 1.0):
             problems.append("NVGPU_RESTART_BACKOFF_MAX_SECONDS must be at least NVGPU_RESTART_BACKOFF_SECONDS")
+        if values.get("gpu_retry_max_s", 600.0) < values.get("gpu_retry_s", 30.0):
+            problems.append("NVGPU_GPU_RETRY_MAX_SECONDS must be at least NVGPU_GPU_RETRY_SECONDS")
         if problems:
             raise ConfigError(problems)
         return cls(feature_modes=modes, **values)
 
-    def worker_config(self, quarantined: Mapping[str, str]) -> dict[str, Any]:
-        """The JSON the worker receives."""
+    def worker_config(
+        self, quarantined: Mapping[str, str], exclude: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """The JSON the worker receives (``exclude``: GPUs it must not attach, see exporter.gpuhealth)."""
         return {
             "backend": self.nvml_backend,
             "interval_s": self.interval_s,
+            "deadline_s": self.sample_deadline_s,
+            "reprobe_s": self.reprobe_s,
+            "exclude": list(exclude or []),
             "modes": {k: v.value for k, v in self.feature_modes.items()},
             "quarantined": dict(quarantined),
             "log_level": self.log_level,

@@ -11,6 +11,8 @@ raise; that feature's ``nvgpu_feature_success`` becomes 0.
 
 from __future__ import annotations
 
+import collections
+import copy
 import functools
 import gzip
 import logging
@@ -35,11 +37,14 @@ log = logging.getLogger(__name__)
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
-DEVICE_UP = MetricDef(
-    "nvgpu_device_up",
-    "1 if the GPU answered NVML in the last sample, 0 if it is lost (GPU_IS_LOST, handle lookup failure)",
+RENDER_ERRORS = MetricDef(
+    "nvgpu_render_errors_total",
+    "Series dropped because they could not be encoded (e.g. a driver string that is not valid UTF-8), "
+    "or families dropped because building them raised, by family",
+    ("family",),
+    per_gpu=False,
 )
-METRICS = (DEVICE_UP,)
+METRICS = (RENDER_ERRORS,)
 
 
 class _Families:
@@ -60,16 +65,74 @@ class _Families:
         return iter(self._by_name.values())
 
 
+class _One:
+    """A registry of one family, for encoding families one at a time."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> Iterator[Metric]:
+        yield self.metric
+
+
+_OM_EOF = b"# EOF\n"
+
+
+def _encode(metrics: list[Metric], openmetrics: bool, dropped: collections.Counter[str]) -> bytes:
+    """Encode family by family; a family that cannot be encoded is retried sample by sample, and
+    only the samples that fail are dropped (counted in ``dropped`` by family, logged once)."""
+
+    def generate(metric: Metric) -> bytes:
+        if openmetrics:
+            out: bytes = om_format.generate_latest(_One(metric))  # type: ignore[no-untyped-call, arg-type, unused-ignore]
+            return out[: -len(_OM_EOF)] if out.endswith(_OM_EOF) else out
+        return text_format.generate_latest(_One(metric))  # type: ignore[arg-type, unused-ignore]
+
+    parts = []
+    for metric in metrics:
+        try:
+            parts.append(generate(metric))
+            continue
+        except Exception:  # noqa: BLE001 - one family must not cost the exposition
+            log_once(
+                log, logging.ERROR, ("encode", metric.name), "family %s cannot be encoded", metric.name, exc_info=True
+            )
+        keep = []
+        for sample in metric.samples:
+            probe = copy.copy(metric)
+            probe.samples = [sample]
+            try:
+                generate(probe)
+                keep.append(sample)
+            except Exception:  # noqa: BLE001
+                dropped[metric.name] += 1
+        if keep or not metric.samples:
+            probe = copy.copy(metric)
+            probe.samples = keep
+            try:
+                parts.append(generate(probe))
+            except Exception:  # noqa: BLE001 - the HELP text itself cannot be encoded
+                dropped[metric.name] += 1
+    if openmetrics:
+        parts.append(_OM_EOF)
+    return b"".join(parts)
+
+
 class Rendered:
     """One rendering: the text format eagerly; OpenMetrics and gzip bodies on first request, kept.
 
     Rendering OpenMetrics costs about twice the text format in prometheus_client (it validates
     every label name), and most scrapers of a cluster ask for one format only.
+
+    Args:
+        families: the families to encode.
+        dropped: family name -> samples that could not be encoded (updated by this rendering).
     """
 
-    def __init__(self, families: _Families) -> None:
-        self._families = families
-        self.text: bytes = text_format.generate_latest(families)  # type: ignore[arg-type, unused-ignore]
+    def __init__(self, families: _Families, dropped: collections.Counter[str] | None = None) -> None:
+        self._metrics = list(families.collect())
+        self._dropped = dropped if dropped is not None else collections.Counter()
+        self.text: bytes = _encode(self._metrics, False, self._dropped)
         self._openmetrics: bytes | None = None
         self._gzip: dict[bool, bytes] = {}
 
@@ -77,7 +140,7 @@ class Rendered:
     def openmetrics(self) -> bytes:
         """OpenMetrics 1.0.0 body (ends with ``# EOF``)."""
         if self._openmetrics is None:
-            self._openmetrics = om_format.generate_latest(self._families)  # type: ignore[no-untyped-call, arg-type, unused-ignore]
+            self._openmetrics = _encode(self._metrics, True, collections.Counter())
         return self._openmetrics
 
     def body(self, openmetrics: bool, gzipped: bool) -> bytes:
@@ -117,29 +180,33 @@ def negotiate(accept: str | None) -> bool:
 
 
 def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
-    """Per-GPU families from the fresh snapshot; returns (families, features whose rendering failed)."""
-    snap = state.fresh_snapshot()
-    if snap is None:
-        return [], set()
+    """Per-GPU families; returns (families, features whose rendering failed).
+
+    What the supervisor owns is rendered whatever the age of the readings: the GPUs' state
+    (``exporter.gpuhealth``), their identity, Xid and event counters, and the extensions' families
+    (stuck signature, pods). Readings are rendered only for GPUs whose readings are younger than the
+    stale bound.
+    """
     bag = _Families()
-    up = DEVICE_UP.family()
-    by_feature: dict[str, list[tuple[GpuKey, Any]]] = {}
-    for g in snap.gpus:
-        key = GpuKey(str(g.index), g.uuid)
-        # A GPU whose handle lookup failed before its UUID was ever read (Xid 79 can surface as
-        # UNKNOWN from nvmlDeviceGetHandleByIndex) is still a GPU that is down: device_up 0 with an
-        # empty uuid, rather than no series that an alert on device_up == 0 could see.
-        up.add(key, 1 if g.up else 0)
-        for feature, reading in g.readings.items():
-            by_feature.setdefault(feature, []).append((key, reading))
-    bag.add([up.always()])
-    failed = set()
-    for feature, samples in by_feature.items():
-        if not _render_feature(bag, feature, samples, snap):
-            failed.add(feature)
-    bag.add(state.xids.families((g.uuid for g in snap.gpus if g.up), state.gpu_index))
+    bag.add(state.health.families(state.fresh_snapshot() is not None))
+    snap = state.last
+    failed: set[str] = set()
+    if snap is not None:
+        fresh = {g.index for g in state.fresh_gpus() if g.up}  # a GPU that is not up has no readings
+        by_feature: dict[str, list[tuple[GpuKey, Any]]] = {}
+        for g in snap.gpus:
+            key = GpuKey(str(g.index), g.uuid)
+            for feature, reading in g.readings.items():
+                if g.index in fresh or feature == "identity":  # identity is static: never dropped
+                    by_feature.setdefault(feature, []).append((key, reading))
+        for feature, samples in by_feature.items():
+            if not _render_feature(bag, feature, samples, snap):
+                failed.add(feature)
+    live = [g.uuid for g in state.fresh_gpus() if g.up]
+    bag.add(state.xids.families(live, state.gpu_index))
     for ext in state.extensions:
-        bag.add(_guarded(ext, "gpu_families", functools.partial(ext.gpu_families, snap)))
+        if snap is not None:
+            bag.add(_guarded(ext, "gpu_families", functools.partial(ext.gpu_families, snap)))
     metrics = list(bag.collect())
     labelers = [e for e in state.extensions if e.relabels_gpus]
     for ext in labelers:
@@ -203,4 +270,8 @@ def render(state: ServedState) -> Rendered:
     bag.add(selfmetrics.families(state, failed))
     for ext in state.extensions:
         bag.add(_guarded(ext, "self_families", ext.self_families))
-    return Rendered(bag)
+    errors = RENDER_ERRORS.family()
+    for family, count in sorted(state.render_errors.items()):
+        errors.add_labels([family], count)
+    bag.add([errors.always()])
+    return Rendered(bag, state.render_errors)

@@ -42,6 +42,7 @@ EVENT_TYPE_NAMES = {
 }
 EVENT_MASK_WANTED = sum(EVENT_TYPE_NAMES) & ~0x10 & ~0x4  # P-state and clock events are noise
 XID_EVENT = 0x8
+REPROBE_EVENTS = 0x100 | 0x4000 | 0x8000  # MIG config change, GPU unavailable, GPU recovery action
 
 
 class EventWatcher:
@@ -52,6 +53,8 @@ class EventWatcher:
         devices: the GPUs attached at start.
         send: ``send(kind, **fields)`` to the supervisor (thread-safe).
         enabled: UUID -> whether registration succeeded (shared with the sampler's snapshots).
+        reprobe: called with a GPU's UUID after an event that can change what it supports (MIG
+            configuration change, GPU recovery action, GPU unavailable).
     """
 
     def __init__(
@@ -60,11 +63,13 @@ class EventWatcher:
         devices: list[DeviceClient],
         send: Callable[..., None],
         enabled: dict[str, bool],
+        reprobe: Callable[[str], None] = lambda uuid: None,
     ) -> None:
         self.client = client.fork(SLOT_EVENTS)
         self.devices = list(devices)
         self.send = send
         self.enabled = enabled
+        self.reprobe = reprobe
         self.thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
 
     def start(self) -> None:
@@ -139,6 +144,8 @@ class EventWatcher:
             backoff = 1.0
             found = self._device_of(data.device, by_handle)
             etype = int(data.eventType)
+            if etype & REPROBE_EVENTS:
+                self.reprobe(found.uuid if found else "")
             self.send(
                 "event",
                 ts=time.time(),

@@ -30,7 +30,8 @@ class Outcome:
 
     Attributes:
         reason: ``crash`` (killed by a signal), ``hang`` (missed its deadline and was killed),
-            ``exit`` (exited by itself), ``nvml_error`` (NVML unusable), ``stopped`` (we stopped it).
+            ``exit`` (exited by itself), ``nvml_error`` (NVML unusable), ``quarantine`` (replaced so that
+            a feature quarantined meanwhile is off), ``stopped`` (we stopped it).
         returncode: the process return code (negative: signal), None if it could not be reaped.
         signal: the signal number that ended it, 0 if none.
         crumb: the NVML call in flight when it ended, if any.

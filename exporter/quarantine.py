@@ -1,4 +1,9 @@
-"""Crash quarantine: a feature in flight at N crashes or hangs within a window is switched off.
+"""Crash quarantine: a feature in flight at crashes or hangs that keep coming is switched off.
+
+A feature is quarantined when it was in flight at ``threshold`` worker crashes or hangs within the
+window, or at crashes on two different GPUs within it: a crash that follows a feature from GPU to
+GPU is the feature's fault, not one GPU's (the incident: the NVLink throughput query crashed on
+every H20), so switching the feature off node-wide is the smallest cure that contains it.
 
 State lives in a JSON file (``NVGPU_STATE_FILE``; the DaemonSet mounts an emptyDir there) so a
 container restart does not walk back into the crash loop. A quarantine expires after a TTL
@@ -7,14 +12,19 @@ quarantine beats an explicit ``NVGPU_FEATURE_<NAME>=on`` — the crash is eviden
 an ``on`` is a prediction. To retry before the TTL, clear it:
 ``nvgpu-exporter quarantine --clear <feature>`` (or delete the state file) and restart the pod.
 
-The file is written atomically (temporary file + rename); an unreadable or corrupt file is logged
-once and treated as empty rather than stopping the exporter.
+The file is never a reason not to start: every value read from it is checked (known feature,
+finite times, ``since <= until``, ``until`` no later than now + the TTL bound), bad entries are
+dropped with one log line, and a file that is not ours at all counts as empty. Writes are atomic
+(``mkstemp`` in the same directory, then ``os.replace``, which never writes through a symlink at
+the target name) and a failed write removes its temporary file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -24,6 +34,16 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
+MAX_TTL_S = 10 * 365 * 86400.0  # NVGPU_QUARANTINE_TTL_SECONDS is bounded by this (config.py)
+MAX_FILE_BYTES = 1 << 20
+HISTORY_MAX = 1000  # crashes kept in the window; more than this is a crash loop already quarantined
+
+
+def _utc(ts: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return f"{ts:.0f} (Unix time)"
 
 
 @dataclass(frozen=True)
@@ -47,10 +67,13 @@ class Quarantine:
     def detail(self) -> str:
         """Human text for metrics, logs and the status page."""
         return (
-            f"{self.crashes} worker crashes/hangs in {self.function} since "
-            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.since))}; expires "
-            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.until))}"
+            f"{self.crashes} worker crashes/hangs in {self.function} since {_utc(self.since)}; "
+            f"expires {_utc(self.until)}"
         )
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class QuarantineStore:
@@ -62,42 +85,97 @@ class QuarantineStore:
         window_s: counting window, seconds.
         ttl_s: quarantine lifetime, seconds.
         clock: time source (tests).
+        features: valid feature names (entries for others are dropped on load).
     """
 
     def __init__(
-        self, path: str, threshold: int, window_s: float, ttl_s: float, clock: Callable[[], float] = time.time
+        self,
+        path: str,
+        threshold: int,
+        window_s: float,
+        ttl_s: float,
+        clock: Callable[[], float] = time.time,
+        features: frozenset[str] | None = None,
     ) -> None:
+        from guards.features import FEATURES
+
         self.path = path
         self.threshold = threshold
         self.window_s = window_s
-        self.ttl_s = ttl_s
+        self.ttl_s = min(ttl_s, MAX_TTL_S)
         self.clock = clock
-        self.history: list[tuple[float, str, str]] = []  # (time, feature, function)
+        self.features = features if features is not None else frozenset(FEATURES)
+        self.history: list[tuple[float, str, str, str]] = []  # (time, feature, function, gpu uuid)
         self.active: dict[str, Quarantine] = {}
-        self.load_error: str | None = None  # why an existing state file could not be read
+        self.load_error: str | None = None  # why an existing state file could not be read at all
+        self.dropped: list[str] = []  # entries of the file that were not valid
         self._save_warned = False
         self._load()
+
+    # -- file ------------------------------------------------------------------------------------
 
     def _load(self) -> None:
         if not self.path or not os.path.exists(self.path):
             return
         try:
-            with open(self.path, encoding="utf-8") as fh:
-                data = json.load(fh)
+            with open(self.path, "rb") as fh:
+                raw = fh.read(MAX_FILE_BYTES + 1)
+            if len(raw) > MAX_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+            data = json.loads(raw.decode("utf-8"), parse_constant=lambda c: float("nan"))
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
             if data.get("version") != STATE_VERSION:
                 raise ValueError(f"version {data.get('version')!r}, expected {STATE_VERSION}")
-            self.history = [(float(t), str(f), str(fn)) for t, f, fn in data.get("history", [])]
-            self.active = {k: Quarantine(**v) for k, v in data.get("quarantine", {}).items()}
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
+        except (OSError, ValueError) as exc:
             log.error("state file %s unreadable (%s); starting with no quarantine", self.path, exc)
             self.load_error = str(exc)
-            self.history, self.active = [], {}
+            return
+        self.history = [h for h in map(self._history_entry, _list(data.get("history"))) if h is not None]
+        quarantine = data.get("quarantine")
+        for feature, body in quarantine.items() if isinstance(quarantine, dict) else ():
+            q = self._quarantine_entry(feature, body)
+            if q is not None:
+                self.active[feature] = q
+        if self.dropped:
+            log.warning(
+                "state file %s: dropped %d invalid entr%s (%s); the rest is kept",
+                self.path,
+                len(self.dropped),
+                "y" if len(self.dropped) == 1 else "ies",
+                "; ".join(self.dropped[:5]),
+            )
         self.expire()
 
+    def _history_entry(self, entry: Any) -> tuple[float, str, str, str] | None:
+        if isinstance(entry, list) and len(entry) in (3, 4) and all(isinstance(x, str) for x in entry[1:]):
+            t, feature, function, *rest = entry
+            if _finite(t) and feature in self.features:
+                return (float(t), feature, function, rest[0] if rest else "")
+        self.dropped.append(f"history entry {str(entry)[:80]}")
+        return None
+
+    def _quarantine_entry(self, feature: str, body: Any) -> Quarantine | None:
+        now = self.clock()
+        try:
+            if feature not in self.features:
+                raise ValueError("unknown feature")
+            if not isinstance(body, dict) or set(body) != {"feature", "function", "since", "until", "crashes"}:
+                raise ValueError("not a quarantine object")
+            q = Quarantine(**body)
+            if q.feature != feature or not isinstance(q.function, str):
+                raise ValueError("feature or function")
+            if not (_finite(q.since) and _finite(q.until) and q.since <= q.until <= now + MAX_TTL_S):
+                raise ValueError(f"since/until out of range ({q.since!r}, {q.until!r})")
+            if not isinstance(q.crashes, int) or isinstance(q.crashes, bool) or q.crashes < 0:
+                raise ValueError("crashes")
+            return q
+        except (TypeError, ValueError) as exc:
+            self.dropped.append(f"quarantine {feature!r}: {exc}")
+            return None
+
     def save(self) -> None:
-        """Write the state atomically; errors are logged, not raised."""
+        """Write the state atomically; errors are logged once, not raised."""
         if not self.path:
             return
         data: dict[str, Any] = {
@@ -105,6 +183,7 @@ class QuarantineStore:
             "history": [list(h) for h in self.history],
             "quarantine": {k: asdict(v) for k, v in self.active.items()},
         }
+        tmp = None
         try:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
@@ -112,10 +191,17 @@ class QuarantineStore:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(data, fh)
             os.replace(tmp, self.path)
-        except OSError as exc:
+            tmp = None
+        except (OSError, ValueError) as exc:
             if not self._save_warned:
                 log.warning("cannot write state file %s (%s); quarantine will not survive a restart", self.path, exc)
                 self._save_warned = True
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    # -- decisions -------------------------------------------------------------------------------
 
     def expire(self) -> list[str]:
         """Drop expired quarantines and old history; returns the features released."""
@@ -124,18 +210,20 @@ class QuarantineStore:
         for f in released:
             del self.active[f]
             log.warning("quarantine of feature %s expired; it will be sampled again", f)
-        self.history = [h for h in self.history if now - h[0] <= self.window_s]
+        self.history = [h for h in self.history if now - h[0] <= self.window_s][-HISTORY_MAX:]
         return released
 
-    def record(self, feature: str, function: str) -> Quarantine | None:
-        """Count a crash/hang in ``feature``; returns the new quarantine if this one tipped it."""
+    def record(self, feature: str, function: str, uuid: str = "") -> Quarantine | None:
+        """Count a crash/hang in ``feature`` (on GPU ``uuid``, if known); returns the new quarantine
+        if this one tipped it (the threshold, or a second GPU crashing in the same feature)."""
         now = self.clock()
         self.expire()
-        self.history.append((now, feature, function))
-        count = sum(1 for _, f, _ in self.history if f == feature)
+        self.history.append((now, feature, function, uuid))
+        mine = [h for h in self.history if h[1] == feature]
+        gpus = {h[3] for h in mine if h[3]}
         new = None
-        if count >= self.threshold and feature not in self.active:
-            new = Quarantine(feature, function, now, now + self.ttl_s, count)
+        if (len(mine) >= self.threshold or len(gpus) >= 2) and feature not in self.active:
+            new = Quarantine(feature, function, now, now + self.ttl_s, len(mine))
             self.active[feature] = new
         self.save()
         return new
@@ -171,3 +259,7 @@ class QuarantineStore:
         """feature -> human detail of each active quarantine."""
         self.expire()
         return {f: q.detail() for f, q in self.active.items()}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

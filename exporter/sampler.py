@@ -1,26 +1,31 @@
-"""One worker's NVML state and sampling pass: init, GPUs by index keyed by UUID, features, snapshots.
+"""One worker's NVML state and sampling: init, one thread per GPU, feature states, snapshots.
 
-Runs in the worker process only. :class:`Sampler` calls ``nvmlInit`` once, reads the versions,
-attaches every GPU (``nvmlDeviceGetHandleByIndex`` then ``nvmlDeviceGetUUID``), resolves feature
-states (environment, quarantine from the supervisor, known-issue rules for these GPUs), and makes
-one :class:`~exporter.snapshot.Snapshot` per :meth:`Sampler.sample`. Every NVML call goes through
-the :class:`~exporter.nvml.client.NvmlClient` (breadcrumb, counting); what an error means is
-decided in :mod:`exporter.nvml.errors`.
+Runs in the worker process only. :class:`Sampler` calls ``nvmlInit`` once on the main thread, reads
+the versions, then attaches every GPU it is allowed to on that GPU's own thread
+(:class:`~exporter.gpuslot.GpuSlot`), reporting each finished step as progress so the supervisor's
+init deadline follows it. Each :meth:`Sampler.tick` starts a pass on every GPU that is up, waits
+for them at most one interval, and returns a :class:`~exporter.snapshot.Snapshot` of every GPU:
+fresh readings for those that finished, the last readings (with their age) for one still busy, and
+``hung`` for one whose call outlasted the deadline. Every NVML call goes through the
+:class:`~exporter.nvml.client.NvmlClient` (breadcrumb, counting); what an error means is decided in
+:mod:`exporter.nvml.errors`.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import queue
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from exporter import collectors, logs
-from exporter.collectors.base import Collector
+from exporter import collectors
+from exporter.gpuslot import GpuPass, GpuSlot, merge_stats
 from exporter.nvml import errors
-from exporter.nvml.client import DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
-from exporter.snapshot import FeatureStat, GpuSample, InitFailed, Snapshot, SystemInfo
+from exporter.nvml.client import NvmlClient, NvmlFatal, Stopping
+from exporter.snapshot import FeatureStat, InitFailed, Snapshot, SystemInfo
 from guards import features as gf
 
 log = logging.getLogger("exporter.worker")
@@ -32,39 +37,46 @@ _VERSION_CALLS = (
 )
 
 
-@dataclass
-class _Stats:
-    """Per-feature time and success over one sample (all GPUs)."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-    ok: dict[str, bool] = field(default_factory=dict)
-
-    def add(self, feature: str, seconds: float, ok: bool) -> None:
-        self.seconds[feature] = self.seconds.get(feature, 0.0) + seconds
-        self.ok[feature] = self.ok.get(feature, True) and ok
-
-    def features(self) -> dict[str, FeatureStat]:
-        return {f: FeatureStat(self.ok[f], self.seconds[f]) for f in self.seconds}
+def _text(value: Any) -> str:
+    """A driver string as text: bytes decoded, unprintable characters (lone surrogates too) dropped."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return "".join(ch for ch in str(value) if ch.isprintable()).strip()
 
 
 class Sampler:
     """Sampling state of one worker process.
 
     Args:
-        config: the worker configuration (``exporter.config.Config.worker_config``).
-        client: the NVML client of the sampling thread.
+        config: the worker configuration (``exporter.config.Config.worker_config``): ``interval_s``,
+            ``deadline_s`` (per GPU), ``modes``, ``quarantined``, ``exclude`` (GPUs the supervisor
+            keeps out: ``[{index, uuid, state, detail}]``), ``only`` (attach just these:
+            ``[{index, uuid, bus_id}]``, the probe), ``reprobe_s``.
+        client: the NVML client of the main thread.
         binding_version: the installed nvidia-ml-py version (empty if unknown).
+        progress: called with the name of each finished init step.
     """
 
-    def __init__(self, config: Mapping[str, Any], client: NvmlClient, binding_version: str) -> None:
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        client: NvmlClient,
+        binding_version: str,
+        progress: Callable[[str], None] = lambda step: None,
+    ) -> None:
         self.config = config
         self.client = client
         self.binding_version = binding_version
+        self.progress = progress
+        self.interval_s = float(config["interval_s"])
+        self.deadline_s = float(config.get("deadline_s", max(10.0, 2 * self.interval_s)))
         self.system = SystemInfo(nvidia_ml_py_version=binding_version)
-        self.devices: list[DeviceClient] = []
-        self.lost: dict[int, str] = {}  # index -> uuid ("" if never known)
+        self.slots: dict[int, GpuSlot] = {}
+        self.resolved: dict[str, gf.FeatureState] = {}
         self.states: dict[str, gf.FeatureState] = {}
         self.events_enabled: dict[str, bool] = {}  # written by the event thread
+        self.commands: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()  # from the supervisor
+        self._last_calls = (0, 0)
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -82,6 +94,7 @@ class Sampler:
         except Exception as exc:
             failure = errors.classify(exc)
             return InitFailed(failure.code, failure.name, failure.message)
+        self.progress("nvmlInit")
         versions: dict[str, str] = {}
         for key, fn in _VERSION_CALLS:
             try:
@@ -93,70 +106,74 @@ class Sampler:
                 continue
             if key == "cuda_driver_version":
                 value = f"{int(value) // 1000}.{int(value) % 1000 // 10}"
-            versions[key] = value.decode() if isinstance(value, bytes) else str(value)
+            versions[key] = _text(value)
         self.system = SystemInfo(nvidia_ml_py_version=self.binding_version, **versions)
         self.enumerate()
         return None
 
     def enumerate(self) -> None:
-        """A handle and UUID per NVML index; a GPU whose lookup fails is recorded as lost."""
-        count = self.client.raw("init", "nvmlDeviceGetCount", "")
-        known = {d.index for d in self.devices}
-        for index in range(int(count)):
-            if index not in known:
-                self._attach(index)
-
-    def _attach(self, index: int) -> None:
-        try:
-            handle = self.client.raw("init", "nvmlDeviceGetHandleByIndex", "", index)
-            uuid_raw = self.client.raw("init", "nvmlDeviceGetUUID", "", handle)
-        except Stopping:
-            raise
-        except Exception as exc:
-            failure = errors.classify(exc, errors.Context.HANDLE_LOOKUP)
-            if failure.error_class is errors.ErrorClass.FATAL:
-                raise NvmlFatal(failure, "nvmlDeviceGetHandleByIndex") from exc
-            self.lost.setdefault(index, "")
-            logs.log_once(
-                log,
-                logging.WARNING,
-                ("attach", str(index), failure.name),
-                "GPU %d: handle lookup failed (%s); it is skipped and retried every sample",
-                index,
-                failure.message,
-                extra={"gpu": index, "nvml_error": failure.name},
-            )
-            return
-        uuid = uuid_raw.decode() if isinstance(uuid_raw, bytes) else str(uuid_raw)
-        self.lost.pop(index, None)
-        self.devices.append(DeviceClient(self.client, index, uuid, handle))
-        self.devices.sort(key=lambda d: d.index)
+        """A slot per GPU index (or per ``only`` entry); attach every one not excluded, each on its
+        own thread, waiting at most the deadline for each; report progress per GPU."""
+        reprobe_s = float(self.config.get("reprobe_s", 300.0))
+        only = self.config.get("only")
+        if only:
+            for entry in only:
+                self.slots[int(entry["index"])] = GpuSlot(
+                    int(entry["index"]),
+                    self.client,
+                    uuid=entry.get("uuid", ""),
+                    bus_id=entry.get("bus_id", ""),
+                    reprobe_s=reprobe_s,
+                )
+        else:
+            count = int(self.client.raw("init", "nvmlDeviceGetCount", ""))
+            excluded = {int(e["index"]): e for e in self.config.get("exclude", [])}
+            for index in range(count):
+                ex = excluded.get(index)
+                state = str(ex["state"]) if ex else "lost"
+                uuid, detail = (str(ex.get("uuid", "")), str(ex.get("detail", ""))) if ex else ("", "")
+                self.slots[index] = GpuSlot(
+                    index, self.client, state=state, uuid=uuid, detail=detail, reprobe_s=reprobe_s
+                )
+        for slot in self.slots.values():
+            if slot.state == "lost":
+                slot.start_attach()
+        for slot in self.slots.values():
+            if slot.future is None:
+                continue
+            try:
+                slot.future.result(timeout=max(0.0, self.deadline_s - (time.monotonic() - slot.started_mono)))
+            except concurrent.futures.TimeoutError:
+                slot.mark_hung()
+                continue
+            slot.harvest()
+            self.progress(f"GPU {slot.index} attached" if slot.state == "up" else f"GPU {slot.index} {slot.state}")
 
     def resolve_features(self) -> None:
         """Effective feature states: env modes, quarantine, known-issue rules for these GPUs."""
         from guards import known_issues
 
         models = []
-        for dev in self.devices:
+        for slot in self.slots.values():
+            if slot.dev is None:
+                continue
             try:
-                models.append(str(self.client.raw("identity", "nvmlDeviceGetName", dev.uuid, dev.handle)))
+                models.append(str(slot.client.raw("identity", "nvmlDeviceGetName", slot.uuid, slot.dev.handle)))
             except Stopping:
                 raise
             except Exception:  # noqa: BLE001 - a model we cannot read matches no rule
                 continue
-        hits: dict[str, str] = {}
-        try:
-            hits = known_issues.match_known_issues(
-                known_issues.load_known_issues(),
-                gpu_models=models,
-                driver_version=self.system.driver_version or "0",
-                binding_version=self.system.nvidia_ml_py_version or None,
-            )
-        except ValueError as exc:
-            log.error("known-issue rules could not be evaluated: %s", exc)
+        hits = known_issues.match_known_issues(
+            known_issues.load_known_issues(),
+            gpu_models=models,
+            driver_version=self.system.driver_version or "0",
+            binding_version=self.system.nvidia_ml_py_version or None,
+            on_unparsable=lambda why: log.error("known-issue rules: %s", why),
+        )
         modes = {name: gf.Mode(value) for name, value in self.config["modes"].items()}
-        self.states = gf.resolve(modes, known_issues=hits, quarantined=self.config.get("quarantined", {}))
-        for name, state in self.states.items():
+        self.resolved = gf.resolve(modes, known_issues=hits, quarantined=self.config.get("quarantined", {}))
+        self.states = dict(self.resolved)
+        for name, state in self.resolved.items():
             if state.reason is gf.Reason.KNOWN_ISSUE:
                 log.warning(
                     "feature %s is off: known issue on this node: %s (set NVGPU_FEATURE_%s=on to override)",
@@ -172,107 +189,148 @@ class Sampler:
         state = self.states.get(feature)
         return bool(state and state.enabled)
 
-    def sample(self) -> Snapshot:
-        """One pass over every GPU and enabled feature.
+    def tick(self) -> Snapshot:
+        """One sample: start a pass on every GPU that is up, wait at most an interval, report all.
 
         Raises:
             NvmlFatal: NVML is unusable (a fatal error, or every call of the sample failed).
             Stopping: a shutdown was requested.
         """
-        started = time.time()
-        t0 = time.perf_counter()
-        for index in list(self.lost):
-            self._attach(index)
-        calls_before, ok_before = self.client.calls, self.client.ok_calls
-        stats = _Stats()
-        gpus = [self._sample_gpu(dev, stats) for dev in list(self.devices)]
-        sampled = {g.index for g in gpus}
-        gpus += [GpuSample(i, uuid, False) for i, uuid in self.lost.items() if i not in sampled]
+        started, t0 = time.time(), time.perf_counter()
+        self._commands()
+        passes = self._harvest()
+        features = [f for f in collectors.COLLECTORS if self.enabled(f)]
+        for slot in self.slots.values():
+            if slot.busy:
+                continue
+            if slot.state == "up":
+                slot.start_sample(features)
+            elif slot.state == "lost":
+                slot.start_attach()
+        waiting = [s.future for s in self.slots.values() if s.future is not None]
+        concurrent.futures.wait(waiting, timeout=self.interval_s)
+        passes.update(self._harvest())
+        self._check_deadlines()
         self._mark_unsupported()
-        if self.devices:
-            failure = errors.sample_failed_everywhere(
-                self.client.calls - calls_before, self.client.ok_calls - ok_before
-            )
-            if failure is not None:
-                raise NvmlFatal(failure, "sample")
+        self._check_every_call_failed()
+        seconds, ok = merge_stats(passes)
+        configured = {f for f, st in self.resolved.items() if st.enabled and f in collectors.COLLECTORS}
         return Snapshot(
             ts=started,
             duration_s=time.perf_counter() - t0,
             system=self.system,
-            gpus=tuple(sorted(gpus, key=lambda g: g.index)),
-            features=stats.features(),
+            gpus=tuple(self.slots[i].sample_view(configured) for i in sorted(self.slots)),
+            features={f: FeatureStat(ok[f], seconds[f]) for f in seconds},
             feature_states=dict(self.states),
-            errors=dict(self.client.errors),
-            calls=self.client.calls,
+            errors=dict(self.error_counts()),
+            calls=self.calls()[0],
             events_enabled=dict(self.events_enabled),
         )
 
-    def _sample_gpu(self, dev: DeviceClient, stats: _Stats) -> GpuSample:
-        readings: dict[str, object] = {}
-        for feature, collector in collectors.COLLECTORS.items():
-            if not self.enabled(feature):
+    def _harvest(self) -> dict[int, GpuPass]:
+        passes: dict[int, GpuPass] = {}
+        for slot in self.slots.values():
+            if slot.state == "hung":
+                if slot.future is not None and slot.future.done():
+                    slot.future = None  # the stuck call returned; the GPU stays out until readmitted
                 continue
-            f0 = time.perf_counter()
-            errors_before = self._feature_errors(feature)
+            result = slot.harvest()
+            if isinstance(result, GpuPass):
+                slot.apply(result)
+                passes[slot.index] = result
+        return passes
+
+    def _check_deadlines(self) -> None:
+        for slot in self.slots.values():
+            if slot.state != "hung" and slot.overdue(self.deadline_s):
+                slot.mark_hung()
+
+    def _commands(self) -> None:
+        """Apply what the supervisor asked: readmit a GPU (its probe succeeded), re-probe one."""
+        while True:
             try:
-                reading = self._read(dev, feature, collector)
-            except DeviceLost as exc:
-                stats.add(feature, time.perf_counter() - f0, False)
-                log.error(
-                    "GPU %s (index %d) lost: %s; its series are dropped until it comes back",
-                    dev.uuid,
-                    dev.index,
-                    exc,
-                    extra={"uuid": dev.uuid, "gpu": dev.index},
-                )
-                self.devices.remove(dev)
-                self.lost[dev.index] = dev.uuid
-                return GpuSample(dev.index, dev.uuid, False)
-            if reading is not None and reading is not _FAILED:
-                readings[feature] = reading
-            ok = reading is not _FAILED and self._feature_errors(feature) == errors_before
-            stats.add(feature, time.perf_counter() - f0, ok)
-        return GpuSample(dev.index, dev.uuid, True, readings)
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            slot = self.slots.get(int(cmd.get("index", -1)))
+            if slot is None:
+                continue
+            if cmd.get("type") == "reprobe":
+                slot.request_reprobe()
+            elif cmd.get("type") == "readmit" and slot.state in ("hung", "crashed") and not slot.busy:
+                log.info("GPU %d (%s): readmitted after a successful probe", slot.index, slot.uuid)
+                slot.state, slot.dev = "lost", None
+                slot.start_attach()
 
-    def _read(self, dev: DeviceClient, feature: str, collector: Collector) -> object:
-        """The collector's reading; ``_FAILED`` when the collector raised (our bug, counted)."""
-        try:
-            return collector.read(dev)
-        except (DeviceLost, NvmlFatal, Stopping):
-            raise
-        except Exception:  # a collector bug must not fail the sample
-            self.client.errors[(feature, "exception")] += 1
-            logs.log_once(log, logging.ERROR, ("collector", feature), "collector %s raised", feature, exc_info=True)
-            return _FAILED
-
-    def _feature_errors(self, feature: str) -> int:
-        return sum(v for (f, _), v in self.client.errors.items() if f == feature)
+    def request_reprobe(self, uuid: str) -> None:
+        """Ask the GPU ``uuid`` (every GPU if empty) again what it supports (MIG change, recovery)."""
+        for slot in self.slots.values():
+            if not uuid or slot.uuid == uuid:
+                slot.request_reprobe()
 
     def _mark_unsupported(self) -> None:
-        """A feature that no GPU supports is switched off with reason ``unsupported``."""
-        if not self.devices:
-            return
+        """A feature that no attached GPU supports is off (reason ``unsupported``) until a re-probe
+        finds one that does; every other feature is in its resolved state."""
+        devices = [s.dev for s in self.slots.values() if s.dev is not None and s.state == "up"]
         for feature in collectors.COLLECTORS:
-            if not self.enabled(feature):
+            resolved = self.resolved.get(feature)
+            if resolved is None or not resolved.enabled or not devices:
                 continue
-            if not all(feature in d.feature_unsupported and feature not in d.feature_ok for d in self.devices):
+            unsupported = all(feature in d.feature_unsupported and feature not in d.feature_ok for d in devices)
+            current = self.states[feature]
+            if not unsupported:
+                if current.reason is gf.Reason.UNSUPPORTED:
+                    log.info("feature %s answers again on a GPU: back on", feature)
+                self.states[feature] = resolved
+                continue
+            if current.reason is gf.Reason.UNSUPPORTED:
                 continue
             missing = sorted(
                 {
                     str(k[0]) if k[0] != "field" else f"field {k[1]}"
-                    for d in self.devices
+                    for d in devices
                     for k, (f, _) in d.unsupported.items()
                     if f == feature
                 }
             )
             detail = f"no GPU supports it ({', '.join(missing)})"
             self.states[feature] = gf.FeatureState(feature, False, gf.Reason.UNSUPPORTED, detail)
-            log.warning(
-                "feature %s is unsupported on every GPU (%s): it is switched off for this worker's life",
-                feature,
-                detail,
-                extra={"feature": feature},
-            )
+            log.info("feature %s is unsupported on every GPU (%s): off until a re-probe finds it", feature, detail)
 
+    def calls(self) -> tuple[int, int]:
+        """(calls, calls that answered) over the main thread and every GPU thread."""
+        clients = [self.client, *(s.client for s in self.slots.values())]
+        return sum(c.calls for c in clients), sum(c.ok_calls for c in clients)
 
-_FAILED = object()  # a collector raised: no reading, feature failed
+    def error_counts(self) -> Counter[tuple[str, str]]:
+        """(feature, NVML error name) -> count over the main thread and every GPU thread."""
+        total: Counter[tuple[str, str]] = Counter()
+        for c in [self.client, *(s.client for s in self.slots.values())]:
+            total.update(dict(c.errors))
+        return total
+
+    def _check_every_call_failed(self) -> None:
+        calls, ok = self.calls()
+        made, answered = calls - self._last_calls[0], ok - self._last_calls[1]
+        self._last_calls = (calls, ok)
+        if any(s.state == "up" for s in self.slots.values()) or made:
+            failure = errors.sample_failed_everywhere(made, answered)
+            if failure is not None:
+                raise NvmlFatal(failure, "sample")
+
+    def stop_threads(self, drain_s: float) -> bool:
+        """Let the GPU threads finish within ``drain_s``; False if one is still in a call."""
+        deadline = time.monotonic() + drain_s
+        clean = True
+        for slot in self.slots.values():
+            if slot.state == "hung" and slot.busy:  # it outlasted the deadline once: do not wait again
+                clean = False
+            elif slot.future is not None:
+                try:
+                    slot.future.result(timeout=max(0.0, deadline - time.monotonic()))
+                except concurrent.futures.TimeoutError:
+                    clean = False
+                except BaseException:  # noqa: BLE001 - Stopping or the call's own error: it returned
+                    pass
+            slot.close()
+        return clean

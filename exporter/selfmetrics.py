@@ -27,8 +27,24 @@ def _m(name: str, help: str, labels: tuple[str, ...] = ()) -> MetricDef:
 UP = _m("nvgpu_up", "1 if NVML is initialised and the last sample is younger than the stale bound")
 BUILD_INFO = _m(
     "nvgpu_build_info",
-    "Versions in use; value is always 1",
-    ("version", "nvidia_ml_py_version", "nvml_version", "driver_version", "python_version"),
+    "Versions in use (kernel_module_version: /proc/driver/nvidia/version, next to the userspace NVML); "
+    "value is always 1",
+    ("version", "nvidia_ml_py_version", "nvml_version", "driver_version", "kernel_module_version", "python_version"),
+)
+INIT_FAILURES = _m(
+    "nvgpu_nvml_init_failures_total",
+    "NVML initialisations that failed (and samples that found NVML unusable), by NVML error",
+    ("error",),
+)
+DRIVER_RELOAD_REQUIRED = _m(
+    "nvgpu_driver_reload_required",
+    "1 while NVML answers LIB_RM_VERSION_MISMATCH: the userspace driver differs from the loaded kernel module; "
+    "only a driver reload or a reboot cures it",
+)
+SUPERVISOR_ERRORS = _m(
+    "nvgpu_supervisor_errors_total",
+    "Exceptions in the supervisor's own work, contained and retried, by component",
+    ("component",),
 )
 LAST_SAMPLE = _m("nvgpu_last_sample_timestamp_seconds", "Unix time of the last NVML sample")
 SAMPLE_DURATION = _m("nvgpu_sample_duration_seconds", "Wall time of the last NVML sample")
@@ -49,7 +65,7 @@ NVML_CALLS = _m("nvgpu_nvml_calls_total", "NVML calls made by workers since the 
 WORKER_RESTARTS = _m(
     "nvgpu_worker_restarts_total",
     "Worker restarts by reason (crash: killed by a signal; hang: missed its deadline; exit: exited; "
-    "nvml_error: NVML unusable)",
+    "nvml_error: NVML unusable; quarantine: replaced to switch a newly quarantined feature off)",
     ("reason",),
 )
 WORKER_CRASHES = _m(
@@ -87,8 +103,11 @@ METRICS = (
     WORKER_STUCK,
     MODULE_INFO,
     SELFCHECK_FAILURES,
+    INIT_FAILURES,
+    DRIVER_RELOAD_REQUIRED,
+    SUPERVISOR_ERRORS,
 )
-RESTART_REASONS = ("crash", "hang", "exit", "nvml_error")
+RESTART_REASONS = ("crash", "hang", "exit", "nvml_error", "quarantine")
 
 
 def families(state: ServedState, render_failed: Collection[str]) -> list[Metric]:
@@ -106,6 +125,7 @@ def families(state: ServedState, render_failed: Collection[str]) -> list[Metric]
                 sysinfo.nvidia_ml_py_version,
                 sysinfo.nvml_version,
                 sysinfo.driver_version,
+                state.nvml.kernel_module_version,
                 state.python_version,
             ),
         ),
@@ -129,7 +149,22 @@ def families(state: ServedState, render_failed: Collection[str]) -> list[Metric]
     out += [errors.always(), single(NVML_CALLS, state.nvml_calls())]
     out += _worker(state)
     out += _selfcheck(state)
+    out += _nvml_health(state)
     return out
+
+
+def _nvml_health(state: ServedState) -> list[Metric]:
+    failures = INIT_FAILURES.family()
+    for error, count in sorted(state.nvml.init_failures.items()):
+        failures.add_labels([error], count)
+    components = SUPERVISOR_ERRORS.family()
+    for component, count in sorted(state.component_errors.items()):
+        components.add_labels([component], count)
+    return [
+        failures.always(),
+        single(DRIVER_RELOAD_REQUIRED, 1 if state.nvml.driver_reload_required else 0),
+        components.always(),
+    ]
 
 
 def _worker(state: ServedState) -> list[Metric]:

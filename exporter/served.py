@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from exporter.gpuhealth import GpuHealth, GpuRecord
 from exporter.logs import log_once
-from exporter.snapshot import Snapshot, SystemInfo
+from exporter.snapshot import GpuSample, Snapshot, SystemInfo
 from exporter.xids import XidLedger
 from guards import features as gf
 from guards.versions import SelfCheckResult
@@ -39,6 +40,33 @@ def _distribution_version(name: str) -> str:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return ""
+
+
+@dataclass
+class NvmlStatus:
+    """Whether NVML works on this node, and failures that do not heal by themselves.
+
+    Attributes:
+        ever_worked: a worker initialised NVML and attached a GPU since the exporter started.
+        init_failures: NVML error name -> failed initialisations (and samples that found NVML
+            unusable).
+        last_error: the last such error's name.
+        broken_since: monotonic time since which NVML answers UNKNOWN to everything after having
+            worked (a container that lost its device access); None when it works.
+        kernel_module_version: the loaded kernel module (``/proc/driver/nvidia/version``).
+    """
+
+    ever_worked: bool = False
+    init_failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    last_error: str = ""
+    broken_since: float | None = None
+    kernel_module_version: str = ""
+
+    @property
+    def driver_reload_required(self) -> bool:
+        """The userspace library and the loaded kernel module differ: only a driver reload or a
+        reboot cures it (LIB_RM_VERSION_MISMATCH)."""
+        return self.last_error == "LIB_RM_VERSION_MISMATCH"
 
 
 @dataclass
@@ -91,12 +119,17 @@ class ServedState:
         self.last_init_error: str | None = None
         self.selfchecks: dict[str, SelfCheckResult] = {}
         self.worker = WorkerStatus()
+        self.nvml = NvmlStatus()
+        self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s)
         self.xids = XidLedger()
         self.gpu_index: dict[str, str] = {}  # uuid -> index, remembered across workers
         self._calls_done = 0
         self._errors_done: collections.Counter[tuple[str, str]] = collections.Counter()
         self._calls_now = 0
         self._errors_now: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.component_errors: collections.Counter[str] = collections.Counter()
+        self.render_errors: collections.Counter[str] = collections.Counter()  # family -> series dropped
+        self.render_failed: str | None = None  # why the whole exposition could not be rendered
 
     # -- Host (for extensions) -------------------------------------------------------------------
 
@@ -119,10 +152,41 @@ class ServedState:
 
     # -- writes by the supervisor ----------------------------------------------------------------
 
-    def apply_snapshot(self, snap: Snapshot) -> None:
-        """Take a snapshot as the current one."""
+    def count_error(self, component: str, doing: str) -> None:
+        """An exception in the supervisor's own work (call from an ``except`` block): counted by
+        component (``nvgpu_supervisor_errors_total``), logged once per component and exception
+        type with its traceback; the caller carries on."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        self.component_errors[component] += 1
+        log_once(
+            log,
+            logging.ERROR,
+            ("component", component, type(exc).__name__),
+            "%s failed while %s (%s: %s); contained, the exporter keeps serving",
+            component,
+            doing,
+            type(exc).__name__,
+            exc,
+            exc_info=True,
+            extra={"component": component},
+        )
+
+    def add_errors(self, errors: tuple[tuple[str, str, int], ...]) -> None:
+        """The dying worker's error totals (its last sample found NVML unusable and no snapshot
+        carried them): they replace what its last snapshot said, since they include it."""
+        if errors:
+            self._errors_now = collections.Counter({(feature, name): count for feature, name, count in errors})
+
+    def apply_snapshot(self, snap: Snapshot) -> list[GpuRecord]:
+        """Take a snapshot as the current one; returns GPUs that just became hung."""
         self.last = snap
         self.last_mono = time.monotonic()
+        if any(g.up for g in snap.gpus):
+            self.nvml.ever_worked = True
+            self.nvml.broken_since = None
+            self.nvml.last_error = ""
         self.system = snap.system
         self.worker_states = dict(snap.feature_states)
         self.xids.events_enabled.update(snap.events_enabled)
@@ -136,6 +200,7 @@ class ServedState:
                 ext.on_snapshot(snap)
             except Exception:  # noqa: BLE001 - one extension's bug must not cost the snapshot
                 log_once(log, logging.ERROR, ("on_snapshot", type(ext).__name__), "extension failed", exc_info=True)
+        return list(self.health.on_snapshot(snap))
 
     def worker_started(self, pid: int) -> None:
         """A new worker process: fold the last worker's call and error totals into the history."""
@@ -162,10 +227,37 @@ class ServedState:
             return None
         return self.last
 
+    def reading_age(self, g: GpuSample) -> float | None:
+        """Seconds since GPU ``g``'s readings were taken, None if it has none; measured from the
+        snapshot's arrival (monotonic), so a worker's wall clock never makes data look fresh."""
+        if g.sampled_at is None or self.last is None or self.last_mono is None:
+            return None
+        return time.monotonic() - self.last_mono + max(0.0, self.last.ts - g.sampled_at)
+
+    def fresh_gpus(self) -> list[GpuSample]:
+        """GPUs of the fresh snapshot whose readings are younger than the stale bound."""
+        snap = self.fresh_snapshot()
+        if snap is None:
+            return []
+        out = []
+        for g in snap.gpus:
+            age = self.reading_age(g)
+            if age is not None and age <= self.config.stale_s:
+                out.append(g)
+        return out
+
     def ready(self) -> tuple[bool, str]:
-        """Readiness: a fresh snapshot exists; otherwise why not."""
-        if self.fresh_snapshot() is not None:
+        """Readiness: a fresh snapshot in which any GPU is served (or there are none), and an
+        exposition that renders; else why not."""
+        if self.render_failed:
+            return False, f"the exposition cannot be rendered: {self.render_failed}"
+        snap = self.fresh_snapshot()
+        if snap is not None and (not snap.gpus or any(g.up for g in self.fresh_gpus())):
             return True, "ok"
+        if snap is not None:
+            return False, "no GPU has fresh readings: " + "; ".join(
+                f"GPU {g.index} {g.state}{f' ({g.detail})' if g.detail else ''}" for g in snap.gpus
+            )
         if self.last is None:
             return False, self.last_init_error or "no NVML sample yet"
         age = time.monotonic() - (self.last_mono or 0)
@@ -173,6 +265,19 @@ class ServedState:
         if self.last_init_error:
             why += f"; {self.last_init_error}"
         return False, why
+
+    def liveness(self) -> tuple[bool, str]:
+        """Liveness: fails only when NVML worked, then answered UNKNOWN to every call and re-init
+        for longer than ``NVGPU_UNHEALTHY_AFTER_SECONDS`` (a container that lost its device access:
+        a restart is the cure). Never for a driver/library mismatch or a missing GPU."""
+        bound = self.config.unhealthy_after_s
+        since = self.nvml.broken_since
+        if bound and since is not None and time.monotonic() - since > bound:
+            return False, (
+                f"NVML has answered UNKNOWN to every call and re-init for {time.monotonic() - since:.0f} s after "
+                "working: the container likely lost its device access; restarting it is the cure"
+            )
+        return True, "ok"
 
     def feature_states(self) -> dict[str, gf.FeatureState]:
         """Effective feature states: the worker's view, extension overrides, then quarantines."""

@@ -58,6 +58,14 @@ class FeatureStat:
     duration_s: float
 
 
+GPU_STATES = ("up", "lost", "hung", "crashed")
+"""What a worker says of a GPU. ``up``: sampled. ``lost``: GPU_IS_LOST or its handle lookup failed
+(retried every sample). ``hung``: an NVML call on it outlasted the deadline; this worker calls it no
+more (the supervisor's probe retries it). ``crashed``: the supervisor excluded it after a native crash
+in one of its calls (the probe retries it). The supervisor adds ``unknown`` for a GPU without a fresh
+report (docs/metrics.md, ``nvgpu_device_state``)."""
+
+
 @dataclass(frozen=True)
 class GpuSample:
     """One GPU in a snapshot.
@@ -65,14 +73,30 @@ class GpuSample:
     Attributes:
         index: NVML index (the ``gpu`` label).
         uuid: GPU UUID; empty when the handle lookup failed before it was read.
-        up: False when the GPU is lost (GPU_IS_LOST, failed handle lookup).
-        readings: feature name -> that collector's ``Reading``, in the order sampled.
+        state: one of :data:`GPU_STATES`.
+        readings: feature name -> that collector's ``Reading``, in the order sampled; the last
+            good ones for a GPU that is not ``up`` (they age out by ``sampled_at``).
+        sampled_at: Unix time the readings were taken; None if there never were any.
+        detail: why the GPU is not up (the NVML call and error), empty when up.
+        unsupported: enabled features none of whose calls this GPU supports.
+        feature: for a hung GPU, the feature of the call that did not return.
+        function: for a hung GPU, the NVML function that did not return.
     """
 
     index: int
     uuid: str
-    up: bool
+    state: str = "up"
     readings: Mapping[str, object] = field(default_factory=dict)
+    sampled_at: float | None = None
+    detail: str = ""
+    unsupported: tuple[str, ...] = ()
+    feature: str = ""
+    function: str = ""
+
+    @property
+    def up(self) -> bool:
+        """The GPU answered in this sample."""
+        return self.state == "up"
 
     def reading(self, kind: type[R]) -> R | None:
         """The reading of the collector whose ``Reading`` class is ``kind``, or None."""
@@ -118,8 +142,13 @@ class Snapshot:
                 {
                     "index": g.index,
                     "uuid": g.uuid,
-                    "up": g.up,
+                    "state": g.state,
                     "readings": {f: collectors.to_json(r) for f, r in g.readings.items()},
+                    "sampled_at": g.sampled_at,
+                    "detail": g.detail,
+                    "unsupported": list(g.unsupported),
+                    "feature": g.feature,
+                    "function": g.function,
                 }
                 for g in self.gpus
             ],
@@ -139,15 +168,34 @@ class Hello:
     system: SystemInfo
     gpus: tuple[tuple[int, str], ...]
     feature_states: Mapping[str, FeatureState]
+    kernel_module_version: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """An init step finished (``nvmlInit``, one GPU's handle): the init deadline starts again."""
+
+    step: str
 
 
 @dataclass(frozen=True)
 class InitFailed:
-    """``nvmlInit`` (or NVML as a whole) failed; ``error`` is the NVML code name."""
+    """``nvmlInit`` (or NVML as a whole) failed; ``error`` is the NVML code name.
+
+    Attributes:
+        code: NVML return code (-1 when the failure is not NVML's).
+        error: its name without the prefix, e.g. ``LIB_RM_VERSION_MISMATCH``.
+        message: text for logs.
+        kernel_module_version: the loaded kernel module (``/proc/driver/nvidia/version``), "" if none.
+        errors: (feature, error, count) of the calls that failed in the worker's last sample, which
+            no snapshot carried (the sample that found NVML unusable).
+    """
 
     code: int
     error: str
     message: str
+    kernel_module_version: str = ""
+    errors: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,7 +216,7 @@ class Bye:
     nvml_shutdown: bool
 
 
-Message = Snapshot | Hello | InitFailed | NvmlEvent | Bye | SelfCheckResult
+Message = Snapshot | Hello | Progress | InitFailed | NvmlEvent | Bye | SelfCheckResult
 
 
 def states_to_wire(states: Mapping[str, FeatureState]) -> dict[str, dict[str, Any]]:
@@ -345,11 +393,19 @@ def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
             readings[feature] = decode_dataclass(collector.Reading, data, f"{where}.readings.{feature}")
         except _Bad:
             undecodable.add(feature)
+    state = _convert(str, raw.get("state"), f"{where}.state")
+    if state not in GPU_STATES:
+        raise _Bad(f"{where}.state: {state!r} is not one of {GPU_STATES}")
     return GpuSample(
         index=_convert(int, raw.get("index"), f"{where}.index"),
         uuid=_convert(str, raw.get("uuid"), f"{where}.uuid"),
-        up=_convert(bool, raw.get("up"), f"{where}.up"),
+        state=state,
         readings=readings,
+        sampled_at=_convert(float | None, raw.get("sampled_at"), f"{where}.sampled_at"),
+        detail=_convert(str, raw.get("detail", ""), f"{where}.detail"),
+        unsupported=_convert(tuple[str, ...], raw.get("unsupported", []), f"{where}.unsupported"),
+        feature=_convert(str, raw.get("feature", ""), f"{where}.feature"),
+        function=_convert(str, raw.get("function", ""), f"{where}.function"),
     )
 
 
@@ -383,6 +439,7 @@ def _hello(msg: dict[str, Any]) -> Hello:
         system=decode_dataclass(SystemInfo, msg.get("system", {}), "hello.system"),
         gpus=tuple((int(g["index"]), str(g["uuid"])) for g in gpus),
         feature_states=_states(msg.get("feature_states", {}), "hello.feature_states"),
+        kernel_module_version=_convert(str, msg.get("kernel_module_version", ""), "hello.kernel_module_version"),
     )
 
 
@@ -411,6 +468,7 @@ _DECODERS: dict[str, typing.Callable[[dict[str, Any]], Message]] = {
     "hello": _hello,
     "selfcheck": _selfcheck,
     "init_failed": _fields(InitFailed),
+    "progress": _fields(Progress),
     "event": _fields(NvmlEvent),
     "bye": _fields(Bye),
 }

@@ -56,7 +56,9 @@ GIB = 2**30
 
 
 def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
+    """HTML-escaped text that always encodes (a lone surrogate from a driver string becomes \\udXXX)."""
+    text = html.escape("" if value is None else str(value))
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _badge(text: str, kind: str) -> str:
@@ -136,37 +138,57 @@ def _xid_cell(state: ServedState, uuid: str) -> str:
     )
 
 
+_STATE_BADGES = {
+    "up": ("up", "ok"),
+    "unknown": ("no fresh sample", "warn"),
+    "lost": ("LOST", "bad"),
+    "hung": ("HUNG", "bad"),
+    "crashed": ("CRASHED", "bad"),
+}
+
+
 def _gpus(state: ServedState) -> str:
-    snap = state.fresh_snapshot()
+    snap = state.last
+    fresh = {g.index for g in state.fresh_gpus()}
     stuck_ext = state.extension(StuckDetector)
-    if snap is None:
+    if state.fresh_snapshot() is None:
         note = (
             f'<div class="alert">No fresh NVML sample: GPU values are not shown (see <a href="/readyz">/readyz</a>: '
             f"{_e(state.ready()[1])}).</div>"
         )
-        known = sorted(state.gpu_index.items(), key=lambda kv: (len(kv[1]), kv[1]))
-        gpus: list[tuple[GpuSample, bool | None]] = [(GpuSample(int(idx), uuid, False), None) for uuid, idx in known]
     else:
-        note = f'<p class="small">Sample taken {_e(_age(time.time() - snap.ts))} ago.</p>'
-        gpus = [(g, g.up) for g in snap.gpus]
+        note = f'<p class="small">Sample taken {_e(_age(time.time() - snap.ts))} ago.</p>' if snap else ""
+    by_index = {g.index: g for g in snap.gpus} if snap else {}
+    for uuid, idx in state.gpu_index.items():
+        by_index.setdefault(int(idx), GpuSample(int(idx), uuid, "unknown"))
     rows = []
-    for g, up in gpus:
+    for index in sorted(by_index):
+        g = by_index[index]
+        rec = state.health.gpus.get(index)
+        current = state.health.state_of(rec, state.fresh_snapshot() is not None) if rec else "unknown"
         uuid = g.uuid
         stuck = bool(uuid) and stuck_ext is not None and stuck_ext.suspected(uuid)
-        if up is None:
-            badge = _badge("no fresh sample", "warn")
-        elif up:
-            badge = _badge("up", "ok")
-        else:
-            badge = _badge("LOST", "bad")
-        name, bus, util_s, mem_s, temp_s, power_s = _gpu_cells(g)
+        text, kind = _STATE_BADGES.get(current, (current, "warn"))
+        badge = _badge(text, kind)
+        detail = (rec.detail if rec and current != "up" else "") or ""
+        if rec and rec.next_probe is not None:
+            detail += f" (probe in {_age(rec.next_probe - time.monotonic())})"
+        if rec and rec.unsupported:
+            detail += f" unsupported here: {', '.join(rec.unsupported)}"
+        shown = (
+            g
+            if index in fresh
+            else GpuSample(g.index, g.uuid, g.state, {k: v for k, v in g.readings.items() if k == "identity"})
+        )
+        name, bus, util_s, mem_s, temp_s, power_s = _gpu_cells(shown)
         stuck_s = _badge("STUCK: busy, no memory, no processes", "bad") if stuck else _badge("no", "ok")
-        cls_row = "bad" if up is False or stuck else ""
+        cls_row = "bad" if current in ("lost", "hung", "crashed") or stuck else ""
         rows.append(
-            f'<tr class="{cls_row}" data-uuid="{_e(uuid)}"><td class="num">{_e(g.index)}</td>'
+            f'<tr class="{cls_row}" data-uuid="{_e(uuid)}" data-state="{_e(current)}"><td class="num">{_e(index)}</td>'
             f"<td><code>{_e(uuid)}</code></td>"
             f'<td>{_e(name)}<br><span class="small">{_e(bus)}</span></td>'
-            f'<td>{badge}</td><td class="num">{_e(util_s)}</td><td class="num">{_e(mem_s)}</td>'
+            f'<td>{badge}<br><span class="small">{_e(detail.strip())}</span></td>'
+            f'<td class="num">{_e(util_s)}</td><td class="num">{_e(mem_s)}</td>'
             f'<td class="num">{_e(temp_s)}</td><td class="num">{_e(power_s)}</td>'
             f"<td>{stuck_s}</td><td>{_xid_cell(state, uuid)}</td></tr>"
         )

@@ -49,8 +49,10 @@ class Renderer:
         try:
             self.current = exposition.render(self.state)
             self.renders += 1
-        except Exception:  # the previous rendering stays; self-metrics keep flowing next time
-            log.exception("rendering the exposition failed; serving the previous rendering")
+            self.state.render_failed = None
+        except Exception as exc:  # the previous rendering stays; /readyz says so until one works
+            self.state.render_failed = f"{type(exc).__name__}: {exc}"
+            self.state.count_error("render", "rendering the exposition")
 
 
 def accepts_gzip(header: str) -> bool:
@@ -89,7 +91,8 @@ async def healthz(request: web.Request) -> web.Response:
     task = request.app.get(SUPERVISOR_TASK)
     if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
         return web.Response(status=500, text=f"supervisor loop died: {task.exception()!r}\n")
-    return web.Response(text="ok\n")
+    ok, why = request.app[SUPERVISOR].state.liveness()
+    return web.Response(status=200 if ok else 503, text=f"{why}\n")
 
 
 async def readyz(request: web.Request) -> web.Response:

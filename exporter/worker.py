@@ -52,11 +52,35 @@ class Channel:
                 view = view[n:]
 
 
-def shutdown(client: NvmlClient, events: EventWatcher | None, drain_s: float) -> bool:
-    """Stop, drain the event thread within ``drain_s``, nvmlShutdown if nothing is in flight."""
+def parent_death_signal() -> None:
+    """Ask the kernel to SIGKILL this process when the supervisor dies (``PR_SET_PDEATHSIG``).
+
+    A supervisor killed by SIGKILL cannot stop its worker, and an orphaned worker is still an NVML
+    client, which blocks a GPU reset or a driver unload on a host with nothing to clean up. Linux
+    only; elsewhere this does nothing (the stdin watcher still stops an idle worker).
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG = 1
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the supervisor died before the request took effect
+        os._exit(protocol.EXIT_ERROR)
+
+
+def shutdown(client: NvmlClient, sampler: Sampler, events: EventWatcher | None, drain_s: float) -> bool:
+    """Stop, drain the GPU threads and the event thread within ``drain_s``, then nvmlShutdown if no
+    NVML call is in flight (the race nvitop 1.7.1 fixed); False when it was skipped."""
     client.stop.set()
-    if events is not None and not events.join(drain_s):
-        log.warning("NVML event thread still in a call after %.1f s; skipping nvmlShutdown", drain_s)
+    deadline = time.monotonic() + drain_s
+    clean = sampler.stop_threads(drain_s)
+    if events is not None and not events.join(max(0.0, deadline - time.monotonic())):
+        clean = False
+    if not clean:
+        log.warning("an NVML call is still in flight after %.1f s; skipping nvmlShutdown", drain_s)
         return False
     try:
         client.raw_during_shutdown("shutdown", "nvmlShutdown", "")
@@ -66,23 +90,33 @@ def shutdown(client: NvmlClient, events: EventWatcher | None, drain_s: float) ->
     return True
 
 
-def _stdin_watcher(stop: threading.Event) -> None:
+def _stdin_watcher(stop: threading.Event, sampler_commands: Any) -> None:
+    """Commands from the supervisor: ``shutdown`` (or end of file) stops; ``readmit`` and ``reprobe``
+    go to the sampler's queue."""
     for line in sys.stdin.buffer:
         try:
-            if json.loads(line).get("type") == "shutdown":
-                break
+            msg = json.loads(line)
         except ValueError:
             continue
+        if not isinstance(msg, dict):
+            continue
+        if msg.get("type") == "shutdown":
+            break
+        if msg.get("type") in ("readmit", "reprobe"):
+            sampler_commands.put(msg)
     stop.set()
 
 
-def _run(channel: Channel, sampler: Sampler, interval_s: float) -> int | None:
-    """Sample every ``interval_s`` until stopped; returns an exit code if NVML became unusable."""
+def _run(channel: Channel, sampler: Sampler, interval_s: float, samples: int | None) -> int | None:
+    """Sample every ``interval_s`` until stopped (or ``samples`` done); returns an exit code if NVML
+    became unusable."""
     stop = sampler.client.stop
     next_at = time.monotonic()
+    done = 0
     try:
-        while not stop.is_set():
-            snap = sampler.sample()
+        while not stop.is_set() and (samples is None or done < samples):
+            snap = sampler.tick()
+            done += 1
             try:
                 channel.send("snapshot", **snap.to_wire())
             except (TypeError, ValueError):  # a value JSON cannot carry: our bug, not a reason to die
@@ -92,7 +126,8 @@ def _run(channel: Channel, sampler: Sampler, interval_s: float) -> int | None:
             if delay < 0:  # fell behind (a slow sample): start the schedule again from now
                 next_at = time.monotonic()
                 delay = 0
-            stop.wait(delay)
+            if samples is None or done < samples:
+                stop.wait(delay)
     except Stopping:
         pass
     except NvmlFatal as exc:
@@ -101,7 +136,13 @@ def _run(channel: Channel, sampler: Sampler, interval_s: float) -> int | None:
             exc,
             extra={"nvml_error": exc.failure.name, "function": exc.function},
         )
-        channel.send("init_failed", code=exc.failure.code, error=exc.failure.name, message=str(exc))
+        channel.send(
+            "init_failed",
+            code=exc.failure.code,
+            error=exc.failure.name,
+            message=str(exc),
+            errors=[[f, n, c] for (f, n), c in sorted(sampler.error_counts().items())],
+        )
         return protocol.EXIT_NVML_FATAL
     return None
 
@@ -111,6 +152,7 @@ def main() -> int:
     from exporter import selfcheck
     from exporter.nvml import backend as backend_mod
 
+    parent_death_signal()
     config = json.loads(os.environ["NVGPU_WORKER_CONFIG"])
     logs.setup(config.get("log_level", "INFO"), config.get("log_format", "text"))
     faulthandler.enable(file=sys.stderr, all_threads=True)
@@ -118,7 +160,6 @@ def main() -> int:
     crumb_fd = os.environ.get("NVGPU_BREADCRUMB_FD")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    threading.Thread(target=_stdin_watcher, args=(stop,), name="stdin", daemon=True).start()
 
     # What this process imported, before NVML can fail; again with the driver version after init.
     channel.send("selfcheck", **selfcheck_to_wire(selfcheck.run_in_process("worker")))
@@ -127,18 +168,32 @@ def main() -> int:
     except ValueError as exc:  # ScenarioError: the file changed since the supervisor checked it
         channel.send("init_failed", code=-1, error="BAD_BACKEND", message=str(exc))
         return protocol.EXIT_NVML_FATAL
+    kernel_module = backend.kernel_module_version()
     client = NvmlClient(backend, BreadcrumbWriter(int(crumb_fd) if crumb_fd else None), SLOT_SAMPLER, stop)
-    sampler = Sampler(config, client, backend.binding_version() or "")
+    sampler = Sampler(config, client, backend.binding_version() or "", lambda step: channel.send("progress", step=step))
+    threading.Thread(target=_stdin_watcher, args=(stop, sampler.commands), name="stdin", daemon=True).start()
     try:
         failed = sampler.init()
         if failed is not None:
-            channel.send("init_failed", code=failed.code, error=failed.error, message=failed.message)
+            channel.send(
+                "init_failed",
+                code=failed.code,
+                error=failed.error,
+                message=failed.message,
+                kernel_module_version=kernel_module,
+            )
             return protocol.EXIT_NVML_FATAL
         check = selfcheck.run_in_process("worker", sampler.system.driver_version or None)
         channel.send("selfcheck", **selfcheck_to_wire(check))
         sampler.resolve_features()
     except NvmlFatal as exc:
-        channel.send("init_failed", code=exc.failure.code, error=exc.failure.name, message=str(exc))
+        channel.send(
+            "init_failed",
+            code=exc.failure.code,
+            error=exc.failure.name,
+            message=str(exc),
+            kernel_module_version=kernel_module,
+        )
         return protocol.EXIT_NVML_FATAL
     except Stopping:
         channel.send("bye", nvml_shutdown=False)
@@ -147,17 +202,20 @@ def main() -> int:
         "hello",
         pid=os.getpid(),
         system=dataclasses.asdict(sampler.system),
-        gpus=[{"index": d.index, "uuid": d.uuid} for d in sampler.devices],
+        gpus=[{"index": s.index, "uuid": s.uuid} for s in sampler.slots.values() if s.state == "up"],
         feature_states=states_to_wire(sampler.states),
+        kernel_module_version=kernel_module,
     )
     events = None
-    if sampler.enabled("events"):
-        events = EventWatcher(client, sampler.devices, channel.send, sampler.events_enabled)
+    if sampler.enabled("events") and not config.get("samples"):
+        devices = [s.dev for s in sampler.slots.values() if s.dev is not None]
+        events = EventWatcher(client, devices, channel.send, sampler.events_enabled, sampler.request_reprobe)
         events.start()
-    code = _run(channel, sampler, float(config["interval_s"]))
+    samples = config.get("samples")
+    code = _run(channel, sampler, float(config["interval_s"]), int(samples) if samples else None)
     if code is not None:
         return code
-    clean = shutdown(client, events, float(config.get("drain_s", 5.0)))
+    clean = shutdown(client, sampler, events, float(config.get("drain_s", 5.0)))
     channel.send("bye", nvml_shutdown=clean)
     return protocol.EXIT_OK
 

@@ -17,6 +17,7 @@ import collections
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -24,10 +25,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from exporter import protocol
-from exporter.breadcrumb import SLOT_EVENTS, SLOT_SAMPLER, Breadcrumb, BreadcrumbReader
+from exporter.breadcrumb import Breadcrumb, BreadcrumbReader
 from exporter.logs import log_once
 from exporter.policy import Outcome
-from exporter.snapshot import Hello, Message, Snapshot, decode_message
+from exporter.snapshot import Hello, Message, Progress, Snapshot, decode_message
 
 log = logging.getLogger("exporter.supervisor")
 
@@ -35,6 +36,7 @@ KILL_GRACE_S = 2.0  # SIGTERM -> SIGKILL
 REAP_WAIT_S = 5.0  # SIGKILL -> "cannot be reaped"
 STDERR_LINES = 400
 POLL_S = 0.25
+_CURRENT_THREAD = re.compile(r"Current thread (0x[0-9a-fA-F]+)")
 
 
 def proc_state(pid: int) -> str | None:
@@ -121,7 +123,7 @@ class WorkerProcess:
             if done:
                 break
             if time.monotonic() > self._deadline():
-                crumb = self.in_flight()
+                crumb = self.blame("")
                 self._log_hang(crumb)
                 self.killed_for_hang = True
                 reaped = await self.kill(wait_task)
@@ -136,11 +138,11 @@ class WorkerProcess:
         else:
             msg_task.cancel()
             err_task.cancel()
-        return self._outcome(crumb or self.in_flight(), reaped, stopping())
+        return self._outcome(crumb or self.blame(self.dead_stack()), reaped, stopping())
 
     def _deadline(self) -> float:
-        if not self.hello:
-            return self.spawned_mono + self.init_deadline_s
+        if not self.hello:  # init follows progress: each finished step (nvmlInit, a GPU) restarts it
+            return max(self.spawned_mono, self.last_message_mono) + self.init_deadline_s
         return self.last_message_mono + self.sample_deadline_s
 
     def _log_hang(self, crumb: Breadcrumb | None) -> None:
@@ -178,9 +180,11 @@ class WorkerProcess:
             except protocol.ProtocolError as exc:
                 log_once(log, logging.ERROR, ("protocol", str(exc)[:80]), "%s", exc)
                 continue
-            if isinstance(msg, (Hello, Snapshot)):  # progress; events come from another thread
+            if isinstance(msg, (Hello, Snapshot)):  # sampling runs; events come from another thread
                 self.last_message_mono = time.monotonic()
                 self.hello = True
+            elif isinstance(msg, Progress):  # an init step finished: the init deadline starts again
+                self.last_message_mono = time.monotonic()
             self.on_message(msg)
 
     async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
@@ -194,15 +198,20 @@ class WorkerProcess:
             out.write(text)
             out.flush()
 
-    def in_flight(self) -> Breadcrumb | None:
-        """The call in flight: the sampler's first, then the event thread's (a wait is normal)."""
-        sampler = self.crumbs.read(SLOT_SAMPLER)
-        if sampler is not None and sampler.in_flight:
-            return sampler
-        events = self.crumbs.read(SLOT_EVENTS)
-        if events is not None and events.in_flight and events.function != "nvmlEventSetWait_v2":
-            return events
-        return None
+    def blame(self, stack: str) -> Breadcrumb | None:
+        """The NVML call that ended the worker, from the breadcrumbs of its threads.
+
+        A native crash prints the crashing thread (faulthandler: ``Current thread 0x…``); the call
+        in flight on that thread is the one to blame, whatever other GPU threads were doing. Without
+        a stack (a hang, SIGKILL), the one call in flight is blamed, or the oldest of several (a call
+        stuck longest is the likeliest cause of a hang); a wait for events is never blamed.
+        """
+        crumbs = [c for c in self.crumbs.in_flight() if c.function != "nvmlEventSetWait_v2"]
+        match = _CURRENT_THREAD.search(stack)
+        if match is not None:
+            tid = int(match.group(1), 16)
+            return next((c for c in crumbs if c.thread == tid), None)
+        return min(crumbs, key=lambda c: c.entered_at) if crumbs else None
 
     def dead_stack(self) -> str:
         """The faulthandler report at the end of the worker's stderr, if any."""
@@ -234,6 +243,18 @@ class WorkerProcess:
             ": uninterruptible sleep in the driver" if state == "D" else "",
         )
         return False
+
+    def send(self, command: Mapping[str, Any]) -> bool:
+        """Write one command to the worker's standard input (``readmit``, ``reprobe``); False if
+        the worker cannot take it (gone, or its pipe is full: commands are advice, never waited on)."""
+        proc = self.proc
+        if proc is None or proc.stdin is None or proc.returncode is not None:
+            return False
+        try:
+            proc.stdin.write(protocol.encode(str(command["type"]), **{k: v for k, v in command.items() if k != "type"}))
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            return False
+        return True
 
     async def stop(self, wait_task: asyncio.Future[Any], drain_s: float) -> bool:
         """Orderly stop: ask on stdin, wait ``drain_s``, then kill."""

@@ -29,7 +29,7 @@ import fnmatch
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from guards.features import FEATURES
@@ -300,37 +300,53 @@ def match_known_issues(
     gpu_models: Iterable[str],
     driver_version: str,
     binding_version: str | None,
+    on_unparsable: Callable[[str], None] | None = None,
 ) -> dict[str, str]:
     """Find the rules that apply to this node.
+
+    Fails safe: a driver or binding version that cannot be parsed (an odd vendor suffix, a
+    string the driver garbled) counts as inside every range, so a rule still applies when the GPU
+    model matches; its detail says so. Dropping the H20/580 guard because a version string looked
+    odd would walk back into the incident.
 
     Args:
         rows: Rules, e.g. from `load_known_issues`.
         gpu_models: ``nvmlDeviceGetName`` of every GPU on the node.
         driver_version: ``nvmlSystemGetDriverVersion``, e.g. ``"580.126.20"``.
         binding_version: Installed nvidia-ml-py version (``importlib.metadata``), e.g.
-            ``"12.575.51"``; ``None`` when unknown, in which case rules restricted to a binding
-            range still match (safety first: an unknown binding may be an affected one).
+            ``"12.575.51"``; ``None`` when unknown (rules restricted to a binding range match).
+        on_unparsable: called once with a message naming each version that cannot be parsed.
 
     Returns:
         Feature name -> detail ``"<reason> (<reference>; rule <id>)"`` for every rule where any
-        GPU model matches and both versions are in range; several rules for one feature are
-        joined with ``"; "``. Empty when nothing applies.
-
-    Raises:
-        ValueError: ``driver_version`` or ``binding_version`` is not a parseable version; the
-            message names the input.
+        GPU model matches and both versions are in range (or unknown); several rules for one
+        feature are joined with ``"; "``. Empty when nothing applies.
     """
     models = tuple(gpu_models)
-    driver = parse_version(driver_version)
-    binding = parse_release(binding_version) if binding_version is not None else None
+    notes: list[str] = []
+    driver: tuple[int, ...] | None = None
+    binding: tuple[int, ...] | None = None
+    try:
+        driver = parse_version(driver_version)
+    except ValueError as exc:
+        notes.append(f"driver {exc}; rules are applied as if the driver were in their range")
+    if binding_version is not None:
+        try:
+            binding = parse_release(binding_version)
+        except ValueError as exc:
+            notes.append(f"nvidia-ml-py {exc}; rules are applied as if the binding were in their range")
+    for note in notes:
+        if on_unparsable is not None:
+            on_unparsable(note)
     details: dict[str, list[str]] = {}
     for rule in rows:
         if not any(rule.matches_model(model) for model in models):
             continue
-        if not rule.driver.contains(driver):
+        if driver is not None and not rule.driver.contains(driver):
             continue
         if rule.nvidia_ml_py is not None and binding is not None:
             if not rule.nvidia_ml_py.contains(binding):
                 continue
-        details.setdefault(rule.feature, []).append(f"{rule.reason} ({rule.reference}; rule {rule.id})")
+        unsure = " (version unreadable: applied to be safe)" if notes else ""
+        details.setdefault(rule.feature, []).append(f"{rule.reason} ({rule.reference}; rule {rule.id}){unsure}")
     return {feature: "; ".join(parts) for feature, parts in details.items()}

@@ -41,7 +41,7 @@ def test_fault_plan_is_seeded_and_a_valid_scenario(tmp_path: Path) -> None:
     assert a != chaos.plan_faults(chaos.ChaosConfig(duration=300, seed=8), 8)
     assert len(a.hangs) == 15 and all(h["until_s"] - h["from_s"] == pytest.approx(2.0) for h in a.hangs)
     assert {h["function"] for h in a.hangs} == {f for _, f in chaos.HANG_TARGETS}
-    assert a.deliberate["from_s"] == 75.0 and a.deliberate["action"] == "segfault"
+    assert a.deliberate["from_s"] == 75.0 and a.deliberate["action"] == "segfault" and "gpu" not in a.deliberate
     assert set(a.kill_signals) == {"SIGSEGV", "SIGABRT", "SIGKILL", "SIGTERM"}
     data = json.loads(chaos.SCENARIOS.joinpath("h200x8.json").read_text())
     data["faults"] = a.hangs + [a.deliberate]
@@ -65,7 +65,7 @@ def test_chaos_60s_meets_goals(tmp_path: Path) -> None:
     assert s["connection_errors"] == 0, detail
     assert s["bad_bodies"] == 0, detail
     assert s["all"]["max_s"] < 1.0, detail
-    assert w["max_workers_at_once"] <= 2, detail
+    assert w["max_workers_at_once"] <= 3, detail  # the worker, a probe, one hung being replaced
     assert report["faults"]["kills_sent"] > 0, detail
     assert w["restarts_total"] > 0, detail
     # the deliberate repeated SIGSEGV and nothing else reached the quarantine threshold

@@ -43,7 +43,10 @@ def _readings(i: int) -> dict[str, Any]:
 
 def snapshot(**overrides: Any) -> dict[str, Any]:
     """A three-GPU snapshot as the worker sends it; every feature succeeded."""
-    gpus = [{"index": i, "uuid": u, "up": True, "readings": _readings(i)} for i, u in enumerate(UUIDS)]
+    gpus = [
+        {"index": i, "uuid": u, "state": "up", "readings": _readings(i), "sampled_at": 1_700_000_000.0}
+        for i, u in enumerate(UUIDS)
+    ]
     snap = {
         "type": "snapshot",
         "v": 1,
@@ -157,10 +160,18 @@ def test_worker_reported_failure_kept(sup: ServedState) -> None:
     assert success(render(sup))["utilization"] == 0.0
 
 
-def test_stale_snapshot_drops_gpu_series_keeps_self_metrics(sup: ServedState) -> None:
+def test_stale_snapshot_drops_readings_keeps_identity_state_and_self_metrics(sup: ServedState) -> None:
+    """Issue 13: readings older than the stale bound go; what the supervisor owns stays: the GPUs'
+    identity, their state (now unknown: no fresh sample), Xid counters."""
     load(sup, snapshot(), age_s=sup.config.stale_s + 1)
+    sup.xids.record_xid("1", UUIDS[1], 79, 1_700_000_000.0, "NVML event")
     scrape = render(sup)
-    assert not scrape.gpus() and not scrape.find("nvgpu_gpu_info") and not scrape.find("nvgpu_power_usage_watts")
+    assert not scrape.find("nvgpu_power_usage_watts") and not scrape.find("nvgpu_gpu_utilization_ratio")
+    assert {s.labels["gpu"] for s in scrape.find("nvgpu_gpu_info")} == {"0", "1", "2"}
+    for i, uuid in enumerate(UUIDS):
+        assert scrape.value("nvgpu_device_up", gpu=str(i), uuid=uuid) == 0.0
+        assert scrape.value("nvgpu_device_state", gpu=str(i), state="unknown") == 1.0
+    assert scrape.value("nvgpu_xid_errors_total", gpu="1", xid="79") == 1.0
     assert scrape.value("nvgpu_up") == 0.0
     assert scrape.value("nvgpu_last_sample_timestamp_seconds") == 1_700_000_000.0  # the age stays visible
     assert not scrape.find("nvgpu_feature_success")
@@ -178,14 +189,18 @@ def test_lost_gpu_and_gpu_without_uuid(sup: ServedState) -> None:
     """A lost GPU keeps only device_up 0; a GPU whose handle lookup failed before its UUID was read
     gets device_up 0 with an empty uuid."""
     snap = snapshot()
-    snap["gpus"][1] = {"index": 1, "uuid": UUIDS[1], "up": False, "readings": {}}
-    snap["gpus"][2] = {"index": 2, "uuid": "", "up": False, "readings": {}}
+    snap["gpus"][1] = {"index": 1, "uuid": UUIDS[1], "state": "lost", "readings": {}}
+    snap["gpus"][2] = {"index": 2, "uuid": "", "state": "lost", "readings": {}}
     load(sup, snap)
     scrape = render(sup)
     assert scrape.value("nvgpu_device_up", gpu="1", uuid=UUIDS[1]) == 0.0
     assert scrape.value("nvgpu_device_up", gpu="2", uuid="") == 0.0
     for gpu in ("1", "2"):
-        assert {s.name for s in scrape.samples if s.labels.get("gpu") == gpu} == {"nvgpu_device_up"}
+        assert scrape.value("nvgpu_device_state", gpu=gpu, state="lost") == 1.0
+        assert {s.name for s in scrape.samples if s.labels.get("gpu") == gpu} == {
+            "nvgpu_device_up",
+            "nvgpu_device_state",
+        }
 
 
 def test_no_nan_and_no_value_for_missing_readings(sup: ServedState) -> None:

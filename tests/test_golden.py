@@ -43,7 +43,7 @@ from exporter.config import Config
 from exporter.kernel_xid import KernelXid
 from exporter.policy import Outcome
 from exporter.pods import PodAttribution
-from exporter.snapshot import decode_message
+from exporter.snapshot import InitFailed, decode_message
 from exporter.supervisor import Supervisor
 from guards import features as gf
 
@@ -77,8 +77,14 @@ def _extension(sup: Supervisor, kind: type[Any]) -> Any:
     return ext
 
 
+def _before_worker(sup: Supervisor) -> None:
+    """An earlier worker whose nvmlInit failed (the driver was not loaded yet at boot)."""
+    sup.handle(InitFailed(9, "DRIVER_NOT_LOADED", "DRIVER_NOT_LOADED: Driver Not Loaded", "580.159.04"))
+
+
 def _supervisor_side_faults(sup: Supervisor, fixture: dict[str, Any]) -> None:
-    """State the worker cannot send: a crash (quarantined), the kernel log, a pod on GPU 0."""
+    """State the worker cannot send: a crash (quarantined), the kernel log, pods on GPU 0 (one with a
+    name that cannot be encoded: its series is dropped and counted), a contained supervisor error."""
     hello = next(m for m in fixture["messages"] if m["type"] == "hello")
     uuid0 = next(g["uuid"] for g in hello["gpus"] if g["index"] == 0)
     crumb = Breadcrumb("nvlink", "nvmlDeviceGetNvLinkErrorCounter", uuid0, 1_699_999_990.0, True)
@@ -86,7 +92,16 @@ def _supervisor_side_faults(sup: Supervisor, fixture: dict[str, Any]) -> None:
     _extension(sup, KernelXid).up = True
     pods = _extension(sup, PodAttribution)
     pods.up = True
-    pods.assignments = {uuid0: (SimpleNamespace(namespace="ml", pod="train-0", container="trainer"),)}
+    pods.assignments = {
+        uuid0: (
+            SimpleNamespace(namespace="ml", pod="train-0", container="trainer"),
+            SimpleNamespace(namespace="ml", pod="bad-\udc80", container="trainer"),
+        )
+    }
+    try:
+        raise OSError(24, "Too many open files")  # what a failed spawn looks like
+    except OSError:
+        sup.state.count_error("lifecycle", "starting a worker")
 
 
 def render_golden(name: str, openmetrics: bool = False) -> str:
@@ -110,12 +125,15 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
         try:
             state.python_version = PLACEHOLDER_VERSION
             state.selfchecks = {"supervisor": decode_message({"type": "selfcheck", **fixture["supervisor_selfcheck"]})}
+            if name == "faults":
+                _before_worker(sup)
             for msg in fixture["messages"]:
                 sup.handle(decode_message(msg))
             state.worker.started_at = 1_699_999_940.0
             if name == "faults":
                 _supervisor_side_faults(sup, fixture)
             with mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION):
+                exposition.render(state)  # the first rendering counts what it had to drop
                 rendered = exposition.render(state)
                 return (rendered.openmetrics if openmetrics else rendered.text).decode()
         finally:

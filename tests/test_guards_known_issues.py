@@ -191,14 +191,22 @@ def test_nothing_matches_on_h200_nodes() -> None:
     )
 
 
-def test_odd_driver_string_raises_naming_it() -> None:
-    with pytest.raises(ValueError, match="580.126.20-grid"):
-        match_known_issues(
-            load_known_issues(),
-            gpu_models=["NVIDIA H20"],
-            driver_version="580.126.20-grid",
-            binding_version=None,
-        )
+@pytest.mark.parametrize("driver", ["580.126.20-grid", "", "garbled\ud800", "r580"])
+def test_odd_driver_string_fails_safe_and_says_so(driver: str) -> None:
+    """Issue 13: an unparsable driver version used to leave every rule "not evaluated", silently
+    dropping the H20/580 guard. Now the rule applies when the model matches, and says why."""
+    said: list[str] = []
+    hits = match_known_issues(
+        load_known_issues(),
+        gpu_models=["NVIDIA H20"],
+        driver_version=driver,
+        binding_version=None,
+        on_unparsable=said.append,
+    )
+    assert "nvlink_throughput" in hits and "applied to be safe" in hits["nvlink_throughput"]
+    assert len(said) == 1 and repr(driver) in said[0]
+    other = match_known_issues(load_known_issues(), gpu_models=["NVIDIA H200"], driver_version=driver, binding_version=None)
+    assert other == {}  # the model still has to match
 
 
 # --- data-only extension ------------------------------------------------------------------------

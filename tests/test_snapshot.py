@@ -40,7 +40,21 @@ def snapshot() -> Snapshot:
         ts=1_700_000_000.5,
         duration_s=0.01,
         system=SystemInfo("580.159.04", "13.580.159.04", "13.0", "13.610.43"),
-        gpus=(GpuSample(0, "GPU-a", True, READINGS), GpuSample(1, "", False)),
+        gpus=(
+            GpuSample(0, "GPU-a", "up", READINGS, 1_700_000_000.5, unsupported=("fan",)),
+            GpuSample(
+                1,
+                "GPU-b",
+                "hung",
+                {},
+                None,
+                "nvmlDeviceGetPowerUsage (power) did not return",
+                (),
+                "power",
+                "nvmlDeviceGetPowerUsage",
+            ),
+            GpuSample(2, "", "lost"),
+        ),
         features={"power": FeatureStat(True, 0.001), "fan": FeatureStat(False, 0.002)},
         feature_states={"fan": FeatureState("fan", False, Reason.UNSUPPORTED, "no GPU supports it")},
         errors={("power", "UNKNOWN"): 2},
@@ -105,7 +119,11 @@ def test_a_renamed_reading_field_is_named() -> None:
     [
         ({"type": "snapshot", "gpus": {}}, "snapshot.gpus"),
         ({"type": "snapshot", "ts": "now", "duration_s": 0, "gpus": []}, "snapshot.ts"),
-        ({"type": "snapshot", "ts": 1, "duration_s": 0, "gpus": [{"index": "0", "uuid": "u", "up": True}]}, "index"),
+        ({"type": "snapshot", "ts": 1, "duration_s": 0, "gpus": [{"index": "0", "uuid": "u", "state": "up"}]}, "index"),
+        (
+            {"type": "snapshot", "ts": 1, "duration_s": 0, "gpus": [{"index": 0, "uuid": "u", "state": "sleepy"}]},
+            "state",
+        ),
         ({"type": "snapshot", "ts": 1, "duration_s": 0, "gpus": [], "system": {"driver": "580"}}, "driver"),
         (
             {"type": "snapshot", "ts": 1, "duration_s": 0, "gpus": [], "feature_states": {"x": {"reason": "maybe"}}},

@@ -206,18 +206,22 @@ def test_committed_screenshot_is_a_valid_png() -> None:
 
 
 def test_page_answers_while_the_worker_hangs_in_nvml(tmp_path: Path) -> None:
+    """GPU 0's power call hangs for good: the page answers, shows GPU 0 HUNG with the call that hung,
+    and GPU 1 with fresh values."""
     data = load_scenario("h200x2")
     data["faults"] = [
         {"function": "nvmlDeviceGetPowerUsage", "gpu": 0, "from_s": 2, "action": "hang", "ignore_sigterm": True}
     ]
-    with Exporter(write_scenario(tmp_path, data), tmp_path, env={"NVGPU_SAMPLE_DEADLINE_SECONDS": "60"}) as exp:
+    env = {"NVGPU_SAMPLE_DEADLINE_SECONDS": "2", "NVGPU_GPU_RETRY_SECONDS": "600"}
+    with Exporter(write_scenario(tmp_path, data), tmp_path, env=env) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0)
-        # The worker is now stuck in nvmlDeviceGetPowerUsage; the sample stays stale.
-        exp.wait_for(lambda s: s.value("nvgpu_up") == 0.0, timeout=20, what="the hung sample going stale")
+        exp.wait_for(lambda s: s.value("nvgpu_device_state", gpu="0", state="hung") == 1.0, timeout=20, what="hung")
         status, headers, body = exp.get("/", timeout=3)
         assert status == 200 and headers["Content-Type"].startswith("text/html")
-        page = body.decode()
-        assert "No fresh NVML sample" in page and UUID0 in page and UUID1 in page
+        dom = Dom(body.decode())
+        row0, row1 = dom.one("tr", data_uuid=UUID0), dom.one("tr", data_uuid=UUID1)
+        assert "HUNG" in row0["text"] and "nvmlDeviceGetPowerUsage" in row0["text"] and "probe in" in row0["text"]
+        assert row1["attrs"]["data-state"] == "up" and " W" in row1["text"]
 
 
 # -- unit: states a live exporter rarely shows ------------------------------------------------

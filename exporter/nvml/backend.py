@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,26 @@ def decode_entry(entry: Any) -> FieldValue:
     return FieldValue(int(entry.fieldId), int(entry.scopeId), code, value, ts)
 
 
+DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
+# "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu ..." (proprietary) or
+# "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..." (open).
+_KERNEL_MODULE_RE = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)*)")
+
+
+def kernel_module_version(path: str = DRIVER_VERSION_FILE) -> str:
+    """The loaded NVIDIA kernel module's version from ``/proc/driver/nvidia/version``; "" if absent.
+
+    Not NVML: readable when NVML is not (LIB_RM_VERSION_MISMATCH names the mismatch this shows).
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return ""
+    m = _KERNEL_MODULE_RE.search(head)
+    return m.group(1) if m else ""
+
+
 class RealNvml:
     """``pynvml`` with a safe field-value call. Attribute access falls through to pynvml."""
 
@@ -98,6 +119,10 @@ class RealNvml:
         ret = fn(handle, ctypes.c_int32(n), array)
         p._nvmlCheckReturn(ret)
         return [decode_entry(array[i]) for i in range(n)]
+
+    def kernel_module_version(self) -> str:
+        """The loaded kernel module's version (:func:`kernel_module_version`)."""
+        return kernel_module_version()
 
     def binding_version(self) -> str | None:
         """The installed nvidia-ml-py version, or None."""

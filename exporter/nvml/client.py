@@ -142,6 +142,16 @@ class DeviceClient:
         self.feature_ok: set[str] = set()  # features with at least one successful call this life
         self.feature_unsupported: set[str] = set()
 
+    def forget(self) -> None:
+        """Forget the unsupported answers that can change, and every static reading: ask again (a
+        re-probe after a MIG change, a reset or a recovery event, or periodically). A function the
+        binding or driver lacks (FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH, DEPRECATED) stays
+        unsupported: that changes only with a new driver, which restarts the worker anyway."""
+        self.unsupported = {k: v for k, v in self.unsupported.items() if v[1] in errors.PERMANENTLY_UNSUPPORTED}
+        self.cache.clear()
+        self.feature_ok.clear()
+        self.feature_unsupported = {feature for feature, _ in self.unsupported.values()}
+
     def _handle_error(
         self, feature: str, function: str, key: tuple[Any, ...], exc: BaseException, quiet: bool = False
     ) -> None:

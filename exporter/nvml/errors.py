@@ -93,6 +93,12 @@ _TABLE: dict[int, ErrorClass] = {
 }
 
 
+# Unsupported answers that do not change while the worker lives (the symbol or struct version is
+# missing from this binding/driver pair); NOT_SUPPORTED and NO_PERMISSION can change (MIG mode,
+# a reset, a container's device access), so a re-probe asks those again.
+PERMANENTLY_UNSUPPORTED = frozenset({"FUNCTION_NOT_FOUND", "ARGUMENT_VERSION_MISMATCH", "DEPRECATED"})
+
+
 class Context(str, enum.Enum):
     """Where a return code came from; some codes mean something else there."""
 

@@ -57,6 +57,57 @@ def _err(code: int | str) -> pynvml.NVMLError:
     return pynvml.NVMLError(errors.parse_code(code))
 
 
+class Faults:
+    """The scenario's faults: each matches calls (function, GPU, fields, time window, call numbers)
+    and acts before the value lookup (docs/scenarios.md, "Faults")."""
+
+    def __init__(self, faults: list[dict[str, Any]]) -> None:
+        self._faults = faults
+
+    def apply(self, fn: str, gpu: int | None, count: int, fields: Sequence[int], t: float) -> None:
+        """Act on every fault that matches this call, in order."""
+        for fault in self._faults:
+            if self._matches(fault, fn, gpu, count, fields, t):
+                self._act(fault)
+
+    @staticmethod
+    def _matches(
+        fault: Mapping[str, Any], fn: str, gpu: int | None, count: int, fields: Sequence[int], t: float
+    ) -> bool:
+        name = fault.get("function", "*")
+        return (
+            (name == "*" or name == fn)
+            and ("gpu" not in fault or fault["gpu"] == gpu)
+            and ("fields" not in fault or bool(set(fault["fields"]) & set(fields)))
+            and ("from_s" not in fault or t >= fault["from_s"])
+            and ("until_s" not in fault or t < fault["until_s"])
+            and ("calls" not in fault or count in fault["calls"])
+            and ("after_calls" not in fault or count >= fault["after_calls"])
+        )
+
+    @staticmethod
+    def _act(fault: Mapping[str, Any]) -> None:
+        action = fault["action"]
+        if action == "error":
+            raise _err(fault["error"])
+        if action == "segfault":
+            crash_segfault()
+        if action == "abort":
+            os.abort()
+        if action == "exit":
+            os._exit(int(fault.get("code", 1)))
+        if action in ("hang", "delay"):
+            if fault.get("ignore_sigterm"):
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                else:  # only the main thread may set handlers; keep SIGTERM away from this thread
+                    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            seconds = fault.get("seconds")
+            deadline = None if seconds is None else time.monotonic() + float(seconds)
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
+
+
 class FakeNvml:
     """pynvml look-alike answering from a scenario.
 
@@ -78,7 +129,7 @@ class FakeNvml:
         self._scenario = load_scenario(path)
         self._gpus: list[dict[str, Any]] = self._scenario["gpus"]
         self._missing = set(self._scenario.get("missing_functions", []))
-        self._faults: list[dict[str, Any]] = self._scenario.get("faults", [])
+        self._faults = Faults(self._scenario.get("faults", []))
         self._events: list[dict[str, Any]] = self._scenario.get("events", [])
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -109,48 +160,10 @@ class FakeNvml:
             return [self._resolve(v, t) for v in spec]
         return spec
 
-    def _apply_faults(self, fn: str, gpu: int | None, count: int, fields: Sequence[int] = ()) -> None:
-        t = self.now()
-        for fault in self._faults:
-            name = fault.get("function", "*")
-            if name != "*" and name != fn:
-                continue
-            if "gpu" in fault and fault["gpu"] != gpu:
-                continue
-            if "fields" in fault and not set(fault["fields"]) & set(fields):
-                continue
-            if "from_s" in fault and t < fault["from_s"]:
-                continue
-            if "until_s" in fault and t >= fault["until_s"]:
-                continue
-            if "calls" in fault and count not in fault["calls"]:
-                continue
-            if "after_calls" in fault and count < fault["after_calls"]:
-                continue
-            self._act(fault)
-
-    def _act(self, fault: Mapping[str, Any]) -> None:
-        action = fault["action"]
-        if action == "error":
-            raise _err(fault["error"])
-        if action == "segfault":
-            crash_segfault()
-        if action == "abort":
-            os.abort()
-        if action == "exit":
-            os._exit(int(fault.get("code", 1)))
-        if action == "hang":
-            if fault.get("ignore_sigterm") and threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            seconds = fault.get("seconds")
-            deadline = None if seconds is None else time.monotonic() + float(seconds)
-            while deadline is None or time.monotonic() < deadline:
-                time.sleep(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
-
     def _enter(self, fn: str, gpu: int | None, fields: Sequence[int] = ()) -> None:
         with self._lock:
             count = self._counts[fn] = self._counts.get(fn, 0) + 1
-        self._apply_faults(fn, gpu, count, fields)
+        self._faults.apply(fn, gpu, count, fields, self.now())
         if fn in self._missing:
             raise _err(errors.FUNCTION_NOT_FOUND)
         if fn != "nvmlInit" and not self._initialised:
@@ -187,15 +200,21 @@ class FakeNvml:
 
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
         self._enter("nvmlSystemGetDriverVersion", None)
-        return str(self._scenario.get("driver_version", "580.159.04"))
+        return str(self._resolve(self._scenario.get("driver_version", "580.159.04"), self.now()))
 
     def nvmlSystemGetNVMLVersion(self) -> str:  # noqa: N802
         self._enter("nvmlSystemGetNVMLVersion", None)
-        return str(self._scenario.get("nvml_version", "13.580.159.04"))
+        return str(self._resolve(self._scenario.get("nvml_version", "13.580.159.04"), self.now()))
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
         self._enter("nvmlSystemGetCudaDriverVersion", None)
         return int(self._scenario.get("cuda_driver_version", 13000))
+
+    def kernel_module_version(self) -> str:
+        """What ``/proc/driver/nvidia/version`` would say (``kernel_module_version``, else the
+        driver version): not an NVML call, so no faults apply."""
+        spec = self._scenario.get("kernel_module_version", self._scenario.get("driver_version", "580.159.04"))
+        return str(self._resolve(spec, self.now()))
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         self._enter("nvmlDeviceGetCount", None)
@@ -205,6 +224,18 @@ class FakeNvml:
         self._enter("nvmlDeviceGetHandleByIndex", index)
         if not 0 <= index < len(self._gpus):
             raise _err(errors.INVALID_ARGUMENT)
+        return FakeHandle(index)
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes) -> FakeHandle:  # noqa: N802
+        """By PCI bus id (``00000000:00:06.0`` or ``0000:00:06.0``, case-insensitive)."""
+        text = (bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)).strip().upper()
+        wanted = text[-12:] if len(text) >= 12 else text
+        index = next(
+            (i for i, g in enumerate(self._gpus) if str(g.get("pci_bus_id", "")).upper().endswith(wanted)), None
+        )
+        self._enter("nvmlDeviceGetHandleByPciBusId", index)
+        if index is None:
+            raise _err(errors.NOT_FOUND)
         return FakeHandle(index)
 
     # -- identity --------------------------------------------------------------------------

@@ -46,7 +46,7 @@ _FAULT_KEYS = {
     "code",
     "comment",
 }
-_ACTIONS = {"error", "segfault", "abort", "hang", "exit"}
+_ACTIONS = {"error", "segfault", "abort", "hang", "delay", "exit"}
 _GPU_KEYS = {
     "name",
     "uuid",
@@ -64,6 +64,7 @@ _TOP_KEYS = {
     "description",
     "driver_version",
     "nvml_version",
+    "kernel_module_version",
     "cuda_driver_version",
     "missing_functions",
     "gpus",
@@ -122,10 +123,31 @@ def load_scenario(path: str) -> dict[str, Any]:
         raise ScenarioError(f"scenario {path}: not UTF-8 text (byte {exc.start})") from exc
     try:
         data = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ScenarioError(f"scenario {path}: nested too deeply (expected at most {MAX_DEPTH} levels)") from None
     except ValueError as exc:
         raise ScenarioError(f"scenario {path}: not valid JSON: {exc}") from exc
+    depth = _depth(data)
+    if depth > MAX_DEPTH:
+        raise ScenarioError(f"scenario {path}: nested {depth} levels deep; expected at most {MAX_DEPTH}")
     validate(path, data)
     return data  # type: ignore[no-any-return]
+
+
+MAX_DEPTH = 32  # the deepest real spec (a struct in a cycle in a sequence) is under 10
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, without recursion (a hostile file cannot exhaust the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if level > MAX_DEPTH:
+            return level
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def validate(path: str, data: Any) -> None:
@@ -135,9 +157,13 @@ def validate(path: str, data: Any) -> None:
     unknown = set(data) - _TOP_KEYS
     if unknown:
         _fail(path, f"unknown top-level keys {sorted(unknown)}", f"only {sorted(_TOP_KEYS)}")
-    for key in ("driver_version", "nvml_version"):
-        if key in data and not isinstance(data[key], str):
-            _fail(path, key, 'a string such as "580.159.04"')
+    for key in ("driver_version", "nvml_version", "kernel_module_version"):
+        if key not in data:
+            continue
+        if isinstance(data[key], dict):  # a version that changes over time: {"sequence": [...]} etc.
+            _check_spec(path, data[key], key)
+        elif not isinstance(data[key], str):
+            _fail(path, key, 'a string such as "580.159.04", or a value spec such as {"sequence": [...]}')
     if "cuda_driver_version" in data and not _is_int(data["cuda_driver_version"]):
         _fail(path, "cuda_driver_version", "an integer such as 13000")
     missing = data.get("missing_functions", [])
