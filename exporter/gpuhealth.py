@@ -130,6 +130,16 @@ class GpuHealth:
             rec.readings_at = g.sampled_at
         return newly_hung
 
+    def on_hello(self, gpus: Iterable[tuple[int, str]]) -> None:
+        """A worker attached these (index, uuid) GPUs: known from now on, even before a snapshot
+        (a worker can die in its first pass)."""
+        for index, uuid in gpus:
+            rec = self.gpus.get(index)
+            if rec is None or (rec.uuid and rec.uuid != uuid):
+                self.gpus[index] = GpuRecord(index, uuid)
+            else:
+                rec.uuid = uuid
+
     def _record(self, g: GpuSample) -> GpuRecord:
         rec = self.gpus.get(g.index)
         if rec is None or (g.uuid and rec.uuid and rec.uuid != g.uuid):

@@ -136,6 +136,7 @@ class Supervisor:
         st.worker_states = dict(msg.feature_states)
         for index, uuid in msg.gpus:
             st.gpu_index[uuid] = str(index)
+        st.health.on_hello(msg.gpus)
         log.info(
             "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
             msg.pid,

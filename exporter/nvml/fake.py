@@ -63,12 +63,17 @@ class Faults:
 
     def __init__(self, faults: list[dict[str, Any]]) -> None:
         self._faults = faults
+        self._exclusive = threading.Lock()  # "exclusive": true: one such delay at a time (a driver lock)
 
     def apply(self, fn: str, gpu: int | None, count: int, fields: Sequence[int], t: float) -> None:
         """Act on every fault that matches this call, in order."""
         for fault in self._faults:
             if self._matches(fault, fn, gpu, count, fields, t):
-                self._act(fault)
+                if fault.get("exclusive"):
+                    with self._exclusive:
+                        self._act(fault)
+                else:
+                    self._act(fault)
 
     @staticmethod
     def _matches(

@@ -43,6 +43,7 @@ _FAULT_KEYS = {
     "error",
     "seconds",
     "ignore_sigterm",
+    "exclusive",
     "code",
     "comment",
 }
