@@ -491,9 +491,12 @@ def gpu_fleet() -> dict[str, Any]:
         )
         .with_panel(
             timeseries_panel(
-                "Memory bandwidth utilization",
-                "Share of time device memory was read or written (nvmlDeviceGetUtilizationRates().memory).",
-                [(f"nvgpu_memory_utilization_ratio{{{GPU}}}", GPU_LEGEND)],
+                "Memory copy utilization",
+                "Share of the driver's sample period the memory controller was reading or writing device memory "
+                "(nvmlDeviceGetUtilizationRates().memory; dcgm-exporter's memory copy utilization). Not memory "
+                "used / total: see 'Memory used / total'. GPM's DRAM bandwidth (Profiling row) says how much of "
+                "the bandwidth was used.",
+                [(f"nvgpu_memory_copy_utilization_ratio{{{GPU}}}", GPU_LEGEND)],
                 "percentunit",
                 max_val=1,
             )

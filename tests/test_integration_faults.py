@@ -32,7 +32,7 @@ GPU_FAMILIES: dict[str, set[str]] = {
     "identity": {"nvgpu_gpu_info"},
     "utilization": {
         "nvgpu_gpu_utilization_ratio",
-        "nvgpu_memory_utilization_ratio",
+        "nvgpu_memory_copy_utilization_ratio",
         "nvgpu_encoder_utilization_ratio",
         "nvgpu_decoder_utilization_ratio",
     },
