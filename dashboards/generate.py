@@ -606,25 +606,28 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             table_panel(
                 "ECC error counters",
-                "nvgpu_ecc_errors_total: volatile (since the driver loaded) and aggregate "
-                "(lifetime) counts; uncorrected > 0 is critical.",
-                [(f"nvgpu_ecc_errors_total{{{GPU}}}", None)],
+                "Per GPU and error type: since the driver loaded (nvgpu_ecc_volatile_errors_total; a GPU reset "
+                "clears it; uncorrected > 0 is critical) and over the board's life (nvgpu_ecc_aggregate_errors_total, "
+                "which includes the former: never add the two).",
+                [
+                    (f"max by ({GPU_BY}, error_type) (nvgpu_ecc_volatile_errors_total{{{GPU}}})", None),
+                    (f"max by ({GPU_BY}, error_type) (nvgpu_ecc_aggregate_errors_total{{{GPU}}})", None),
+                ],
                 w=8,
                 hide=("cluster",),
-                rename={"Value": "errors"},
+                rename={"Value #A": "since driver load", "Value #B": "lifetime"},
                 thresholds=OK_RED,
-                color_column="errors",
+                color_column="since driver load",
             )
         )
         .with_panel(
             timeseries_panel(
                 "ECC errors (volatile counter increase)",
-                "increase() of the volatile ECC counters.",
+                "increase() of the volatile ECC counters (nvgpu_ecc_volatile_errors_total).",
                 [
                     (
                         f"sum by ({GPU_BY}, error_type) "
-                        f'(increase(nvgpu_ecc_errors_total{{{GPU}, counter_type="volatile"}}'
-                        f"[$__rate_interval]))",
+                        f"(increase(nvgpu_ecc_volatile_errors_total{{{GPU}}}[$__rate_interval]))",
                         GPU_LEGEND + " {{error_type}}",
                     )
                 ],

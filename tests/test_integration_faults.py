@@ -59,7 +59,12 @@ GPU_FAMILIES: dict[str, set[str]] = {
         "nvgpu_pcie_link_max_width",
         "nvgpu_pcie_replay_errors_total",
     },
-    "ecc": {"nvgpu_ecc_enabled", "nvgpu_ecc_errors_total"},
+    "ecc": {
+        "nvgpu_ecc_enabled",
+        "nvgpu_ecc_pending_enabled",
+        "nvgpu_ecc_volatile_errors_total",
+        "nvgpu_ecc_aggregate_errors_total",
+    },
     "remapped_rows": {
         "nvgpu_remapped_rows",
         "nvgpu_remapped_rows_pending",
