@@ -167,6 +167,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "NVGPU_STUCK_AFTER_SECONDS": "1",
         "NVGPU_QUARANTINE_AFTER": "1",
         "NVGPU_FEATURE_KERNEL_XID": "on",
+        "NVGPU_FEATURE_GPM_PIPES": "on",  # the Pipe activity panel (off by default)
         "NVGPU_KMSG_PATH": str(kmsg),
         "NVGPU_KMSG_CURSOR_FILE": str(tmp / "kmsg-cursor.json"),
     }
