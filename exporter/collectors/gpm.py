@@ -25,6 +25,10 @@ driver 580.159.04 / nvidia-ml-py 13.615 (../shared/reference/h200/2026-11-30/gpm
 supported on both GPUs; nvmlGpmSampleGet about 0.5 ms and nvmlGpmMetricsGet for 11 metrics 5-7 ms
 per GPU; idle, every activity metric reads 0; under a bf16 matmul SM activity 0.90 and tensor 0.83.
 
+Buffers are freed when a GPU stops answering GPM (NOT_SUPPORTED); otherwise they live as long as
+the worker, and the process's exit releases them (a GPU that is lost and attached again gets a new
+device client and two new buffers: two small allocations per loss).
+
 MIG: a MIG-enabled GPU is skipped (the feature is unsupported there) until a per GPU instance
 variant exists. It would reuse :func:`take` with a scope per GPU instance and a ``sample``
 callable that calls ``nvmlGpmMigSampleGet(handle, gpu_instance_id, buffer)``.

@@ -276,11 +276,16 @@ def _median_ms(fn: Callable[[], Any], n: int = 20) -> float:
     return statistics.median(times)
 
 
+_REAL: list[Any] = []
+
+
 def _field_call(handle: Any, pairs: list[tuple[int, int]]) -> list[tuple[int, int | float | None]]:
     """The exporter's own field-value call (sentinel-filled, one longer, each entry decoded)."""
-    from exporter.nvml.backend import RealNvml
+    if not _REAL:
+        from exporter.nvml.backend import RealNvml
 
-    return [(e.code, e.value) for e in RealNvml().field_values(handle, pairs)]
+        _REAL.append(RealNvml())
+    return [(e.code, e.value) for e in _REAL[0].field_values(handle, pairs)]
 
 
 def _gpm_cost(pynvml: Any, h: Any) -> dict[str, Any]:
@@ -320,8 +325,14 @@ def _other_cost(pynvml: Any, h: Any) -> dict[str, Any]:
     row["throttle_fields_11_ms"] = _median_ms(lambda: _field_call(h, pairs))
     row["throttle_fields"] = dict(zip(THROTTLE_FIELDS, _field_call(h, pairs), strict=True))
 
-    def violations() -> list[int]:
-        return [int(pynvml.nvmlDeviceGetViolationStatus(h, p).violationTime) for p in VIOLATION_POLICIES]
+    def violations() -> list[int | str]:
+        out: list[int | str] = []
+        for policy in VIOLATION_POLICIES:
+            try:
+                out.append(int(pynvml.nvmlDeviceGetViolationStatus(h, policy).violationTime))
+            except pynvml.NVMLError as exc:
+                out.append(f"error {exc.value}")
+        return out
 
     row["violation_status_8_calls_ms"] = _median_ms(violations)
     row["violation_status_ns"] = dict(zip(VIOLATION_POLICIES, violations(), strict=True))
