@@ -19,17 +19,24 @@ order (GPU by GPU, feature by feature), in their steady state, i.e. after the fi
   - utilization: ``GetUtilizationRates``, ``GetEncoderUtilization``, ``GetDecoderUtilization``
   - memory: ``GetMemoryInfo(version=nvmlMemory_v2)`` (v1 if v2 is unsupported),
     ``GetBAR1MemoryInfo``
-  - power: ``GetPowerUsage``, ``GetEnforcedPowerLimit``, ``GetTotalEnergyConsumption``
+  - power: ``GetPowerUsage``, ``GetEnforcedPowerLimit``, ``GetTotalEnergyConsumption``,
+    ``nvmlDeviceGetFieldValues([(185, 1), (185, 2)])`` (module and memory power, the scopes that answer)
   - temperature: ``GetTemperatureV(NVML_TEMPERATURE_GPU)`` (``GetTemperature`` if absent),
     ``nvmlDeviceGetFieldValues([(82, 0)])`` (memory temperature)
   - fan: ``GetFanSpeed_v2(fan)`` per fan, only where ``GetNumFans`` answered > 0
   - clocks: ``GetClockInfo`` x4 (graphics, sm, memory, video), ``GetPerformanceState``,
     ``GetCurrentClocksEventReasons``
+  - throttle_time: ``nvmlDeviceGetFieldValues`` with fields 74-81 and, from driver 580.82,
+    269-271 (``nvmlSystemGetDriverVersion`` once, in discovery)
   - pcie: ``GetCurrPcieLinkGeneration``, ``GetCurrPcieLinkWidth``, ``GetPcieReplayCounter``
   - ecc: ``GetEccMode``; when enabled ``GetTotalEccErrors(type, counter)`` x4
   - remapped_rows: ``GetRemappedRows``, ``nvmlDeviceGetFieldValues([(230, 0)])``
   - nvlink: per link ``GetNvLinkState(link)`` and ``GetNvLinkErrorCounter(link, c)`` c = 0..3
   - nvlink_throughput: one ``nvmlDeviceGetFieldValues`` with (138, link), (139, link) per link
+  - fabric: ``nvmlDeviceGetGpuFabricInfoV(handle, byref(v3 struct))``
+  - gpm: ``nvmlGpmSampleGet`` into one of two buffers (allocated in discovery, with
+    ``nvmlGpmQueryDeviceSupport`` and ``nvmlDeviceGetMigMode``), ``nvmlGpmMetricsGet`` for the
+    gpm feature's nine metrics between it and the previous sample (``gpm_pipes`` is off by default)
   - processes: ``GetComputeRunningProcesses_v3`` (``_v2`` if absent)
 
 Not included: the worker's NVML event thread (``nvmlEventSetWait_v2``, 1 s timeout, outside the
@@ -63,6 +70,10 @@ FIELD_RECOVERY_ACTION = 230
 FIELD_NVLINK_LINK_COUNT = 91
 FIELD_NVLINK_TX = 138
 FIELD_NVLINK_RX = 139
+FIELDS_THROTTLE = (74, 75, 76, 77, 78, 79, 80, 81)
+FIELDS_THROTTLE_580_82 = (269, 270, 271)
+FIELDS_POWER_SCOPES = [(185, 1), (185, 2)]
+GPM_METRICS = (1, 2, 3, 5, 10, 20, 21, 60, 61)  # exporter/collectors/gpm.py
 MAX_LINKS = 36
 UNSUPPORTED_NAMES = (
     "NOT_SUPPORTED",
@@ -180,6 +191,53 @@ class Floor:
             plan.calls.append(Call(feature, "nvmlDeviceGetFieldValues", fn, fields=wanted))
         return good
 
+    def _try_call(self, plan: GpuPlan, feature: str, name: str, fn: Callable[[Any], Any]) -> bool:
+        """Like _try for a call this module wraps (structs the caller allocates): ``fn(handle)``."""
+        try:
+            fn(plan.handle)
+        except self.nv.NVMLError as exc:
+            if self._unsupported(exc, False):
+                plan.skipped.append(f"{name} ({exc})")
+                return False
+        except AttributeError as exc:  # binding without the function or struct
+            plan.skipped.append(f"{name} ({exc})")
+            return False
+        plan.calls.append(Call(feature, name, fn))
+        return True
+
+    def _gpm(self, plan: GpuPlan) -> None:
+        """Two sample buffers per GPU, alternated as the worker does: SampleGet, then MetricsGet."""
+        import pynvml  # the request struct (the fake takes pynvml's structs too)
+
+        nv = self.nv
+        ok, support = self._try(plan, "gpm", "nvmlGpmQueryDeviceSupport", keep=False)
+        if not ok or support is None or not int(support.isSupportedDevice):
+            return
+        ok, mig = self._try(plan, "gpm", "nvmlDeviceGetMigMode", keep=False)
+        if ok and mig is not None and int(mig[0]) == 1:
+            plan.skipped.append("gpm (MIG enabled)")
+            return
+        buffers = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+        state = {"newest": 0}
+        nv.nvmlGpmSampleGet(plan.handle, buffers[0])
+
+        def sample(handle: Any) -> Any:
+            return nv.nvmlGpmSampleGet(handle, buffers[1 - state["newest"]])
+
+        def metrics(_: Any) -> Any:
+            request = pynvml.c_nvmlGpmMetricsGet_t()
+            request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            request.sample1, request.sample2 = buffers[state["newest"]], buffers[1 - state["newest"]]
+            for i, metric in enumerate(GPM_METRICS):
+                request.metrics[i].metricId = metric
+            out = nv.nvmlGpmMetricsGet(request)
+            state["newest"] = 1 - state["newest"]
+            return out
+
+        if self._try_call(plan, "gpm", "nvmlGpmSampleGet", sample):
+            self._try_call(plan, "gpm", "nvmlGpmMetricsGet", metrics)
+
     # -- discovery -------------------------------------------------------------------------
 
     def init(self) -> None:
@@ -221,6 +279,7 @@ class Floor:
                 "nvmlDeviceGetTotalEnergyConsumption",
             ):
                 self._try(plan, "power", fn)
+            self._try_fields(plan, "power", list(FIELDS_POWER_SCOPES))
             # temperature
             ok, _ = self._try(plan, "temperature", "nvmlDeviceGetTemperatureV", NVML_TEMPERATURE_GPU)
             if not ok:
@@ -237,6 +296,8 @@ class Floor:
                 self._try(plan, "clocks", "nvmlDeviceGetMaxClockInfo", clock, keep=False, indexed=True)
             self._try(plan, "clocks", "nvmlDeviceGetPerformanceState")
             self._try(plan, "clocks", "nvmlDeviceGetCurrentClocksEventReasons")
+            # throttle time: fields 74-81, and 269-271 from driver 580.82 (exporter/collectors/throttle_time.py)
+            self._try_fields(plan, "throttle_time", [(f, 0) for f in FIELDS_THROTTLE + self._new_reason_fields()])
             # pcie
             for fn in ("nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth"):
                 self._try(plan, "pcie", fn, keep=False)
@@ -274,12 +335,36 @@ class Floor:
             if count > 0:
                 pairs = [(fid, link) for link in range(count) for fid in (FIELD_NVLINK_TX, FIELD_NVLINK_RX)]
                 self._try_fields(plan, "nvlink_throughput", pairs)
+
+            # fabric: the v3 struct the worker tries first
+            def fabric(handle: Any) -> Any:
+                import ctypes
+
+                import pynvml
+
+                return nv.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(pynvml.c_nvmlGpuFabricInfo_v3_t()))
+
+            self._try_call(plan, "fabric", "nvmlDeviceGetGpuFabricInfoV", fabric)
+            # gpm
+            self._gpm(plan)
             # processes
             ok, _ = self._try(plan, "processes", "nvmlDeviceGetComputeRunningProcesses_v3")
             if not ok:
                 self._try(plan, "processes", "nvmlDeviceGetComputeRunningProcesses_v2")
             self.gpus.append(plan)
         self.discovery_s = time.perf_counter() - t0
+
+    def _new_reason_fields(self) -> tuple[int, ...]:
+        try:
+            version = _text(self.nv.nvmlSystemGetDriverVersion())
+        except self.nv.NVMLError:
+            return ()
+        parts = version.split(".")
+        try:
+            branch = (int(parts[0]), int(parts[1]))
+        except (ValueError, IndexError):
+            return ()
+        return FIELDS_THROTTLE_580_82 if branch >= (580, 82) else ()
 
     # -- sampling --------------------------------------------------------------------------
 

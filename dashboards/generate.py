@@ -419,8 +419,8 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             stat_panel(
                 "GPUs with the stuck signature",
-                "Busy, no memory used, no processes for NVGPU_STUCK_AFTER_SECONDS "
-                "(nvgpu_stuck_context_suspected). See the table below and docs/runbook.md.",
+                "Busy, nothing running (no SM active by GPM, or no memory used), no processes for "
+                "NVGPU_STUCK_AFTER_SECONDS (nvgpu_stuck_context_suspected). See the table below and docs/runbook.md.",
                 f"sum(nvgpu_stuck_context_suspected{{{GPU}}})",
                 "none",
                 OK_RED,
@@ -491,9 +491,12 @@ def gpu_fleet() -> dict[str, Any]:
         )
         .with_panel(
             timeseries_panel(
-                "Memory bandwidth utilization",
-                "Share of time device memory was read or written (nvmlDeviceGetUtilizationRates().memory).",
-                [(f"nvgpu_memory_utilization_ratio{{{GPU}}}", GPU_LEGEND)],
+                "Memory copy utilization",
+                "Share of the driver's sample period the memory controller was reading or writing device memory "
+                "(nvmlDeviceGetUtilizationRates().memory; dcgm-exporter's memory copy utilization). Not memory "
+                "used / total: see 'Memory used / total'. GPM's DRAM bandwidth (Profiling row) says how much of "
+                "the bandwidth was used.",
+                [(f"nvgpu_memory_copy_utilization_ratio{{{GPU}}}", GPU_LEGEND)],
                 "percentunit",
                 max_val=1,
             )
@@ -551,6 +554,25 @@ def gpu_fleet() -> dict[str, Any]:
                 min_val=None,
             )
         )
+        .with_panel(
+            timeseries_panel(
+                "Power by scope",
+                "Each scope is its own metric family (never a label the exporter mixes): the GPU alone "
+                "(nvgpu_power_usage_watts), its HBM (nvgpu_memory_power_usage_watts, where NVML reports it) and "
+                "the whole Grace module (nvgpu_module_power_usage_watts, Grace Hopper / Blackwell only). The "
+                "scope label here is the dashboard's. The energy counter's scope is not reported by NVML.",
+                [
+                    (
+                        f'label_replace(nvgpu_power_usage_watts{{{GPU}}}, "scope", "gpu", "", "")'
+                        f' or label_replace(nvgpu_memory_power_usage_watts{{{GPU}}}, "scope", "memory", "", "")'
+                        f' or label_replace(nvgpu_module_power_usage_watts{{{GPU}}}, "scope", "module", "", "")',
+                        GPU_LEGEND + " {{scope}}",
+                    )
+                ],
+                "watt",
+                w=24,
+            )
+        )
     )
 
     d = (
@@ -588,10 +610,29 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             state_timeline_panel(
                 "Throttle reasons per GPU",
-                "One row per GPU and reason, coloured while the reason is active.",
+                "One row per GPU and reason, coloured while the reason is active. A point sample per exporter "
+                "sample: short periodic brakes alias; the next panel has the exact share of time.",
                 [(f"nvgpu_clock_event_reason_active{{{GPU}}} == 1", GPU_LEGEND + " {{reason}}")],
                 _mapping({"1": ("active", "orange")}),
                 _thresholds((None, "orange")),
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Share of time per clock event reason",
+                "rate() of nvgpu_clock_event_reason_seconds_total: the share of time the clocks were held down by "
+                "each reason, from the driver's own time counters (exact whatever the sample interval). "
+                "low_utilization is the GPU idling; total_app_clocks / total_base_clocks are the time below "
+                "application / base clocks for any reason. Reasons overlap: do not add them.",
+                [
+                    (
+                        f"rate(nvgpu_clock_event_reason_seconds_total{{{GPU}}}[$__rate_interval])",
+                        GPU_LEGEND + " {{reason}}",
+                    )
+                ],
+                "percentunit",
+                w=24,
+                max_val=1,
             )
         )
     )
@@ -603,25 +644,28 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             table_panel(
                 "ECC error counters",
-                "nvgpu_ecc_errors_total: volatile (since the driver loaded) and aggregate "
-                "(lifetime) counts; uncorrected > 0 is critical.",
-                [(f"nvgpu_ecc_errors_total{{{GPU}}}", None)],
+                "Per GPU and error type: since the driver loaded (nvgpu_ecc_volatile_errors_total; a GPU reset "
+                "clears it; uncorrected > 0 is critical) and over the board's life (nvgpu_ecc_aggregate_errors_total, "
+                "which includes the former: never add the two).",
+                [
+                    (f"max by ({GPU_BY}, error_type) (nvgpu_ecc_volatile_errors_total{{{GPU}}})", None),
+                    (f"max by ({GPU_BY}, error_type) (nvgpu_ecc_aggregate_errors_total{{{GPU}}})", None),
+                ],
                 w=8,
                 hide=("cluster",),
-                rename={"Value": "errors"},
+                rename={"Value #A": "since driver load", "Value #B": "lifetime"},
                 thresholds=OK_RED,
-                color_column="errors",
+                color_column="since driver load",
             )
         )
         .with_panel(
             timeseries_panel(
                 "ECC errors (volatile counter increase)",
-                "increase() of the volatile ECC counters.",
+                "increase() of the volatile ECC counters (nvgpu_ecc_volatile_errors_total).",
                 [
                     (
                         f"sum by ({GPU_BY}, error_type) "
-                        f'(increase(nvgpu_ecc_errors_total{{{GPU}, counter_type="volatile"}}'
-                        f"[$__rate_interval]))",
+                        f"(increase(nvgpu_ecc_volatile_errors_total{{{GPU}}}[$__rate_interval]))",
                         GPU_LEGEND + " {{error_type}}",
                     )
                 ],
@@ -672,13 +716,110 @@ def gpu_fleet() -> dict[str, Any]:
     )
 
     d = (
+        d.with_row(dashboard.Row("Profiling (GPM)"))
+        .with_panel(
+            timeseries_panel(
+                "SM activity and utilization",
+                "GPM SM activity (nvgpu_gpm_sm_activity_ratio: the share of SMs busy over the last sample interval) "
+                "next to GPU utilization (the share of time any kernel ran). A kernel on one SM reads 100 % "
+                "utilization and about 1 % SM activity; a wedged GPU reads 100 % utilization and 0 SM activity. "
+                "Hopper and newer; absent elsewhere.",
+                [
+                    (f"nvgpu_gpm_sm_activity_ratio{{{GPU}}}", GPU_LEGEND + " SM activity"),
+                    (f"nvgpu_gpu_utilization_ratio{{{GPU}}}", GPU_LEGEND + " utilization"),
+                ],
+                "percentunit",
+                max_val=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Tensor pipe activity",
+                "nvgpu_gpm_tensor_activity_ratio: the share of the last sample interval the SMs' tensor pipes "
+                "(any type) were active; dcgm-exporter's DCGM_FI_PROF_PIPE_TENSOR_ACTIVE.",
+                [(f"nvgpu_gpm_tensor_activity_ratio{{{GPU}}}", GPU_LEGEND)],
+                "percentunit",
+                max_val=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "SM occupancy",
+                "nvgpu_gpm_sm_occupancy_ratio: resident warps as a share of the SMs' maximum.",
+                [(f"nvgpu_gpm_sm_occupancy_ratio{{{GPU}}}", GPU_LEGEND)],
+                "percentunit",
+                w=8,
+                max_val=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "DRAM bandwidth used",
+                "nvgpu_gpm_dram_bandwidth_ratio: DRAM bandwidth used as a share of the theoretical maximum.",
+                [(f"nvgpu_gpm_dram_bandwidth_ratio{{{GPU}}}", GPU_LEGEND)],
+                "percentunit",
+                w=8,
+                max_val=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Graphics engine activity",
+                "nvgpu_gpm_graphics_activity_ratio: the share of time a graphics or compute engine was active.",
+                [(f"nvgpu_gpm_graphics_activity_ratio{{{GPU}}}", GPU_LEGEND)],
+                "percentunit",
+                w=8,
+                max_val=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Pipe activity",
+                "nvgpu_gpm_pipe_activity_ratio by pipe, averaged over the selected GPUs: tensor pipes by type "
+                "(hmma, imma, dmma, dfma) and non-tensor fp64/fp32/fp16. Feature gpm_pipes, off by default "
+                "(NVGPU_FEATURE_GPM_PIPES=on): empty without it.",
+                [(f"avg by (pipe) (nvgpu_gpm_pipe_activity_ratio{{{GPU}}})", "{{pipe}}")],
+                "percentunit",
+                w=8,
+                max_val=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "PCIe traffic (GPM)",
+                "rate() of nvgpu_gpm_pcie_transmit_bytes_total / _receive_bytes_total: GPM's PCIe rates integrated "
+                "over each sample interval by the exporter.",
+                [
+                    (f"rate(nvgpu_gpm_pcie_transmit_bytes_total{{{GPU}}}[$__rate_interval])", GPU_LEGEND + " tx"),
+                    (f"rate(nvgpu_gpm_pcie_receive_bytes_total{{{GPU}}}[$__rate_interval])", GPU_LEGEND + " rx"),
+                ],
+                "Bps",
+                w=8,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "NVLink traffic (GPM)",
+                "rate() of nvgpu_gpm_nvlink_transmit_bytes_total / _receive_bytes_total: all links, from GPM. "
+                "Should agree with the NVLink row's per-link byte counters.",
+                [
+                    (f"rate(nvgpu_gpm_nvlink_transmit_bytes_total{{{GPU}}}[$__rate_interval])", GPU_LEGEND + " tx"),
+                    (f"rate(nvgpu_gpm_nvlink_receive_bytes_total{{{GPU}}}[$__rate_interval])", GPU_LEGEND + " rx"),
+                ],
+                "Bps",
+                w=8,
+            )
+        )
+    )
+
+    d = (
         d.with_row(dashboard.Row("Stuck-context signature"))
         .with_panel(
             state_timeline_panel(
                 "Stuck-context signature",
                 "nvgpu_stuck_context_suspected per GPU: busy (utilization at or above "
-                "NVGPU_STUCK_UTILIZATION_RATIO), no memory used and no compute processes for "
-                "NVGPU_STUCK_AFTER_SECONDS. The second incident in DESIGN.md.",
+                "NVGPU_STUCK_UTILIZATION_RATIO), no compute processes and nothing running (no SM active by GPM, "
+                "or no memory used without GPM) for NVGPU_STUCK_AFTER_SECONDS. The second incident in DESIGN.md.",
                 [(f"nvgpu_stuck_context_suspected{{{GPU}}}", GPU_LEGEND)],
                 _mapping({"0": ("ok", "green"), "1": ("STUCK", "red")}),
                 OK_RED,
@@ -743,6 +884,21 @@ def gpu_fleet() -> dict[str, Any]:
                 ],
                 "none",
                 w=8,
+            )
+        )
+        .with_panel(
+            state_timeline_panel(
+                "NVLink fabric registration",
+                "nvgpu_fabric_state per GPU on systems with an NVLink fabric (NVSwitch boards; absent elsewhere): "
+                "not started, in progress, completed. A GPU not completed for 5 minutes cannot start CUDA jobs "
+                "(alert NvgpuFabricNotCompleted; check nvidia-fabricmanager).",
+                [(f"nvgpu_fabric_state{{{GPU}}}", GPU_LEGEND)],
+                _mapping(
+                    {"1": ("not started", "red"), "2": ("in progress", "orange"), "3": ("completed", "green")}
+                ),
+                _thresholds((None, "red"), (2, "orange"), (3, "green")),
+                w=24,
+                h=5,
             )
         )
     )

@@ -363,6 +363,14 @@ SETTINGS: tuple[Setting, ...] = (
         "stuck-context signature: memory used at or below this",
     ),
     Setting(
+        "stuck_sm_activity",
+        "NVGPU_STUCK_SM_ACTIVITY_RATIO",
+        "--stuck-sm-activity",
+        "0.01",
+        _ratio,
+        "stuck-context signature where GPM reads: SM activity at or below this (replaces the memory test)",
+    ),
+    Setting(
         "stuck_after_s",
         "NVGPU_STUCK_AFTER_SECONDS",
         "--stuck-after",
@@ -404,6 +412,7 @@ class Config:
     unhealthy_after_s: float = 600.0
     stuck_utilization: float = 0.99
     stuck_memory_bytes: int = 64 << 20
+    stuck_sm_activity: float = 0.01
     stuck_after_s: float = 60.0
     feature_modes: Mapping[str, gf.Mode] = field(default_factory=dict)
 

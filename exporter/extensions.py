@@ -83,7 +83,11 @@ def default_extensions(config: Config, quarantine: QuarantineStore) -> list[Exte
     from guards import features as gf
 
     states = gf.resolve(config.feature_modes, quarantined=quarantine.details())
-    out: list[Extension] = [StuckDetector(config.stuck_utilization, config.stuck_memory_bytes, config.stuck_after_s)]
+    out: list[Extension] = [
+        StuckDetector(
+            config.stuck_utilization, config.stuck_memory_bytes, config.stuck_after_s, config.stuck_sm_activity
+        )
+    ]
     if states["kernel_xid"].enabled:
         out.append(KernelXid(config))
     if states["pod_attribution"].enabled:

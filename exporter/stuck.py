@@ -5,11 +5,20 @@ cleaned up the context; the GPU showed 100 % utilization, 0 MiB used and no proc
 alone does not tell "one bad job" from "the GPU is wedged"; this signature does, together with
 the Xid counters (see deploy/prometheus/rules.yaml).
 
-Per GPU, from each snapshot: utilization >= ``utilization`` ratio, framebuffer memory used (v2:
-excluding driver-reserved memory) <= ``memory_bytes``, and zero compute processes. When all three
-hold continuously for ``after_s`` seconds, ``nvgpu_stuck_context_suspected`` is 1 and
-``nvgpu_stuck_context_since_timestamp_seconds`` says when the conditions began. Any condition
-ending resets it. When a reading is missing (feature off or unsupported) the signature is not
+Per GPU, from each snapshot: utilization >= ``utilization`` ratio and zero compute processes, and
+nothing actually running:
+
+- where GPM reads (Hopper and newer, feature ``gpm``): SM activity over the last sample interval
+  <= ``sm_activity`` (``nvgpu_gpm_sm_activity_ratio``). Busy by utilization, no SM busy, no
+  process is the strongest evidence of a wedged context: utilization only says a context is
+  resident and "active", GPM says whether any SM did work. It holds whatever memory the dead
+  context still pins, and it tells a real job apart even where the exporter sees no processes
+  (no hostPID) and the job uses little memory;
+- elsewhere: framebuffer memory used (v2: excluding driver-reserved memory) <= ``memory_bytes``.
+
+When the conditions hold continuously for ``after_s`` seconds, ``nvgpu_stuck_context_suspected``
+is 1 and ``nvgpu_stuck_context_since_timestamp_seconds`` says when they began. Any condition ending
+resets it. When a reading the signature needs is missing (feature off or unsupported) it is not
 evaluated and no series is exported for that GPU.
 """
 
@@ -19,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from exporter.collectors import memory, processes, utilization
+from exporter.collectors import gpm, memory, processes, utilization
 from exporter.extensions import Extension
 from exporter.metric import GpuKey, MetricDef
 
@@ -30,9 +39,9 @@ if TYPE_CHECKING:
 
 SUSPECTED = MetricDef(
     "nvgpu_stuck_context_suspected",
-    "1 while the GPU shows the stuck-context signature: utilization at or above the threshold, "
-    "memory used at or "
-    "below the threshold, no compute processes, for the configured time (NVGPU_STUCK_*)",
+    "1 while the GPU shows the stuck-context signature for the configured time (NVGPU_STUCK_*): utilization at "
+    "or above the threshold, no compute processes, and no SM activity (GPM) or, without GPM, memory used at or "
+    "below the threshold",
 )
 SINCE = MetricDef(
     "nvgpu_stuck_context_since_timestamp_seconds",
@@ -53,14 +62,16 @@ class StuckDetector(Extension):
 
     Args:
         utilization: ratio at or above which the GPU counts as busy (0..1).
-        memory_bytes: memory used at or below which the GPU counts as empty.
+        memory_bytes: memory used at or below which the GPU counts as empty (without GPM).
         after_s: how long the conditions must hold.
+        sm_activity: GPM SM activity ratio at or below which no SM counts as working (0..1).
     """
 
-    def __init__(self, utilization: float, memory_bytes: int, after_s: float) -> None:
+    def __init__(self, utilization: float, memory_bytes: int, after_s: float, sm_activity: float = 0.01) -> None:
         self.utilization = utilization
         self.memory_bytes = memory_bytes
         self.after_s = after_s
+        self.sm_activity = sm_activity
         self.gpus: dict[GpuKey, _GpuState] = {}
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
@@ -72,15 +83,14 @@ class StuckDetector(Extension):
             seen.add(key)
             st = self.gpus.setdefault(key, _GpuState())
             util = g.reading(utilization.Reading)
-            mem = g.reading(memory.Reading)
             procs = g.reading(processes.Reading)
             busy = util.gpu_percent if util else None
-            used = mem.used_bytes if mem else None
-            if not g.up or busy is None or used is None or procs is None:
+            idle = self._nothing_runs(g.reading(gpm.Reading), g.reading(memory.Reading))
+            if not g.up or busy is None or idle is None or procs is None:
                 st.evaluable, st.since, st.holding = False, None, False
                 continue
             st.evaluable = True
-            if not (busy / 100.0 >= self.utilization and used <= self.memory_bytes and procs.count == 0):
+            if not (busy / 100.0 >= self.utilization and idle and procs.count == 0):
                 st.since, st.holding = None, False
                 continue
             if st.since is None:
@@ -89,6 +99,15 @@ class StuckDetector(Extension):
         for key in list(self.gpus):
             if key not in seen:
                 del self.gpus[key]
+
+    def _nothing_runs(self, profile: gpm.Reading | None, mem: memory.Reading | None) -> bool | None:
+        """No SM busy (GPM) or, without GPM, no memory in use; None when neither can be told."""
+        sm = profile.activity_percent.get(gpm.SM_UTIL) if profile else None
+        if sm is not None:
+            return sm / 100.0 <= self.sm_activity
+        if mem is None or mem.used_bytes is None:
+            return None
+        return mem.used_bytes <= self.memory_bytes
 
     def suspected(self, uuid: str) -> bool:
         """True while the signature holds for that GPU."""

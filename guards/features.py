@@ -115,11 +115,15 @@ FEATURES: Mapping[str, Feature] = _registry(
     Feature(
         name="power",
         default=True,
-        description="power usage, enforced power limit and energy counter (since driver load)",
+        description=(
+            "GPU power usage, enforced power limit, energy counter (since driver load), and module and "
+            "memory power where NVML has them (field NVML_FI_DEV_POWER_AVERAGE, 185, by power scope)"
+        ),
         nvml_functions=(
             "nvmlDeviceGetPowerUsage",
             "nvmlDeviceGetEnforcedPowerLimit",
             "nvmlDeviceGetTotalEnergyConsumption",
+            "nvmlDeviceGetFieldValues",
         ),
     ),
     Feature(
@@ -153,6 +157,20 @@ FEATURES: Mapping[str, Feature] = _registry(
         ),
     ),
     Feature(
+        name="throttle_time",
+        default=True,
+        description=(
+            "cumulative time per clock-event (throttle) reason: fields NVML_FI_DEV_PERF_POLICY_* (74-81) "
+            "and, from driver 580.82, NVML_FI_DEV_CLOCKS_EVENT_REASON_* (269-271) in one field-value call; "
+            "nvmlDeviceGetViolationStatus for a reason whose field the driver lacks"
+        ),
+        nvml_functions=(
+            "nvmlDeviceGetFieldValues",
+            "nvmlDeviceGetViolationStatus",
+            "nvmlSystemGetDriverVersion",
+        ),
+    ),
+    Feature(
         name="pcie",
         default=True,
         description="PCIe link generation/width (current and max) and replay counter",
@@ -167,7 +185,7 @@ FEATURES: Mapping[str, Feature] = _registry(
     Feature(
         name="ecc",
         default=True,
-        description="ECC mode and corrected/uncorrected error counters (volatile and aggregate)",
+        description="ECC mode (current and pending) and corrected/uncorrected error counters (volatile and aggregate)",
         nvml_functions=("nvmlDeviceGetEccMode", "nvmlDeviceGetTotalEccErrors"),
     ),
     Feature(
@@ -195,6 +213,48 @@ FEATURES: Mapping[str, Feature] = _registry(
             "(DESIGN.md incident 1)"
         ),
         nvml_functions=("nvmlDeviceGetFieldValues",),
+    ),
+    Feature(
+        name="fabric",
+        default=True,
+        description=(
+            "NVLink fabric registration state and status (nvmlDeviceGetGpuFabricInfoV, 550+): NVSwitch "
+            "systems whose Fabric Manager has not completed; absent on GPUs without a fabric"
+        ),
+        nvml_functions=("nvmlDeviceGetGpuFabricInfoV",),
+    ),
+    Feature(
+        name="gpm",
+        default=True,
+        description=(
+            "profiling through NVML GPM (Hopper+): graphics, SM, SM occupancy, tensor and DRAM bandwidth "
+            "activity over the last sample interval, PCIe and NVLink bytes; two GPM samples per GPU held in "
+            "the worker; MIG-enabled GPUs skipped"
+        ),
+        nvml_functions=(
+            "nvmlGpmQueryDeviceSupport",
+            "nvmlDeviceGetMigMode",
+            "nvmlGpmSampleAlloc",
+            "nvmlGpmSampleGet",
+            "nvmlGpmMetricsGet",
+            "nvmlGpmSampleFree",
+        ),
+    ),
+    Feature(
+        name="gpm_pipes",
+        default=False,
+        description=(
+            "GPM activity per pipe (HMMA, IMMA, DMMA, DFMA tensor pipes; FP64, FP32, FP16): seven more "
+            "series per GPU, off by default; its own GPM samples"
+        ),
+        nvml_functions=(
+            "nvmlGpmQueryDeviceSupport",
+            "nvmlDeviceGetMigMode",
+            "nvmlGpmSampleAlloc",
+            "nvmlGpmSampleGet",
+            "nvmlGpmMetricsGet",
+            "nvmlGpmSampleFree",
+        ),
     ),
     Feature(
         name="processes",

@@ -135,7 +135,8 @@ def test_the_fleet_dashboard_covers_the_issue(dashboards: dict[str, dict[str, An
         "nvgpu_memory_temperature_celsius",
         "nvgpu_clock_hertz",
         "nvgpu_clock_event_reason_active",
-        "nvgpu_ecc_errors_total",
+        "nvgpu_ecc_volatile_errors_total",
+        "nvgpu_ecc_aggregate_errors_total",
         "nvgpu_remapped_rows",
         "nvgpu_xid_errors_total",
         "label_replace(",
@@ -143,6 +144,18 @@ def test_the_fleet_dashboard_covers_the_issue(dashboards: dict[str, dict[str, An
         "rate(nvgpu_nvlink_receive_bytes_total",
         "nvgpu_gpu_pod_info",
         "nvgpu_stuck_context_suspected",
+        # issue 14: profiling, throttle time, power scope, fabric
+        "nvgpu_gpm_sm_activity_ratio",
+        "nvgpu_gpm_tensor_activity_ratio",
+        "nvgpu_gpm_sm_occupancy_ratio",
+        "nvgpu_gpm_dram_bandwidth_ratio",
+        "nvgpu_gpm_pipe_activity_ratio",
+        "rate(nvgpu_gpm_nvlink_transmit_bytes_total",
+        "rate(nvgpu_gpm_pcie_receive_bytes_total",
+        "rate(nvgpu_clock_event_reason_seconds_total",
+        "nvgpu_memory_power_usage_watts",
+        "nvgpu_module_power_usage_watts",
+        "nvgpu_fabric_state",
     ]:
         assert needle in exprs, needle
     variables = {v["name"]: v for v in dashboards[FLEET]["templating"]["list"]}

@@ -6,6 +6,7 @@ in a child interpreter whose return code names the signal.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import signal
 import subprocess
@@ -523,3 +524,120 @@ def test_crash_faults_are_real(tmp_path: Path, fault: dict[str, Any], returncode
     proc = run_child(tmp_path, data, body)
     assert proc.returncode == returncode, proc
     assert proc.stdout == "before\nfirst\n"
+
+
+# -- issue 14: integral values, GPM and fabric shapes ------------------------------------------------
+
+
+def test_integral_counts_time_spent_where_the_cycle_is_non_zero(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    spec = {"integral": {"cycle": [0, 1, 0, 0], "step_s": 2.5}, "scale": 1000, "initial": 7}
+    fake = started(tmp_path, {"gpus": [gpu(nvmlDeviceGetPcieReplayCounter=spec)]}, clock)
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    seen = []
+    for t in (-1.0, 0.0, 2.5, 3.5, 5.0, 10.0, 13.75, 100.0):
+        clock.t = t
+        seen.append(fake.nvmlDeviceGetPcieReplayCounter(h))
+    assert seen == [7, 7, 7, 1007, 2507, 2507, 3757, 25007]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"integral": {"cycle": [], "step_s": 1}},
+        {"integral": {"cycle": [1, "x"], "step_s": 1}},
+        {"integral": {"cycle": [1], "step_s": 0}},
+        {"integral": [1, 2]},
+        {"integral": {"cycle": [1], "step_s": 1}, "scale": "big"},
+        {"integral": {"cycle": [1], "step_s": 1}, "offset": 3},
+    ],
+)
+def test_bad_integral_specs_are_named(tmp_path: Path, spec: dict[str, Any]) -> None:
+    with pytest.raises(ScenarioError, match=r"gpus\[0\]\.values\['nvmlF'\]"):
+        make(tmp_path, {"gpus": [gpu(nvmlF=spec)]})
+
+
+def gpm_fake(tmp_path: Path, clock: Clock, **metrics: Any) -> FakeNvml:
+    values = {"nvmlGpmQueryDeviceSupport": {"isSupportedDevice": 1}}
+    values.update({f"nvmlGpmMetricsGet:{k}": v for k, v in metrics.items()})
+    data = {"gpus": [gpu(**values), {"uuid": "GPU-2", "values": values}]}
+    return started(tmp_path, data, clock)
+
+
+def metrics_request(fake: FakeNvml, s1: Any, s2: Any, ids: list[int]) -> Any:
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version, request.numMetrics, request.sample1, request.sample2 = 1, len(ids), s1, s2
+    for i, m in enumerate(ids):
+        request.metrics[i].metricId = m
+    return request
+
+
+def test_gpm_as_pynvml_shapes_it(tmp_path: Path) -> None:
+    clock = Clock(1.0)
+    fake = gpm_fake(tmp_path, clock, **{"2": {"cycle": [10.0, 90.0], "step_s": 5}, "3": {"error": "NOT_SUPPORTED"}})
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert fake.nvmlGpmQueryDeviceSupport(h).isSupportedDevice == 1
+    s1, s2 = fake.nvmlGpmSampleAlloc(), fake.nvmlGpmSampleAlloc()
+    assert isinstance(s1, pynvml.c_nvmlGpmSample_t) and bool(s1)
+    fake.nvmlGpmSampleGet(h, s1)
+    clock.t = 6.0
+    assert fake.nvmlGpmSampleGet(h, s2) is s2
+    request = fake.nvmlGpmMetricsGet(metrics_request(fake, s1, s2, [2, 3, 5]))
+    entries = [(request.metrics[i].nvmlReturn, request.metrics[i].value) for i in range(3)]
+    # value at the newer sample's time; an error spec and a missing key set that entry's code
+    assert entries == [(0, 90.0), (errors.NOT_SUPPORTED, 0.0), (errors.NOT_SUPPORTED, 0.0)]
+    fake.nvmlGpmSampleFree(s1)
+    fake.nvmlGpmSampleFree(s2)
+
+
+def test_gpm_misuse_answers_like_nvml(tmp_path: Path) -> None:
+    clock = Clock(1.0)
+    fake = gpm_fake(tmp_path, clock, **{"2": 5.0})
+    h0, h1 = fake.nvmlDeviceGetHandleByIndex(0), fake.nvmlDeviceGetHandleByIndex(1)
+    s1, s2 = fake.nvmlGpmSampleAlloc(), fake.nvmlGpmSampleAlloc()
+    null = pynvml.c_nvmlGpmSample_t()
+    assert code_of(lambda: fake.nvmlGpmSampleGet(h0, null)) == errors.INVALID_ARGUMENT
+    assert code_of(lambda: fake.nvmlGpmMetricsGet(metrics_request(fake, s1, s2, [2]))) == errors.INVALID_ARGUMENT
+    fake.nvmlGpmSampleGet(h0, s1)
+    fake.nvmlGpmSampleGet(h1, s2)  # two GPUs
+    assert code_of(lambda: fake.nvmlGpmMetricsGet(metrics_request(fake, s1, s2, [2]))) == errors.INVALID_ARGUMENT
+    fake.nvmlGpmSampleGet(h0, s2)
+    bad_version = metrics_request(fake, s1, s2, [2])
+    bad_version.version = 2
+    assert code_of(lambda: fake.nvmlGpmMetricsGet(bad_version)) == errors.ARGUMENT_VERSION_MISMATCH
+    assert code_of(lambda: fake.nvmlGpmSampleFree(null)) == errors.INVALID_ARGUMENT
+
+
+def test_gpm_without_support_is_not_supported(tmp_path: Path) -> None:
+    fake = started(tmp_path, {"gpus": [gpu(nvmlDeviceGetPowerUsage=5)]}, Clock(1.0))
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert code_of(lambda: fake.nvmlGpmQueryDeviceSupport(h)) == errors.NOT_SUPPORTED
+    assert code_of(lambda: fake.nvmlGpmSampleGet(h, fake.nvmlGpmSampleAlloc())) == errors.NOT_SUPPORTED
+
+
+@pytest.mark.parametrize(
+    ("body", "returncode"),
+    [
+        ("s = fake.nvmlGpmSampleAlloc(); fake.nvmlGpmSampleFree(s); fake.nvmlGpmSampleFree(s)", -signal.SIGABRT),
+        ("s = fake.nvmlGpmSampleAlloc(); fake.nvmlGpmSampleFree(s); fake.nvmlGpmSampleGet(h, s)", -signal.SIGSEGV),
+        ("import ctypes, pynvml; fake.nvmlGpmSampleGet(h, ctypes.cast(0x7F00DEAD, pynvml.c_nvmlGpmSample_t))", -11),
+    ],
+    ids=["double_free_aborts", "use_after_free_segfaults", "wild_pointer_segfaults"],
+)
+def test_gpm_memory_errors_crash_like_the_real_library(tmp_path: Path, body: str, returncode: int) -> None:
+    data = {"gpus": [gpu(nvmlGpmQueryDeviceSupport={"isSupportedDevice": 1})]}
+    proc = run_child(tmp_path, data, "h = fake.nvmlDeviceGetHandleByIndex(0)\n" + body)
+    assert proc.returncode == returncode, proc
+    assert proc.stdout == "before\n"
+
+
+def test_fabric_info_fills_the_callers_versioned_struct(tmp_path: Path) -> None:
+    spec = {"state": 2, "status": 0, "cliqueId": 4, "healthMask": 0, "healthSummary": 1}
+    only_v2 = {"error": "ARGUMENT_VERSION_MISMATCH"}
+    values = {"nvmlDeviceGetGpuFabricInfoV": spec, "nvmlDeviceGetGpuFabricInfoV:3": only_v2}
+    fake = started(tmp_path, {"gpus": [gpu(**values)]}, Clock(1.0))
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    v3, v2 = pynvml.c_nvmlGpuFabricInfo_v3_t(), pynvml.c_nvmlGpuFabricInfo_v2_t()
+    assert code_of(lambda: fake.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v3))) == errors.ARGUMENT_VERSION_MISMATCH
+    assert fake.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v2)) == 0
+    assert (v2.state, v2.status, v2.cliqueId, v2.version) == (2, 0, 4, pynvml.nvmlGpuFabricInfo_v2)

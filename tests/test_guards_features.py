@@ -34,11 +34,15 @@ EXPECTED_NAMES = [
     "temperature",
     "fan",
     "clocks",
+    "throttle_time",
     "pcie",
     "ecc",
     "remapped_rows",
     "nvlink",
     "nvlink_throughput",
+    "fabric",
+    "gpm",
+    "gpm_pipes",
     "processes",
     "events",
     "kernel_xid",
@@ -59,9 +63,10 @@ def test_registry_is_read_only() -> None:
         FEATURES["new"] = FEATURES["fan"]  # type: ignore[index]
 
 
-def test_only_kernel_xid_is_off_by_default() -> None:
-    assert [name for name, f in FEATURES.items() if not f.default] == ["kernel_xid"]
+def test_only_kernel_xid_and_gpm_pipes_are_off_by_default() -> None:
+    assert [name for name, f in FEATURES.items() if not f.default] == ["gpm_pipes", "kernel_xid"]
     assert "/dev/kmsg" in FEATURES["kernel_xid"].description
+    assert "seven more series per GPU" in FEATURES["gpm_pipes"].description  # high cardinality: a switch
 
 
 def test_every_nvml_function_exists_in_the_installed_binding() -> None:
@@ -333,7 +338,7 @@ def test_resolve_covers_every_feature_in_order_and_missing_modes_are_auto() -> N
     states = resolve({"fan": Mode.OFF})
     assert list(states) == EXPECTED_NAMES
     assert states["fan"].enabled is False
-    assert all(s.enabled for n, s in states.items() if n not in ("fan", "kernel_xid"))
+    assert all(s.enabled for n, s in states.items() if n not in ("fan", "kernel_xid", "gpm_pipes"))
 
 
 def test_resolve_with_parsed_environment() -> None:

@@ -32,7 +32,7 @@ GPU_FAMILIES: dict[str, set[str]] = {
     "identity": {"nvgpu_gpu_info"},
     "utilization": {
         "nvgpu_gpu_utilization_ratio",
-        "nvgpu_memory_utilization_ratio",
+        "nvgpu_memory_copy_utilization_ratio",
         "nvgpu_encoder_utilization_ratio",
         "nvgpu_decoder_utilization_ratio",
     },
@@ -44,7 +44,12 @@ GPU_FAMILIES: dict[str, set[str]] = {
         "nvgpu_bar1_memory_used_bytes",
         "nvgpu_bar1_memory_total_bytes",
     },
-    "power": {"nvgpu_power_usage_watts", "nvgpu_power_limit_watts", "nvgpu_energy_consumption_joules_total"},
+    "power": {
+        "nvgpu_power_usage_watts",
+        "nvgpu_memory_power_usage_watts",
+        "nvgpu_power_limit_watts",
+        "nvgpu_energy_consumption_joules_total",
+    },
     "temperature": {"nvgpu_gpu_temperature_celsius", "nvgpu_memory_temperature_celsius"},
     "clocks": {
         "nvgpu_clock_hertz",
@@ -52,6 +57,7 @@ GPU_FAMILIES: dict[str, set[str]] = {
         "nvgpu_performance_state",
         "nvgpu_clock_event_reason_active",
     },
+    "throttle_time": {"nvgpu_clock_event_reason_seconds_total"},
     "pcie": {
         "nvgpu_pcie_link_generation",
         "nvgpu_pcie_link_max_generation",
@@ -59,7 +65,12 @@ GPU_FAMILIES: dict[str, set[str]] = {
         "nvgpu_pcie_link_max_width",
         "nvgpu_pcie_replay_errors_total",
     },
-    "ecc": {"nvgpu_ecc_enabled", "nvgpu_ecc_errors_total"},
+    "ecc": {
+        "nvgpu_ecc_enabled",
+        "nvgpu_ecc_pending_enabled",
+        "nvgpu_ecc_volatile_errors_total",
+        "nvgpu_ecc_aggregate_errors_total",
+    },
     "remapped_rows": {
         "nvgpu_remapped_rows",
         "nvgpu_remapped_rows_pending",
@@ -72,9 +83,23 @@ GPU_FAMILIES: dict[str, set[str]] = {
         "nvgpu_nvlink_transmit_bytes_total",
         "nvgpu_nvlink_receive_bytes_total",
     },
+    "fabric": {"nvgpu_fabric_state", "nvgpu_fabric_status"},
+    "gpm": {
+        "nvgpu_gpm_graphics_activity_ratio",
+        "nvgpu_gpm_sm_activity_ratio",
+        "nvgpu_gpm_sm_occupancy_ratio",
+        "nvgpu_gpm_tensor_activity_ratio",
+        "nvgpu_gpm_dram_bandwidth_ratio",
+        "nvgpu_gpm_pcie_transmit_bytes_total",
+        "nvgpu_gpm_pcie_receive_bytes_total",
+        "nvgpu_gpm_nvlink_transmit_bytes_total",
+        "nvgpu_gpm_nvlink_receive_bytes_total",
+    },
     "processes": {"nvgpu_compute_processes", "nvgpu_compute_processes_memory_used_bytes"},
 }
 ALL_GPU_FAMILIES = set().union(*GPU_FAMILIES.values()) | {"nvgpu_device_up"}
+# GPM needs two samples of a worker: its first sample has no GPM window yet.
+NEED_TWO_SAMPLES = GPU_FAMILIES["gpm"]
 # Counters the supervisor keeps across workers; they may outlive a GPU's other series.
 # Supervisor-owned per-GPU series: never dropped with a GPU's readings (issue 13).
 SURVIVING = {
@@ -104,6 +129,10 @@ def gpu_names(scrape: Scrape, gpu: str) -> set[str]:
 
 def assert_gpu_complete(scrape: Scrape, gpu: str, families: set[str] = ALL_GPU_FAMILIES) -> None:
     missing = families - gpu_names(scrape, gpu)
+    started = scrape.value("nvgpu_worker_start_time_seconds")
+    sampled = scrape.value("nvgpu_last_sample_timestamp_seconds")
+    if started is None or sampled is None or sampled - started < 2 * INTERVAL:
+        missing -= NEED_TWO_SAMPLES  # possibly this worker's first sample: no GPM window yet
     assert not missing, f"GPU {gpu} lacks {sorted(missing)}"
 
 

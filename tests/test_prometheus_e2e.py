@@ -71,6 +71,9 @@ def _scenario() -> dict[str, Any]:
     gpu1["nvmlDeviceGetUtilizationRates"] = {"gpu": 100, "memory": 0}
     gpu1["nvmlDeviceGetMemoryInfo"] = {"total": 150754820096, "reserved": 644939776, "free": 150109880320, "used": 0}
     gpu1["nvmlDeviceGetComputeRunningProcesses_v3"] = []
+    # GPM (issue 14): the engine looks active, no SM does any work.
+    gpu1.update({f"nvmlGpmMetricsGet:{m}": 0.0 for m in (2, 3, 5, 10)})
+    gpu1["nvmlGpmMetricsGet:1"] = 100.0
     # A transient NVML error on every sample: nvgpu_nvml_errors_total{feature="clocks",error="UNKNOWN"}.
     gpu1["nvmlDeviceGetPerformanceState"] = {"error": "UNKNOWN"}
     # Xid 43 through NVML events, after the restarted worker registered (scenario time).
@@ -164,6 +167,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "NVGPU_STUCK_AFTER_SECONDS": "1",
         "NVGPU_QUARANTINE_AFTER": "1",
         "NVGPU_FEATURE_KERNEL_XID": "on",
+        "NVGPU_FEATURE_GPM_PIPES": "on",  # the Pipe activity panel (off by default)
         "NVGPU_KMSG_PATH": str(kmsg),
         "NVGPU_KMSG_CURSOR_FILE": str(tmp / "kmsg-cursor.json"),
     }

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from exporter import collectors, protocol
-from exporter.collectors import clocks, ecc, fan, identity, nvlink, power, processes
+from exporter.collectors import clocks, ecc, fan, gpm, identity, nvlink, power, processes
 from exporter.protocol import ProtocolError
 from exporter.snapshot import (
     Bye,
@@ -29,7 +29,8 @@ READINGS: dict[str, object] = {
     "power": power.Reading(85000, 700000, 2445309),
     "fan": fan.Reading((40, 42)),
     "clocks": clocks.Reading({"sm": 1980}, {"sm": 1980}, 0, 1),
-    "ecc": ecc.Reading(True, {"corrected/volatile": 0}),
+    "ecc": ecc.Reading(True, False, {"corrected": 0}, {"uncorrected": 2}),
+    "gpm": gpm.Reading({2: 89.8, 5: 82.7}, {61: 1.5e9}),
     "nvlink": nvlink.Reading({0: 1, 17: 0}, {"0/replay": 3}),
     "processes": processes.Reading(0, None),
 }

@@ -68,6 +68,26 @@ PROCESS_MEASURED = {  # nvml-notes 5.1 measured compute process
 
 NOT_SUPPORTED = {"error": "NOT_SUPPORTED"}
 
+# --- issue 14: power scope, throttle time, fabric, GPM (../shared/reference/h200/2026-11-30/) -----
+MEMORY_POWER_IDLE_MW = (38_874, 40_551)  # misc.json: field 185 scope 2 (memory), GPU 0 / GPU 1
+MEMORY_POWER_LOAD_MW = (144_008, 138_113)  # misc-load.json, same field under the matmul load
+MEMORY_POWER_BOOST_MW = 141_000  # synthetic: loaded, below the cap (not measured)
+# Clock-event-reason durations (fields 74-81, 269-271; ns since driver load). The counters grow
+# only while their reason holds in the load model's phases (integral value specs), from the idle
+# values measured in misc.json (GPU 0): low utilization 21.9 s, below app/base clocks 12.6 s.
+LOW_UTILIZATION_NS = 21_898_577_760
+BELOW_APP_CLOCKS_NS = 12_573_121_088
+BELOW_BASE_CLOCKS_NS = 12_573_944_800
+FABRIC_COMPLETED = {"state": 3, "status": 0, "cliqueId": 0, "healthMask": 0, "healthSummary": 0}  # misc.json v3
+# GPM metric values in percent / MiB/s per phase (idle, boosting, capped, cooling): gpm.json (idle)
+# and gpm-load.json (bf16 matmul on both GPUs, GPU 0): graphics 93.6, SM 89.8, occupancy 16.2,
+# any tensor 82.7 = HMMA, DRAM bandwidth 21.2, FP32 0, PCIe TX 6.5 / RX 18.8 MiB/s; idle all 0
+# except DRAM 0.0004 and PCIe 0.2 / 0.07 MiB/s. IMMA, DMMA, DFMA, FP64, FP16 were not measured:
+# 0 (synthetic; a bf16 matmul does not use them).
+GPM_LOADED = {1: 93.6, 2: 89.8, 3: 16.2, 5: 82.7, 7: 82.7, 10: 21.2, 20: 6.5, 21: 18.8}
+GPM_IDLE = {10: 0.0004, 20: 0.2, 21: 0.07}
+GPM_ACTIVITY_IDS = (1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 20, 21)
+
 
 def cycle(*values):
     return {"cycle": list(values), "step_s": PHASE_S}
@@ -95,6 +115,8 @@ def gpu(
     processes_loaded,
     nvlink_tx_kib_s=None,
     nvlink_rx_kib_s=None,
+    mem_power=(MEMORY_POWER_IDLE_MW[0], MEMORY_POWER_LOAD_MW[0]),
+    fabric=None,
 ):
     """One H200. nvlink_tx_kib_s None = no NVLink (as in the single-GPU probe: NotSupported)."""
     power = [power_idle_mw, POWER_BOOST_MW, POWER_CAPPED_MW, power_idle_mw + 8_000]
@@ -170,6 +192,7 @@ def gpu(
             fields[f"139:{link}"] = {"ramp": 0, "per_s": nvlink_rx_kib_s}
         fields[f"139:{UINT_MAX}"] = {"ramp": 0, "per_s": nvlink_rx_kib_s * NVLINK_LINKS}
     fields["230"] = 0
+    issue14(values, fields, power, mem_power, nvlink_tx_kib_s, nvlink_rx_kib_s, fabric)
     values["nvmlDeviceGetComputeRunningProcesses_v3"] = procs
     values["nvmlDeviceGetComputeRunningProcesses_v2"] = procs
     values["nvmlDeviceGetComputeRunningProcesses"] = procs
@@ -182,6 +205,39 @@ def gpu(
     # INVALID_ARGUMENT, so the fake's per-link bound is 36 there
     out["nvlink_link_count"] = NVLINK_MAX_LINKS if nvlink_tx_kib_s is None else NVLINK_LINKS
     return out
+
+
+def issue14(values, fields, power, mem_power, nvlink_tx_kib_s, nvlink_rx_kib_s, fabric):
+    """Power by scope, clock-event-reason durations, fabric state and GPM for one H200 (issue 14)."""
+    mem_idle, mem_load = mem_power
+    # power fields 185 (1 s average) by scope: GPU (= nvmlDeviceGetPowerUsage), memory; the module
+    # scope answers NOT_SUPPORTED on x86 (unlisted fields answer default_field_error)
+    fields["185:0"] = cycle(*power)
+    fields["185:2"] = cycle(mem_idle, MEMORY_POWER_BOOST_MW, mem_load, mem_idle + 1_000)
+    # throttle time, in step with nvmlDeviceGetCurrentClocksEventReasons' cycle above
+    def held(*phases, start=0):
+        spec = {"integral": {"cycle": list(phases), "step_s": PHASE_S}, "scale": 1_000_000_000}
+        return {**spec, "initial": start} if start else spec
+
+    fields["74"] = held(0, 0, 1, 0)  # SW power cap: the capped phase
+    fields["78"] = held(1, 0, 0, 1, start=LOW_UTILIZATION_NS)  # low utilization: the idle phases
+    fields["80"] = held(1, 0, 1, 1, start=BELOW_APP_CLOCKS_NS)  # below application clocks
+    fields["81"] = held(1, 0, 1, 1, start=BELOW_BASE_CLOCKS_NS)  # below base clocks
+    for fid in ("75", "76", "77", "79", "269", "270", "271"):  # thermal, sync boost, board limit,
+        fields[fid] = 0  # reliability, SW/HW thermal, HW power brake: 0 in both measurements
+    values["nvmlDeviceGetGpuFabricInfoV"] = fabric if fabric is not None else NOT_SUPPORTED
+    values["nvmlDeviceGetMigMode"] = [0, 0]  # nvml_probe_*: mig_mode [0, 0]
+    values["nvmlGpmQueryDeviceSupport"] = {"isSupportedDevice": 1}  # gpm.json: supported 1
+    for mid in GPM_ACTIVITY_IDS:
+        idle = GPM_IDLE.get(mid, 0.0)
+        loaded = GPM_LOADED.get(mid, 0.0)
+        values[f"nvmlGpmMetricsGet:{mid}"] = cycle(idle, loaded, loaded, idle)
+    if nvlink_tx_kib_s is None:  # no NVLink: synthetic NOT_SUPPORTED (not measured on one GPU)
+        values["nvmlGpmMetricsGet:60"] = NOT_SUPPORTED
+        values["nvmlGpmMetricsGet:61"] = NOT_SUPPORTED
+    else:  # NVLink total RX / TX in MiB/s, equal to the field 138/139 ramps (18 links, KiB/s)
+        values["nvmlGpmMetricsGet:60"] = nvlink_rx_kib_s * NVLINK_LINKS / 1024
+        values["nvmlGpmMetricsGet:61"] = nvlink_tx_kib_s * NVLINK_LINKS / 1024
 
 
 def scenario(description, gpus):
@@ -211,7 +267,17 @@ COMMON_DESC = (
     " nvml-notes.md 3.1/3.4) -> idle cooling; GPU temperature idle/+18/+27/+10 C, HBM"
     " idle/+4/+8/+5 C (temperatures under load are synthetic). Energy is a ramp from the measured"
     " counter at the cycle's mean power (mW = mJ/s). Memory/video clocks stay at 3201/765 MHz."
-    " Events register OK, none are delivered. Generated by examples/scenarios/generate.py."
+    " Events register OK, none are delivered."
+    " Issue 14 (../shared/reference/h200/2026-11-30/): memory power (field 185 scope 2) idle"
+    " 38874/40551 mW and 144008/138113 mW capped as measured (141000 mW boosting is synthetic),"
+    " module scope NOT_SUPPORTED; clock-event-reason durations (fields 74-81, 269-271, ns) grow"
+    " only in the phases whose reason bit is set (SW power cap while capped, low utilization while"
+    " idle, below app/base clocks in all but the boosting phase) from the idle values of misc.json;"
+    " MIG mode [0, 0]; GPM supported, metric values per phase from gpm.json (idle) and"
+    " gpm-load.json (loaded: graphics 93.6 %, SM 89.8 %, occupancy 16.2 %, tensor and HMMA 82.7 %,"
+    " DRAM bandwidth 21.2 %, PCIe TX 6.5 / RX 18.8 MiB/s; IMMA, DMMA, DFMA, FP64, FP32, FP16 0);"
+    " GPM NVLink rates equal the field 138/139 ramps."
+    " Generated by examples/scenarios/generate.py."
 )
 
 
@@ -227,7 +293,9 @@ def h200x1():
         " 13.610, the bound past which real NVML answers INVALID_ARGUMENT; field 91"
         " NotSupported). While loaded (phases 1-2) one compute process runs: pid 494,"
         " 1050673152 B, gi/ci 4294967295, and v2 memory used is"
-        " 1059913728 B, both as measured under a bf16 matmul load (nvml-notes.md 3.1/5.1)." + COMMON_DESC
+        " 1059913728 B, both as measured under a bf16 matmul load (nvml-notes.md 3.1/5.1)."
+        " No NVLink fabric: nvmlDeviceGetGpuFabricInfoV NOT_SUPPORTED (nvidia-smi-q_1gpu.txt: Fabric"
+        " State N/A); GPM NVLink metrics NOT_SUPPORTED (synthetic)." + COMMON_DESC
     )
     g = gpu(
         {
@@ -272,7 +340,8 @@ def h200x2():
         " No compute processes are listed (an exporter without hostPID sees none,"
         " nvml-notes.md 5.3); v2 memory used while loaded is a synthetic 128 GiB training"
         " footprint, so utilization without"
-        " processes does not also look like a stuck context." + COMMON_DESC
+        " processes does not also look like a stuck context. Fabric: state 3 (completed), status 0,"
+        " as measured on this pair (misc.json)." + COMMON_DESC
     )
     g0 = gpu(
         {
@@ -291,6 +360,7 @@ def h200x2():
         processes_loaded=[],
         nvlink_tx_kib_s=1000,
         nvlink_rx_kib_s=250,
+        fabric=FABRIC_COMPLETED,
     )
     g1 = gpu(
         {
@@ -309,6 +379,8 @@ def h200x2():
         processes_loaded=[],
         nvlink_tx_kib_s=250,
         nvlink_rx_kib_s=1000,
+        mem_power=(MEMORY_POWER_IDLE_MW[1], MEMORY_POWER_LOAD_MW[1]),
+        fabric=FABRIC_COMPLETED,
     )
     return scenario(desc, [g0, g1])
 
@@ -353,6 +425,8 @@ def h200x8():
                 # all-reduce style: each GPU sends and receives the same through the NVSwitches
                 nvlink_tx_kib_s=1000,
                 nvlink_rx_kib_s=1000,
+                mem_power=(MEMORY_POWER_IDLE_MW[i % 2], MEMORY_POWER_LOAD_MW[i % 2]),
+                fabric=FABRIC_COMPLETED,  # synthetic: an NVSwitch board whose Fabric Manager finished
             )
         )
     uuids = ", ".join(g["uuid"] for g in gpus)
@@ -366,7 +440,9 @@ def h200x8():
         " start near the measured 2445309 mJ."
         + NVLINK_DESC
         + " Traffic: TX = RX = 1000 KiB/s per link on every GPU (synthetic). No compute processes"
-        " are listed; v2 memory used while loaded is a synthetic 128 GiB training footprint." + COMMON_DESC
+        " are listed; v2 memory used while loaded is a synthetic 128 GiB training footprint."
+        " Fabric: state 3 (completed), status 0 on every GPU (synthetic: an NVSwitch board whose"
+        " Fabric Manager finished)." + COMMON_DESC
     )
     return scenario(desc, gpus)
 

@@ -13,7 +13,10 @@ from typing import Any
 from exporter.collectors import (
     clocks,
     ecc,
+    fabric,
     fan,
+    gpm,
+    gpm_pipes,
     identity,
     memory,
     nvlink,
@@ -23,6 +26,7 @@ from exporter.collectors import (
     processes,
     remapped_rows,
     temperature,
+    throttle_time,
     utilization,
 )
 from exporter.collectors.base import Collector
@@ -35,11 +39,15 @@ _ORDER: tuple[Collector, ...] = (
     temperature,
     fan,
     clocks,
+    throttle_time,
     pcie,
     ecc,
     remapped_rows,
     nvlink,
     nvlink_throughput,
+    fabric,
+    gpm,
+    gpm_pipes,
     processes,
 )
 COLLECTORS: dict[str, Collector] = {c.FEATURE: c for c in _ORDER}

@@ -1,9 +1,16 @@
-"""ECC mode and total corrected / uncorrected error counters, volatile and aggregate.
+"""ECC mode (current and pending) and total corrected / uncorrected error counters.
 
-Sources: nvmlDeviceGetEccMode ([current, pending]; NOT_SUPPORTED on GeForce and most RTX),
+Sources: nvmlDeviceGetEccMode ([current, pending]; NOT_SUPPORTED on GeForce and most RTX; pending
+differs from current after ``nvidia-smi -e`` until the next GPU reset or reboot),
 nvmlDeviceGetTotalEccErrors(errorType: NVML_MEMORY_ERROR_TYPE_CORRECTED 0 / UNCORRECTED 1,
-counterType: NVML_VOLATILE_ECC 0 (since driver load) / NVML_AGGREGATE_ECC 1 (lifetime, inforom)).
-Counters are read only when ECC is enabled.
+counterType: NVML_VOLATILE_ECC 0 / NVML_AGGREGATE_ECC 1). Counters are read only when ECC is
+enabled.
+
+The two counter types are two families, not one family with a ``counter_type`` label: the
+volatile count (since the driver was loaded; a GPU reset or driver reload clears it) is part of
+the aggregate count (the board's life, kept in the inforom), so a ``sum()`` over both counted
+every error twice. The volatile family's standing value is what the uncorrectable-ECC alert reads
+(deploy/prometheus/rules.yaml): errors counted before the exporter started never "increase".
 """
 
 from __future__ import annotations
@@ -22,24 +29,41 @@ if TYPE_CHECKING:
 
 FEATURE = "ecc"
 ERROR_TYPES = (("corrected", 0), ("uncorrected", 1))
-COUNTER_TYPES = (("volatile", 0), ("aggregate", 1))
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
 
-ECC_ENABLED = MetricDef("nvgpu_ecc_enabled", "1 if ECC is currently enabled (nvmlDeviceGetEccMode)")
-ECC_ERRORS = MetricDef(
-    "nvgpu_ecc_errors_total",
-    "ECC errors; volatile since driver load, aggregate over the board's life (nvmlDeviceGetTotalEccErrors)",
-    ("error_type", "counter_type"),
+ECC_ENABLED = MetricDef("nvgpu_ecc_enabled", "1 if ECC is currently enabled (nvmlDeviceGetEccMode, current)")
+ECC_PENDING = MetricDef(
+    "nvgpu_ecc_pending_enabled",
+    "1 if ECC will be enabled after the next GPU reset or reboot (nvmlDeviceGetEccMode, pending); "
+    "differs from nvgpu_ecc_enabled while a mode change waits for that reset",
+)
+VOLATILE_ERRORS = MetricDef(
+    "nvgpu_ecc_volatile_errors_total",
+    "ECC errors since the driver was loaded; a GPU reset or driver reload clears it "
+    "(nvmlDeviceGetTotalEccErrors, NVML_VOLATILE_ECC)",
+    ("error_type",),
+)
+AGGREGATE_ERRORS = MetricDef(
+    "nvgpu_ecc_aggregate_errors_total",
+    "ECC errors over the board's life, kept in the inforom; includes the volatile count, do not add the two "
+    "(nvmlDeviceGetTotalEccErrors, NVML_AGGREGATE_ECC)",
+    ("error_type",),
 )
 METRICS = (
     ECC_ENABLED,
-    ECC_ERRORS,
+    ECC_PENDING,
+    VOLATILE_ERRORS,
+    AGGREGATE_ERRORS,
 )
 
 
 @dataclass(frozen=True)
 class Reading:
-    enabled: bool | None
-    errors: dict[str, int]  # "<error_type>/<counter_type>" -> count
+    enabled: bool
+    pending_enabled: bool | None
+    volatile: dict[str, int]  # error type -> count since driver load
+    aggregate: dict[str, int]  # error type -> lifetime count
 
 
 def read(dev: DeviceClient) -> Reading | None:
@@ -47,23 +71,28 @@ def read(dev: DeviceClient) -> Reading | None:
     if mode is None:
         return None
     enabled = bool(mode[0])
-    counts: dict[str, int] = {}
+    pending = bool(mode[1]) if len(mode) > 1 else None
+    counts: dict[int, dict[str, int]] = {NVML_VOLATILE_ECC: {}, NVML_AGGREGATE_ECC: {}}
     if enabled:
         for etype, e in ERROR_TYPES:
-            for ctype, c in COUNTER_TYPES:
-                value = dev.get(FEATURE, "nvmlDeviceGetTotalEccErrors", e, c)
+            for counter_type, out in counts.items():
+                value = dev.get(FEATURE, "nvmlDeviceGetTotalEccErrors", e, counter_type)
                 if value is not None:
-                    counts[f"{etype}/{ctype}"] = int(value)
-    return Reading(enabled, counts)
+                    out[etype] = int(value)
+    return Reading(enabled, pending, counts[NVML_VOLATILE_ECC], counts[NVML_AGGREGATE_ECC])
 
 
 def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
     mode = ECC_ENABLED.family()
-    errs = ECC_ERRORS.family()
+    pending = ECC_PENDING.family()
+    volatile = VOLATILE_ERRORS.family()
+    aggregate = AGGREGATE_ERRORS.family()
     for key, r in samples:
-        mode.add(key, None if r.enabled is None else int(r.enabled))
-        for name, value in r.errors.items():
-            etype, ctype = name.split("/")
-            errs.add(key, value, etype, ctype)
-    yield from mode.done()
-    yield from errs.done()
+        mode.add(key, int(r.enabled))
+        pending.add(key, None if r.pending_enabled is None else int(r.pending_enabled))
+        for etype, value in r.volatile.items():
+            volatile.add(key, value, etype)
+        for etype, value in r.aggregate.items():
+            aggregate.add(key, value, etype)
+    for fam in (mode, pending, volatile, aggregate):
+        yield from fam.done()

@@ -3,6 +3,12 @@
 Sources: nvmlDeviceGetUtilizationRates (percent of time over the driver's sample period, 1/6 s to
 1 s by product), nvmlDeviceGetEncoderUtilization / nvmlDeviceGetDecoderUtilization (percent,
 sampling period). All answer NOT_SUPPORTED with MIG enabled.
+
+``.memory`` is the share of the sample period during which device memory was being read or
+written (the memory controller's busy time), not memory used / total: it is exported as
+``nvgpu_memory_copy_utilization_ratio``, dcgm-exporter's "memory copy utilization"
+(``DCGM_FI_DEV_MEM_COPY_UTIL``). Until issue 14 it was called ``nvgpu_memory_utilization_ratio``,
+a name that read as "used / total" (CHANGELOG.md).
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ FEATURE = "utilization"
 GPU_UTILIZATION = MetricDef(
     "nvgpu_gpu_utilization_ratio", "Fraction of time one or more kernels ran (nvmlDeviceGetUtilizationRates.gpu)"
 )
-MEMORY_UTILIZATION = MetricDef(
-    "nvgpu_memory_utilization_ratio",
-    "Fraction of time device memory was read or written (nvmlDeviceGetUtilizationRates.memory)",
+MEMORY_COPY_UTILIZATION = MetricDef(
+    "nvgpu_memory_copy_utilization_ratio",
+    "Fraction of the sample period the memory controller was reading or writing device memory, "
+    "not memory used / total (nvmlDeviceGetUtilizationRates.memory; dcgm-exporter DCGM_FI_DEV_MEM_COPY_UTIL)",
 )
 ENCODER_UTILIZATION = MetricDef(
     "nvgpu_encoder_utilization_ratio", "Video encoder utilization (nvmlDeviceGetEncoderUtilization)"
@@ -37,7 +44,7 @@ DECODER_UTILIZATION = MetricDef(
 )
 METRICS = (
     GPU_UTILIZATION,
-    MEMORY_UTILIZATION,
+    MEMORY_COPY_UTILIZATION,
     ENCODER_UTILIZATION,
     DECODER_UTILIZATION,
 )
@@ -46,7 +53,7 @@ METRICS = (
 @dataclass(frozen=True)
 class Reading:
     gpu_percent: int | None
-    memory_percent: int | None
+    memory_busy_percent: int | None
     encoder_percent: int | None
     decoder_percent: int | None
 
@@ -57,7 +64,7 @@ def read(dev: DeviceClient) -> Reading | None:
     dec = dev.get(FEATURE, "nvmlDeviceGetDecoderUtilization")
     r = Reading(
         gpu_percent=int(util.gpu) if util is not None else None,
-        memory_percent=int(util.memory) if util is not None else None,
+        memory_busy_percent=int(util.memory) if util is not None else None,
         encoder_percent=int(enc[0]) if enc is not None else None,
         decoder_percent=int(dec[0]) if dec is not None else None,
     )
@@ -66,12 +73,12 @@ def read(dev: DeviceClient) -> Reading | None:
 
 def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
     gpu = GPU_UTILIZATION.family()
-    mem = MEMORY_UTILIZATION.family()
+    mem = MEMORY_COPY_UTILIZATION.family()
     enc = ENCODER_UTILIZATION.family()
     dec = DECODER_UTILIZATION.family()
     for key, r in samples:
         gpu.add(key, None if r.gpu_percent is None else percent_to_ratio(r.gpu_percent))
-        mem.add(key, None if r.memory_percent is None else percent_to_ratio(r.memory_percent))
+        mem.add(key, None if r.memory_busy_percent is None else percent_to_ratio(r.memory_busy_percent))
         enc.add(key, None if r.encoder_percent is None else percent_to_ratio(r.encoder_percent))
         dec.add(key, None if r.decoder_percent is None else percent_to_ratio(r.decoder_percent))
     for fam in (gpu, mem, enc, dec):

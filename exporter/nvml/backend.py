@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,10 @@ class RealNvml:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pynvml, name)
 
+    def clock(self) -> float:
+        """The clock NVML windows are measured on (GPM): ``time.monotonic()``."""
+        return time.monotonic()
+
     def field_values(self, handle: Any, pairs: list[tuple[int, int]]) -> list[FieldValue]:
         """Query field values with a sentinel-filled, one-longer array.
 
@@ -146,6 +151,10 @@ class FakeBackend:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fake, name)
+
+    def clock(self) -> float:
+        """Scenario time: windows measured on it match the scenario's ramps and cycles."""
+        return self._fake.now()
 
     def field_values(self, handle: Any, pairs: list[tuple[int, int]]) -> list[FieldValue]:
         """Same contract as :meth:`RealNvml.field_values`."""

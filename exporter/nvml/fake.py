@@ -48,6 +48,29 @@ class FakeEventSet:
         self.delivered: set[int] = set()
 
 
+def _integral(cycle: Mapping[str, Any], t: float) -> float:
+    """The integral from 0 to ``t`` of a cycle of numbers (a counter of time spent in a state)."""
+    values, step = [float(v) for v in cycle["cycle"]], float(cycle["step_s"])
+    t = max(t, 0.0)
+    periods, rest = divmod(t, step * len(values))
+    total = periods * step * sum(values)
+    for v in values:
+        if rest <= 0:
+            break
+        total += v * min(step, rest)
+        rest -= step
+    return total
+
+
+class _GpmSample:
+    """One ``nvmlGpmSampleAlloc`` buffer: the memory its pointer points at, and what it holds."""
+
+    def __init__(self) -> None:
+        self.buffer = ctypes.create_string_buffer(16)
+        self.gpu: int | None = None  # GPU index of the last nvmlGpmSampleGet, None while empty
+        self.t = 0.0  # scenario time of that sample
+
+
 def crash_segfault() -> None:
     """Die by a real SIGSEGV: read address 0 through ctypes."""
     ctypes.string_at(0)
@@ -139,6 +162,7 @@ class FakeNvml:
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._initialised = 0
+        self._gpm_samples: dict[int, _GpmSample] = {}  # address of an allocated sample -> its state
 
     # -- time, values, faults ------------------------------------------------------------------
 
@@ -155,6 +179,8 @@ class FakeNvml:
                 return self._resolve(seq[int(math.floor(t / spec["step_s"])) % len(seq)], t)
             if "ramp" in spec:
                 return int(spec["ramp"] + spec["per_s"] * max(t, 0.0))
+            if "integral" in spec:
+                return int(spec.get("initial", 0) + spec.get("scale", 1) * _integral(spec["integral"], t))
             if "sequence" in spec:
                 for entry in spec["sequence"]:
                     if "until_s" not in entry or t < entry["until_s"]:
@@ -181,7 +207,7 @@ class FakeNvml:
         gpu: dict[str, Any] = self._gpus[handle.index]
         return gpu
 
-    def _value(self, gpu: dict[str, Any], fn: str, args: Sequence[Any]) -> Any:
+    def _value(self, gpu: dict[str, Any], fn: str, args: Sequence[Any], t: float | None = None) -> Any:
         values = gpu.get("values", {})
         keys = []
         if args:
@@ -190,7 +216,7 @@ class FakeNvml:
         keys.append(fn)
         for key in keys:
             if key in values:
-                return self._resolve(values[key], self.now())
+                return self._resolve(values[key], self.now() if t is None else t)
         raise _err(errors.NOT_SUPPORTED)
 
     # -- library ----------------------------------------------------------------------------
@@ -371,6 +397,117 @@ class FakeNvml:
             if remaining <= 0:
                 raise _err(errors.TIMEOUT)
             time.sleep(min(remaining, 0.05))
+
+    # -- GPM: GPU performance monitoring (Hopper and newer) -------------------------------------
+    #
+    # As pynvml shapes them: nvmlGpmSampleAlloc returns a c_nvmlGpmSample_t (an opaque pointer);
+    # nvmlGpmSampleGet fills it for one GPU; nvmlGpmMetricsGet takes a c_nvmlGpmMetricsGet_t
+    # (version, numMetrics, sample1, sample2, metrics[i].metricId) and fills each entry's
+    # nvmlReturn and value; nvmlGpmSampleFree releases it. Per GPU, "nvmlGpmQueryDeviceSupport"
+    # ({"isSupportedDevice": 1}) says whether GPM works (no value: NOT_SUPPORTED, as an old driver),
+    # and "nvmlGpmMetricsGet:<metric id>" gives each metric's value (percent or MiB/s, any value
+    # spec, evaluated at the newer sample's time; an error spec sets that entry's nvmlReturn; no
+    # value: NOT_SUPPORTED). Misuse behaves like the real library: a NULL sample is
+    # INVALID_ARGUMENT, an unknown pointer crashes (SIGSEGV), freeing twice aborts (SIGABRT).
+
+    c_nvmlGpmMetricsGet_t = getattr(pynvml, "c_nvmlGpmMetricsGet_t", None)
+    NVML_GPM_METRICS_GET_VERSION = getattr(pynvml, "NVML_GPM_METRICS_GET_VERSION", None)
+    c_nvmlGpuFabricInfo_v2_t = getattr(pynvml, "c_nvmlGpuFabricInfo_v2_t", None)
+    c_nvmlGpuFabricInfo_v3_t = getattr(pynvml, "c_nvmlGpuFabricInfo_v3_t", None)
+
+    def _gpm_supported(self, gpu: dict[str, Any]) -> bool:
+        try:
+            support = self._value(gpu, "nvmlGpmQueryDeviceSupport", ())
+        except pynvml.NVMLError:
+            return False
+        return bool(getattr(support, "isSupportedDevice", 0))
+
+    def _gpm_sample(self, sample: Any) -> _GpmSample:
+        address = ctypes.cast(sample, ctypes.c_void_p).value if sample is not None else None
+        if not address:
+            raise _err(errors.INVALID_ARGUMENT)
+        state = self._gpm_samples.get(address)
+        if state is None:  # never allocated, or freed: a wild pointer
+            crash_segfault()
+        assert state is not None
+        return state
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> SimpleNamespace:  # noqa: N802
+        fn = "nvmlGpmQueryDeviceSupport"
+        self._enter(fn, getattr(handle, "index", None))
+        value = self._value(self._gpu(handle), fn, ())
+        return SimpleNamespace(version=1, isSupportedDevice=int(getattr(value, "isSupportedDevice", 0)))
+
+    def nvmlGpmSampleAlloc(self) -> Any:  # noqa: N802
+        self._enter("nvmlGpmSampleAlloc", None)
+        state = _GpmSample()
+        address = ctypes.addressof(state.buffer)
+        self._gpm_samples[address] = state
+        return ctypes.cast(state.buffer, pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:  # noqa: N802
+        self._enter("nvmlGpmSampleFree", None)
+        address = ctypes.cast(sample, ctypes.c_void_p).value if sample is not None else None
+        if not address:
+            raise _err(errors.INVALID_ARGUMENT)
+        if self._gpm_samples.pop(address, None) is None:
+            os.abort()  # double free: glibc aborts
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:  # noqa: N802
+        fn = "nvmlGpmSampleGet"
+        self._enter(fn, getattr(handle, "index", None))
+        gpu = self._gpu(handle)
+        state = self._gpm_sample(sample)
+        spec = gpu.get("values", {}).get(fn)
+        if spec is not None:
+            self._resolve(spec, self.now())  # raises the scenario's error, if any
+        if not self._gpm_supported(gpu):
+            raise _err(errors.NOT_SUPPORTED)
+        state.gpu, state.t = handle.index, self.now()
+        return sample
+
+    def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:  # noqa: N802
+        fn = "nvmlGpmMetricsGet"
+        older = self._gpm_samples.get(ctypes.cast(metrics_get.sample1, ctypes.c_void_p).value or 0)
+        self._enter(fn, older.gpu if older is not None else None)  # the GPU, for faults matching "gpu"
+        if metrics_get.version != self.NVML_GPM_METRICS_GET_VERSION:
+            raise _err(errors.ARGUMENT_VERSION_MISMATCH)
+        first, second = self._gpm_sample(metrics_get.sample1), self._gpm_sample(metrics_get.sample2)
+        if first.gpu is None or second.gpu is None or first.gpu != second.gpu or second.t < first.t:
+            raise _err(errors.INVALID_ARGUMENT)  # unfilled samples, two GPUs, or in the wrong order
+        if not 0 < metrics_get.numMetrics <= len(metrics_get.metrics):
+            raise _err(errors.INVALID_ARGUMENT)
+        gpu = self._gpus[second.gpu]
+        for i in range(metrics_get.numMetrics):
+            entry = metrics_get.metrics[i]
+            try:
+                value = self._value(gpu, fn, (int(entry.metricId),), t=second.t)
+            except pynvml.NVMLError as exc:
+                entry.nvmlReturn, entry.value = int(exc.value), 0.0
+            else:
+                entry.nvmlReturn, entry.value = 0, float(value)
+        return metrics_get
+
+    # -- fabric ------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> int:  # noqa: N802
+        """Fill the caller's versioned struct (pynvml passes ``byref(struct)`` through).
+
+        Values: ``"nvmlDeviceGetGpuFabricInfoV"`` ({"state": 3, "status": 0, "cliqueId": 0,
+        "healthMask": 0, "healthSummary": 0}); ``"nvmlDeviceGetGpuFabricInfoV:<struct major
+        version>"`` overrides it for one version, e.g. {"error": "ARGUMENT_VERSION_MISMATCH"} for a
+        driver that knows only v2.
+        """
+        fn = "nvmlDeviceGetGpuFabricInfoV"
+        self._enter(fn, getattr(handle, "index", None))
+        gpu = self._gpu(handle)
+        struct = getattr(info, "_obj", info)
+        value = self._value(gpu, fn, (int(struct.version) >> 24,))
+        names = {name for name, *_ in struct._fields_}
+        for name, v in vars(value).items():
+            if name in names and name not in ("version", "clusterUuid"):
+                setattr(struct, name, int(v))
+        return 0
 
     # -- everything else: per-device getters answered from "values" ------------------------------
 

@@ -89,8 +89,26 @@ class ScenarioError(ValueError):
     """The scenario file is not valid; the message names the file, the place and the expectation."""
 
 
-_SPEC_KEYS = {"cycle": {"cycle", "step_s"}, "ramp": {"ramp", "per_s"}, "sequence": {"sequence"}, "error": {"error"}}
-_RESERVED = {"cycle", "step_s", "ramp", "per_s", "sequence", "error", "until_s", "value"}
+_SPEC_KEYS = {
+    "cycle": {"cycle", "step_s"},
+    "ramp": {"ramp", "per_s"},
+    "sequence": {"sequence"},
+    "error": {"error"},
+    "integral": {"integral", "scale", "initial"},
+}
+_RESERVED = {
+    "cycle",
+    "step_s",
+    "ramp",
+    "per_s",
+    "sequence",
+    "error",
+    "until_s",
+    "value",
+    "integral",
+    "scale",
+    "initial",
+}
 _VALUE_KEY = re.compile(r"^nvml[A-Za-z0-9_]+(:[^:]+)?$")
 _FIELD_KEY = re.compile(r"^\d+(:\d+)?$")
 
@@ -293,6 +311,21 @@ def _check_spec(path: str, spec: Any, where: str) -> None:
     elif kind == "ramp":
         if not _is_number(spec["ramp"]) or not _is_number(spec.get("per_s")):
             _fail(path, where, "numbers ramp and per_s")
+    elif kind == "integral":
+        inner = spec["integral"]
+        if (
+            not isinstance(inner, dict)
+            or set(inner) != {"cycle", "step_s"}
+            or not isinstance(inner["cycle"], list)
+            or not inner["cycle"]
+            or not all(_is_number(v) for v in inner["cycle"])
+            or not _is_number(inner["step_s"])
+            or inner["step_s"] <= 0
+        ):
+            _fail(path, f"{where}.integral", "a cycle of numbers: {cycle: [...], step_s > 0}")
+        for key in ("scale", "initial"):
+            if key in spec and not _is_number(spec[key]):
+                _fail(path, f"{where}.{key}", "a number")
     else:
         seq = spec["sequence"]
         if not isinstance(seq, list) or not all(isinstance(e, dict) and set(e) <= {"until_s", "value"} for e in seq):

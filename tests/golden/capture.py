@@ -20,6 +20,8 @@ Goldens:
   double-bit ECC) and GPU 0 showing the stuck-context signature (100 % busy, no memory, no
   processes). The test adds the supervisor-side state a worker cannot send: a worker crash in
   nvlink (quarantined after one crash), a readable kernel log and a kubelet pod holding GPU 0.
+- ``gh200``: a Grace Hopper module (h200x1 with GPU power 300 W, module power 650 W, energy rising at
+  650 W): the power scopes in separate families (issue 14); ``gpm_pipes`` switched on.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def _faults() -> tuple[dict[str, Any], dict[str, str]]:
     g0["nvmlDeviceGetPowerUsage"] = {"error": "UNKNOWN"}  # transient: counted, sample omitted
     g0["nvmlDeviceGetUtilizationRates"] = {"gpu": 100, "memory": 0}  # stuck-context signature
     g0["nvmlDeviceGetMemoryInfo"] = {"total": 150754820096, "reserved": 644939776, "free": 150109880320, "used": 0}
+    g0.update({f"nvmlGpmMetricsGet:{m}": 0.0 for m in (2, 3, 5, 10)})  # GPM: no SM works on the wedged GPU
+    g0["nvmlGpmMetricsGet:1"] = 100.0
     scenario["faults"] = [
         {"function": "nvmlDeviceGetUtilizationRates", "gpu": 1, "action": "error", "error": "GPU_IS_LOST"}
     ]
@@ -70,8 +74,27 @@ def _faults() -> tuple[dict[str, Any], dict[str, str]]:
     return scenario, {"ecc": "off", "kernel_xid": "on"}
 
 
-GOLDENS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, str]]]] = {"h200x2": _h200x2, "faults": _faults}
-SNAPSHOTS = {"h200x2": 1, "faults": 2}
+def _gh200() -> tuple[dict[str, Any], dict[str, str]]:
+    """Power scope (issue 14): a Grace Hopper module whose GPU draws 300 W and whole module 650 W,
+    with the energy counter rising at the module's 650 W (synthetic: no Grace module was measured);
+    GPM pipe activity switched on."""
+    scenario = json.loads((SCENARIOS / "h200x1.json").read_text())
+    scenario["description"] = "golden 'gh200': h200x1 as a Grace Hopper module (GPU 300 W, module 650 W), gpm_pipes on"
+    g = scenario["gpus"][0]
+    g["name"] = "NVIDIA GH200 480GB"
+    g["values"]["nvmlDeviceGetPowerUsage"] = 300_000
+    g["values"]["nvmlDeviceGetTotalEnergyConsumption"] = {"ramp": 2_461_760, "per_s": 650_000}
+    g["fields"]["185:0"] = 300_000
+    g["fields"]["185:1"] = 650_000
+    return scenario, {"gpm_pipes": "on"}
+
+
+GOLDENS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, str]]]] = {
+    "h200x2": _h200x2,
+    "faults": _faults,
+    "gh200": _gh200,
+}
+SNAPSHOTS = {"h200x2": 1, "faults": 2, "gh200": 1}
 
 
 def fixture_path(name: str) -> Path:

@@ -1,0 +1,302 @@
+"""Profiling through NVML GPM (GPU Performance Monitoring; Hopper and newer): SM, tensor and DRAM
+activity, PCIe and NVLink traffic, without a DCGM host engine.
+
+"GPU utilization" (``nvgpu_gpu_utilization_ratio``) is the share of time any kernel ran: 100 % for
+a kernel that occupies one SM, and 100 % on a wedged GPU whose context was never cleaned up. GPM
+gives what dcgm-exporter users read in its ``DCGM_FI_PROF_*`` fields: how many SMs were busy, how
+full they were, how much of the time the tensor pipes ran, how much DRAM bandwidth was used.
+
+How a reading is made: GPM computes each metric over the window between two samples of the GPU's
+performance counters. The worker keeps two sample buffers per GPU in the device client's state
+(``dev.state``, which survives a re-probe) and alternates them: each sample pass fills one and asks
+for the metrics between it and the previous one, so a reading covers the previous sample interval
+(the first pass after a worker starts gives none). A failed sample or metrics call keeps the older sample, so the next
+window simply spans two intervals. Activity is exported as gauges of the last window (0 to 1).
+Traffic, which GPM gives as MiB/s over the window, is integrated (rate x window length, measured
+on the backend's clock between the two ``nvmlGpmSampleGet`` calls) into byte counters: ``rate()``
+over any range is then exact, where a rate gauge read every 15-30 s would alias. The counters
+restart from 0 with the worker (``rate()`` handles that as a counter reset).
+
+Sources (nvml.h ``NVML_GPM_METRIC_*``): nvmlGpmQueryDeviceSupport and nvmlDeviceGetMigMode (once per
+GPU and worker life), nvmlGpmSampleAlloc (two buffers, once), nvmlGpmSampleGet and
+nvmlGpmMetricsGet (every sample; every entry's own return code is checked and an unsupported
+metric is not asked again), nvmlGpmSampleFree (when the GPU stops answering). Measured on H200 /
+driver 580.159.04 / nvidia-ml-py 13.615 (../shared/reference/h200/2026-11-30/gpm*.json):
+supported on both GPUs; nvmlGpmSampleGet about 0.5 ms and nvmlGpmMetricsGet for 11 metrics 5-7 ms
+per GPU; idle, every activity metric reads 0; under a bf16 matmul SM activity 0.90 and tensor 0.83.
+
+Buffers are freed when a GPU stops answering GPM (NOT_SUPPORTED); otherwise they live as long as
+the worker, and the process's exit releases them (a GPU that is lost and attached again gets a new
+device client and two new buffers: two small allocations per loss).
+
+MIG: a MIG-enabled GPU is skipped (the feature is unsupported there) until a per GPU instance
+variant exists. It would reuse :func:`take` with a scope per GPU instance and a ``sample``
+callable that calls ``nvmlGpmMigSampleGet(handle, gpu_instance_id, buffer)``.
+
+The pipe-level detail (HMMA, IMMA, DMMA, DFMA, FP64, FP32, FP16) is the separate, off-by-default
+feature ``gpm_pipes`` (:mod:`exporter.collectors.gpm_pipes`), with its own buffers: seven more
+series per GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from exporter.collectors.base import percent_to_ratio
+from exporter.metric import GpuKey, MetricDef
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+    from exporter.nvml.client import DeviceClient
+    from exporter.snapshot import SystemInfo
+
+FEATURE = "gpm"
+MIB = 1 << 20
+
+# NVML_GPM_METRIC_* ids (nvml.h, nvidia-ml-py 13.615).
+GRAPHICS_UTIL = 1
+SM_UTIL = 2
+SM_OCCUPANCY = 3
+ANY_TENSOR_UTIL = 5
+DRAM_BW_UTIL = 10
+PCIE_TX_PER_SEC = 20
+PCIE_RX_PER_SEC = 21
+NVLINK_TOTAL_RX_PER_SEC = 60
+NVLINK_TOTAL_TX_PER_SEC = 61
+
+GRAPHICS_ACTIVITY = MetricDef(
+    "nvgpu_gpm_graphics_activity_ratio",
+    "Fraction of the last sample interval a graphics or compute engine was active "
+    "(GPM NVML_GPM_METRIC_GRAPHICS_UTIL; dcgm-exporter DCGM_FI_PROF_GR_ENGINE_ACTIVE)",
+)
+SM_ACTIVITY = MetricDef(
+    "nvgpu_gpm_sm_activity_ratio",
+    "Fraction of the SMs busy, averaged over the last sample interval; a kernel on one SM reads near 0 "
+    "where GPU utilization reads 1 (GPM NVML_GPM_METRIC_SM_UTIL; DCGM_FI_PROF_SM_ACTIVE)",
+)
+SM_OCCUPANCY_RATIO = MetricDef(
+    "nvgpu_gpm_sm_occupancy_ratio",
+    "Resident warps as a fraction of the SMs' maximum, over the last sample interval "
+    "(GPM NVML_GPM_METRIC_SM_OCCUPANCY; DCGM_FI_PROF_SM_OCCUPANCY)",
+)
+TENSOR_ACTIVITY = MetricDef(
+    "nvgpu_gpm_tensor_activity_ratio",
+    "Fraction of the last sample interval the SMs' tensor pipes (any type) were active "
+    "(GPM NVML_GPM_METRIC_ANY_TENSOR_UTIL; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)",
+)
+DRAM_BANDWIDTH = MetricDef(
+    "nvgpu_gpm_dram_bandwidth_ratio",
+    "DRAM bandwidth used as a fraction of the theoretical maximum, over the last sample interval "
+    "(GPM NVML_GPM_METRIC_DRAM_BW_UTIL; DCGM_FI_PROF_DRAM_ACTIVE)",
+)
+PCIE_TRANSMIT = MetricDef(
+    "nvgpu_gpm_pcie_transmit_bytes_total",
+    "PCIe bytes sent by the GPU: GPM's rate over each sample interval times its length, summed since the "
+    "worker started (GPM NVML_GPM_METRIC_PCIE_TX_PER_SEC; DCGM_FI_PROF_PCIE_TX_BYTES)",
+)
+PCIE_RECEIVE = MetricDef(
+    "nvgpu_gpm_pcie_receive_bytes_total",
+    "PCIe bytes received by the GPU: GPM's rate over each sample interval times its length, summed since the "
+    "worker started (GPM NVML_GPM_METRIC_PCIE_RX_PER_SEC; DCGM_FI_PROF_PCIE_RX_BYTES)",
+)
+NVLINK_TRANSMIT = MetricDef(
+    "nvgpu_gpm_nvlink_transmit_bytes_total",
+    "NVLink bytes sent over all links: GPM's rate over each sample interval times its length, summed since "
+    "the worker started (GPM NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC; DCGM_FI_PROF_NVLINK_TX_BYTES)",
+)
+NVLINK_RECEIVE = MetricDef(
+    "nvgpu_gpm_nvlink_receive_bytes_total",
+    "NVLink bytes received over all links: GPM's rate over each sample interval times its length, summed "
+    "since the worker started (GPM NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC; DCGM_FI_PROF_NVLINK_RX_BYTES)",
+)
+METRICS = (
+    GRAPHICS_ACTIVITY,
+    SM_ACTIVITY,
+    SM_OCCUPANCY_RATIO,
+    TENSOR_ACTIVITY,
+    DRAM_BANDWIDTH,
+    PCIE_TRANSMIT,
+    PCIE_RECEIVE,
+    NVLINK_TRANSMIT,
+    NVLINK_RECEIVE,
+)
+
+ACTIVITY: tuple[tuple[int, MetricDef], ...] = (
+    (GRAPHICS_UTIL, GRAPHICS_ACTIVITY),
+    (SM_UTIL, SM_ACTIVITY),
+    (SM_OCCUPANCY, SM_OCCUPANCY_RATIO),
+    (ANY_TENSOR_UTIL, TENSOR_ACTIVITY),
+    (DRAM_BW_UTIL, DRAM_BANDWIDTH),
+)
+TRAFFIC: tuple[tuple[int, MetricDef], ...] = (
+    (PCIE_TX_PER_SEC, PCIE_TRANSMIT),
+    (PCIE_RX_PER_SEC, PCIE_RECEIVE),
+    (NVLINK_TOTAL_TX_PER_SEC, NVLINK_TRANSMIT),
+    (NVLINK_TOTAL_RX_PER_SEC, NVLINK_RECEIVE),
+)
+METRIC_IDS = tuple(m for m, _ in ACTIVITY + TRAFFIC)
+_ACTIVITY_IDS = frozenset(m for m, _ in ACTIVITY)
+
+
+@dataclass(frozen=True)
+class Reading:
+    activity_percent: dict[int, float]  # GPM metric id -> percent over the last window
+    transferred_bytes: dict[int, float]  # GPM rate metric id -> bytes since the worker started
+
+
+# -- the two-sample window, shared with gpm_pipes (and a future per GPU instance variant) ----------
+
+
+@dataclass
+class Window:
+    """Two GPM sample buffers of one GPU (or, later, one GPU instance), used alternately.
+
+    Attributes:
+        buffers: the two ``nvmlGpmSampleAlloc`` buffers.
+        newest: index of the buffer holding the last good sample; None before the first.
+        taken_at: backend clock (seconds) when that sample was taken.
+        totals: per rate metric id, bytes integrated so far (for the traffic counters).
+    """
+
+    buffers: tuple[Any, Any]
+    newest: int | None = None
+    taken_at: float = 0.0
+    totals: dict[int, float] = field(default_factory=dict)
+
+
+def device_sample(dev: DeviceClient, feature: str) -> Callable[[Any], Any]:
+    """The sampling call for a whole GPU: ``nvmlGpmSampleGet(handle, buffer)``."""
+    return lambda buffer: dev.call(feature, "nvmlGpmSampleGet", buffer, key=("nvmlGpmSampleGet",))
+
+
+def _free(dev: DeviceClient, feature: str, buffers: Iterable[Any]) -> None:
+    for buffer in buffers:
+        dev.call(feature, "nvmlGpmSampleFree", buffer, key=("nvmlGpmSampleFree",), handle=False)
+
+
+def _open(dev: DeviceClient, feature: str) -> Window | None | bool:
+    """Support checks and buffers. Returns a Window, False (never on this GPU), or None (retry)."""
+    support = dev.get(feature, "nvmlGpmQueryDeviceSupport")
+    if support is None:
+        if ("nvmlGpmQueryDeviceSupport",) in dev.unsupported:
+            dev.nothing_to_read(feature, "nvmlGpmQueryDeviceSupport", "GPM not supported", announce=False)
+            return False
+        return None
+    if not int(getattr(support, "isSupportedDevice", 0)):
+        dev.nothing_to_read(feature, "nvmlGpmQueryDeviceSupport", "GPM not supported on this GPU (Hopper and newer)")
+        return False
+    mig = dev.probe(feature, "nvmlDeviceGetMigMode")  # NOT_SUPPORTED: a GPU without MIG
+    if mig is not None and int(mig[0]) == 1:
+        dev.nothing_to_read(
+            feature, "nvmlGpmSampleGet", "MIG enabled: GPM per GPU instance (nvmlGpmMigSampleGet) is not implemented"
+        )
+        return False
+    buffers: list[Any] = []
+    for _ in range(2):
+        buffer = dev.call(feature, "nvmlGpmSampleAlloc", key=("nvmlGpmSampleAlloc",), handle=False)
+        if buffer is None:
+            _free(dev, feature, buffers)
+            if ("nvmlGpmSampleAlloc",) in dev.unsupported:
+                dev.nothing_to_read(feature, "nvmlGpmSampleAlloc", "GPM sample buffers unavailable", announce=False)
+                return False
+            return None
+        buffers.append(buffer)
+    return Window((buffers[0], buffers[1]))
+
+
+def _close(dev: DeviceClient, feature: str, cache_key: str, window: Window, why: str, function: str) -> None:
+    _free(dev, feature, window.buffers)
+    dev.state.pop(cache_key, None)
+    dev.cache[cache_key] = None
+    dev.nothing_to_read(feature, function, why, announce=False)
+
+
+def take(
+    dev: DeviceClient,
+    feature: str,
+    cache_key: str,
+    metric_ids: Sequence[int],
+    sample: Callable[[Any], Any] | None = None,
+) -> tuple[Window, dict[int, float], float] | None:
+    """One GPM reading of this GPU: the metrics over the window since the previous call.
+
+    Args:
+        dev: the GPU.
+        feature: the feature making the calls (breadcrumbs, error accounting).
+        cache_key: where the window lives in ``dev.state`` (one per feature and scope: it survives a
+            re-probe, its buffers and byte totals must); None in ``dev.cache`` under the same key means
+            "not on this GPU" (unsupported, MIG enabled) until the next re-probe clears the cache.
+        metric_ids: ``NVML_GPM_METRIC_*`` ids to compute.
+        sample: fills a buffer (default :func:`device_sample`); returns None on failure.
+
+    Returns:
+        (the window, metric id -> value in NVML's unit, window length in seconds on the backend's
+        clock), or None: first call, unsupported, or a failed sample or metrics call.
+
+    Raises:
+        DeviceLost: the GPU is gone.
+        NvmlFatal: NVML is unusable.
+    """
+    window = dev.state.get(cache_key)
+    if window is None:
+        if cache_key in dev.cache:  # None: not on this GPU (until a re-probe)
+            return None
+        opened = _open(dev, feature)
+        if opened is None:
+            return None
+        if opened is False:
+            dev.cache[cache_key] = None
+            return None
+        window = dev.state[cache_key] = opened
+    assert isinstance(window, Window)
+    target = 0 if window.newest is None else 1 - window.newest
+    got = (sample or device_sample(dev, feature))(window.buffers[target])
+    now = dev.client.now()
+    if got is None:
+        if ("nvmlGpmSampleGet",) in dev.unsupported:
+            _close(dev, feature, cache_key, window, "GPM sampling no longer supported", "nvmlGpmSampleGet")
+        return None  # the older sample stays: the next window spans both intervals
+    if window.newest is None:
+        window.newest, window.taken_at = target, now
+        return None
+    values = dev.gpm_metrics(feature, window.buffers[window.newest], window.buffers[target], metric_ids)
+    if all(("gpm_metric", m) in dev.unsupported for m in metric_ids):
+        _close(dev, feature, cache_key, window, "no GPM metric of this feature supported", "nvmlGpmMetricsGet")
+        return None
+    if not values:
+        return None  # keep the older sample, as above
+    seconds = max(0.0, now - window.taken_at)
+    window.newest, window.taken_at = target, now
+    return window, values, seconds
+
+
+# -- the collector ---------------------------------------------------------------------------------
+
+
+def read(dev: DeviceClient) -> Reading | None:
+    got = take(dev, FEATURE, "gpm", METRIC_IDS)
+    if got is None:
+        return None
+    window, values, seconds = got
+    for metric_id, _ in TRAFFIC:
+        rate = values.get(metric_id)
+        if rate is not None and rate >= 0:
+            window.totals[metric_id] = window.totals.get(metric_id, 0.0) + rate * MIB * seconds
+    activity = {m: v for m, v in values.items() if m in _ACTIVITY_IDS and v >= 0}
+    return Reading(activity, dict(window.totals))
+
+
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    fams = {m: spec.family() for m, spec in ACTIVITY + TRAFFIC}
+    for key, r in samples:
+        for metric_id, percent in r.activity_percent.items():
+            if metric_id in fams:
+                fams[metric_id].add(key, percent_to_ratio(percent))
+        for metric_id, total in r.transferred_bytes.items():
+            if metric_id in fams:
+                fams[metric_id].add(key, total)
+    for metric_id, _ in ACTIVITY + TRAFFIC:
+        yield from fams[metric_id].done()
