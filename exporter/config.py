@@ -64,13 +64,13 @@ def _duration(name: str, text: str) -> float:
     return value
 
 
-def _integer(minimum: int, expected: str) -> Callable[[str, str], int]:
+def _integer(minimum: int, expected: str, maximum: int | None = None) -> Callable[[str, str], int]:
     def parse(name: str, text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise ValueError(f"{name}={text!r}: expected {expected}")
         return value
 
@@ -302,6 +302,30 @@ SETTINGS: tuple[Setting, ...] = (
         "how often to ask the kubelet for pod assignments",
     ),
     Setting(
+        "proc_path",
+        "NVGPU_PROC_PATH",
+        "--proc-path",
+        "/proc",
+        _path,
+        "proc file system to resolve GPU processes in (pid_max, names, cgroups -> pods); needs hostPID",
+    ),
+    Setting(
+        "container_log_dir",
+        "NVGPU_CONTAINER_LOG_DIR",
+        "--container-log-dir",
+        "/var/log/containers",
+        _path,
+        "the kubelet's container log symlinks: container id -> namespace/pod/container (names only)",
+    ),
+    Setting(
+        "process_series_per_gpu",
+        "NVGPU_PROCESS_SERIES_PER_GPU",
+        "--process-series-per-gpu",
+        "16",
+        _integer(1, "an integer from 1 to 1000", maximum=1000),
+        'process_usage: processes with their own series per GPU; the rest are summed under pid="other"',
+    ),
+    Setting(
         "stuck_utilization",
         "NVGPU_STUCK_UTILIZATION_RATIO",
         "--stuck-utilization",
@@ -353,6 +377,9 @@ class Config:
     pod_resources_socket: str = ""
     pod_labels: bool = False
     pod_refresh_s: float = 15.0
+    proc_path: str = "/proc"
+    container_log_dir: str = "/var/log/containers"
+    process_series_per_gpu: int = 16
     stuck_utilization: float = 0.99
     stuck_memory_bytes: int = 64 << 20
     stuck_after_s: float = 60.0
@@ -419,6 +446,24 @@ class Config:
             "log_level": self.log_level,
             "log_format": self.log_format,
             "drain_s": max(1.0, self.shutdown_timeout_s / 2),
+            "collectors": {"processes": self.process_options(quarantined)},
+        }
+
+    def process_options(self, quarantined: Mapping[str, str]) -> dict[str, Any]:
+        """What the worker's processes collector needs beyond NVML (exporter/collectors/processes.py).
+
+        ``per_process``: the process_usage feature is on (per-process rows); ``per_pod``: pod
+        attribution is on (per-pod sums). Both features run in the supervisor, so their state
+        here follows the environment and quarantine, as the supervisor's extensions do.
+        """
+        states = gf.resolve(self.feature_modes, quarantined=quarantined)
+        return {
+            "per_process": states["process_usage"].enabled,
+            "per_pod": states["pod_attribution"].enabled,
+            "proc_path": self.proc_path,
+            "container_log_dir": self.container_log_dir,
+            "series_per_gpu": self.process_series_per_gpu,
+            "interval_s": self.interval_s,
         }
 
     def describe(self) -> list[str]:

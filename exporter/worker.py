@@ -128,6 +128,7 @@ def main() -> int:
         channel.send("init_failed", code=-1, error="BAD_BACKEND", message=str(exc))
         return protocol.EXIT_NVML_FATAL
     client = NvmlClient(backend, BreadcrumbWriter(int(crumb_fd) if crumb_fd else None), SLOT_SAMPLER, stop)
+    client.options = config.get("collectors", {})  # per-collector settings (processes: /proc, caps)
     sampler = Sampler(config, client, backend.binding_version() or "")
     try:
         failed = sampler.init()

@@ -40,6 +40,7 @@ EXPECTED_NAMES = [
     "nvlink",
     "nvlink_throughput",
     "processes",
+    "process_usage",
     "events",
     "kernel_xid",
     "pod_attribution",
@@ -59,9 +60,10 @@ def test_registry_is_read_only() -> None:
         FEATURES["new"] = FEATURES["fan"]  # type: ignore[index]
 
 
-def test_only_kernel_xid_is_off_by_default() -> None:
-    assert [name for name, f in FEATURES.items() if not f.default] == ["kernel_xid"]
+def test_only_kernel_xid_and_process_usage_are_off_by_default() -> None:
+    assert [name for name, f in FEATURES.items() if not f.default] == ["process_usage", "kernel_xid"]
     assert "/dev/kmsg" in FEATURES["kernel_xid"].description
+    assert "NVGPU_PROCESS_SERIES_PER_GPU" in FEATURES["process_usage"].description
 
 
 def test_every_nvml_function_exists_in_the_installed_binding() -> None:
@@ -84,10 +86,12 @@ def test_incident_feature_names_its_query() -> None:
         "nvmlDeviceGetNvLinkState",
         "nvmlDeviceGetNvLinkErrorCounter",
     )
-    assert FEATURES["processes"].nvml_functions == (
+    assert FEATURES["processes"].nvml_functions[:2] == (
         "nvmlDeviceGetComputeRunningProcesses_v3",
         "nvmlDeviceGetComputeRunningProcesses_v2",
     )
+    assert "nvmlDeviceGetProcessUtilization" in FEATURES["processes"].nvml_functions
+    assert FEATURES["process_usage"].nvml_functions == ()
     assert FEATURES["events"].nvml_functions == (
         "nvmlEventSetCreate",
         "nvmlDeviceGetSupportedEventTypes",
@@ -333,7 +337,7 @@ def test_resolve_covers_every_feature_in_order_and_missing_modes_are_auto() -> N
     states = resolve({"fan": Mode.OFF})
     assert list(states) == EXPECTED_NAMES
     assert states["fan"].enabled is False
-    assert all(s.enabled for n, s in states.items() if n not in ("fan", "kernel_xid"))
+    assert all(s.enabled for n, s in states.items() if n not in ("fan", "kernel_xid", "process_usage"))
 
 
 def test_resolve_with_parsed_environment() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from exporter.breadcrumb import SLOT_SAMPLER, BreadcrumbWriter
@@ -60,6 +60,11 @@ class NvmlClient:
         crumbs: shared-memory breadcrumb writer.
         slot: breadcrumb slot of the calling thread (sampler by default).
         stop: once set, new calls raise :class:`Stopping` (calls in flight finish).
+
+    Attributes:
+        options: per-collector settings from the worker configuration, by feature name
+            (``Config.worker_config()["collectors"]``); read by collectors through their
+            :class:`DeviceClient`'s ``client``.
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class NvmlClient:
         self.crumbs = crumbs
         self.slot = slot
         self.stop = stop or threading.Event()
+        self.options: Mapping[str, Mapping[str, Any]] = {}
         self.calls = 0
         self.ok_calls = 0  # calls that returned: "every call failing" is told apart from "no call needed"
         self.errors: Counter[tuple[str, str]] = Counter()  # (feature, error name) -> count
@@ -210,6 +216,32 @@ class DeviceClient:
             value = self.client.raw(feature, function, self.uuid, self.handle, *args, **kwargs)
         except Exception as exc:  # classified in one place: errors.classify
             self._handle_error(feature, function, key, exc, quiet)
+            return None
+        self.feature_ok.add(feature)
+        return value
+
+    def sample(self, feature: str, function: str, *args: Any, absent: Any = None) -> Any:
+        """Like :meth:`get`, for calls whose arguments change every time (a last-seen timestamp).
+
+        The unsupported cache is keyed by the function alone, so a GPU that answers
+        NOT_SUPPORTED (nvmlDeviceGetProcessUtilization with MIG on) is not asked again with the
+        next timestamp; and an ABSENT answer (NOT_FOUND: "no samples newer than the timestamp")
+        returns ``absent``, which tells "nothing new" from "no answer" (None).
+
+        Raises:
+            DeviceLost: the GPU is gone.
+            NvmlFatal: NVML is unusable.
+        """
+        key: tuple[Any, ...] = (function,)
+        if key in self.unsupported:
+            return None
+        try:
+            value = self.client.raw(feature, function, self.uuid, self.handle, *args)
+        except Exception as exc:  # classified in one place: errors.classify
+            if errors.classify(exc).error_class is ErrorClass.ABSENT:
+                self.feature_ok.add(feature)
+                return absent
+            self._handle_error(feature, function, key, exc)
             return None
         self.feature_ok.add(feature)
         return value
