@@ -32,9 +32,7 @@ def pod_uid(name: str) -> str:
 def cgroup_v2_systemd(uid: str, cid: str, qos: str = "burstable") -> str:
     """cgroup v2 with the systemd driver and containerd, as on most current nodes."""
     slice_uid = uid.replace("-", "_")
-    return (
-        f"0::/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{slice_uid}.slice/cri-containerd-{cid}.scope\n"
-    )
+    return f"0::/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{slice_uid}.slice/cri-containerd-{cid}.scope\n"
 
 
 def cgroup_v1_cgroupfs(uid: str, cid: str, qos: str = "besteffort") -> str:

@@ -81,7 +81,10 @@ def test_process_names_are_cleaned_for_labels() -> None:
 def test_container_log_names() -> None:
     cid = "b" * 64
     assert parse_link_name(f"trainer-0_ml_main-{cid}.log") == (cid, ContainerRef("ml", "trainer-0", "main"))
-    assert parse_link_name(f"web.v2-abc_prod-ns_side-car-{cid}.log") == (cid, ContainerRef("prod-ns", "web.v2-abc", "side-car"))
+    assert parse_link_name(f"web.v2-abc_prod-ns_side-car-{cid}.log") == (
+        cid,
+        ContainerRef("prod-ns", "web.v2-abc", "side-car"),
+    )
     for bad in (f"trainer-0_ml_main-{cid[:60]}.log", "README", f"a_b-{cid}.log", f"a_b_c_d-{cid}.log"):
         assert parse_link_name(bad) is None, bad
 
