@@ -244,19 +244,22 @@ class _List:
 
 
 def _validated(
-    dev: DeviceClient, function: str, kind: str, pid_max: int, total: int | None
+    dev: DeviceClient, st: _GpuState, function: str, kind: str, pid_max: int
 ) -> tuple[list[ProcessRecord], Counter[str]] | None:
-    """One call and its validation; None when the call gave nothing (error or unsupported)."""
+    """One call and its validation; None when the call gave nothing (error or unsupported).
+
+    The GPU's total memory is read after the first list answers: a GPU whose lists are all
+    unsupported must not look as if the feature worked (the worker then switches it off).
+    """
     raw = dev.get(FEATURE, function)
     if raw is None:
         return None
     drops: Counter[str] = Counter()
+    total = _memory_total(dev, st)
     return validate_records(raw, kind, pid_max=pid_max, memory_total=total, drops=drops), drops
 
 
-def _read_list(
-    dev: DeviceClient, st: _GpuState, node: _Node, kind: str, total: int | None, drops: Counter[str]
-) -> _List | None:
+def _read_list(dev: DeviceClient, st: _GpuState, node: _Node, kind: str, drops: Counter[str]) -> _List | None:
     """The newest struct version that answers with plausible records.
 
     A version whose records fail validation is kept only when the next older one fails too;
@@ -267,7 +270,7 @@ def _read_list(
     pid_max = node.pid_max()
     candidates = [fn for fn in variants[st.start.get(kind, 0) :] if (fn,) not in dev.unsupported]
     for i, fn in enumerate(candidates):
-        got = _validated(dev, fn, kind, pid_max, total)
+        got = _validated(dev, st, fn, kind, pid_max)
         if got is None:
             if (fn,) in dev.unsupported:
                 continue
@@ -276,7 +279,7 @@ def _read_list(
         bad = structural(local)
         if bad:
             for older in candidates[i + 1 :]:
-                alt = _validated(dev, older, kind, pid_max, total)
+                alt = _validated(dev, st, older, kind, pid_max)
                 if alt is None:
                     if (older,) in dev.unsupported:
                         continue
@@ -455,11 +458,10 @@ def read(dev: DeviceClient) -> Reading | None:
     opts = dev.client.options.get(FEATURE, {})
     per_process, per_pod = bool(opts.get("per_process")), bool(opts.get("per_pod"))
     st, node = _state(dev), _node(opts)
-    total = _memory_total(dev, st)
     drops: Counter[str] = Counter()
     lists: dict[str, _List] = {}
     for kind in KINDS:
-        got = _read_list(dev, st, node, kind, total, drops)
+        got = _read_list(dev, st, node, kind, drops)
         if got is None:
             if kind == "compute":
                 st.dropped.update(drops)
