@@ -187,7 +187,11 @@ def _line(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
 def _smi_apps() -> list[dict[str, str]]:
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv,noheader,nounits"],
+            [
+                "nvidia-smi",
+                "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                "--format=csv,noheader,nounits",
+            ],
             capture_output=True,
             text=True,
             check=False,
