@@ -114,6 +114,16 @@ class ProcFs:
         text = self._read(str(pid), "cgroup")
         return None if text is None else parse_cgroup(text)
 
+    def own_pod(self) -> PodCgroup | None:
+        """The pod this process runs in (``/proc/self/cgroup``), None outside Kubernetes pods.
+
+        The exporter holds no GPU context (NVML only), so a GPU process that resolves to its own
+        pod is a PID from another namespace that happens to exist in this one (an old driver
+        reporting host PIDs to a container without hostPID): never attribute it.
+        """
+        text = self._read("self", "cgroup")
+        return None if text is None else parse_cgroup(text)
+
     def host_pid_namespace(self) -> bool | None:
         """True in the host's PID namespace (``hostPID: true``), False in a container's own,
         None when ``/proc/self/ns/pid`` cannot be read."""

@@ -62,9 +62,14 @@ def make_proc(
     *,
     pid_max: int | None = 4194304,
     pid_namespace: str | None = HOST_PID_NS,
+    own: Container | None = None,
 ) -> Path:
-    """Write a fake /proc: ``processes`` maps pid -> (comm, container, raw cgroup text or None)."""
+    """Write a fake /proc: ``processes`` maps pid -> (comm, container, raw cgroup text or None);
+    ``own`` is the container the reader itself runs in (``self/cgroup``)."""
     root.mkdir(parents=True, exist_ok=True)
+    if own is not None:
+        (root / "self").mkdir(parents=True, exist_ok=True)
+        (root / "self" / "cgroup").write_text(cgroup_v2_systemd(own.uid, own.id))
     if pid_max is not None:
         (root / "sys" / "kernel").mkdir(parents=True, exist_ok=True)
         (root / "sys" / "kernel" / "pid_max").write_text(f"{pid_max}\n")

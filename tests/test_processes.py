@@ -280,3 +280,19 @@ def test_families_render_every_series_with_its_labels(tmp_path: Path) -> None:
     api = {(s.labels["list"], s.labels["function"]) for s in fams["nvgpu_process_api_info"].samples}
     assert ("compute", V3) in api and ("utilization", UTIL) in api
     assert "gpu" not in fams["nvgpu_process_api_info"].samples[0].labels
+
+
+def test_a_pid_that_resolves_to_the_exporters_own_pod_is_not_attributed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An old driver reporting host PIDs to a container without hostPID: host pid 7 is, in the
+    container's namespace, one of the exporter's own processes. It must not become the exporter's
+    pod's GPU usage."""
+    exporter = Container("nvgpu-exporter", "nvgpu-exporter-x2k4f", "nvgpu-exporter")
+    proc = make_proc(tmp_path / "proc", {7: ("python3", exporter)}, pid_namespace=CONTAINER_PID_NS, own=exporter)
+    gpu = Gpu(tmp_path, {V3: [rec(7, 5 << 30)]}, {"per_pod": True, "per_process": True, "proc_path": str(proc)})
+    with caplog.at_level(logging.WARNING):
+        r = gpu.read()
+        gpu.read()
+    assert r.count == 1 and r.pods == {} and r.labels[7] == ("", "", "", "")
+    assert len([x for x in caplog.records if "exporter's own pod" in x.getMessage()]) == 1

@@ -62,6 +62,9 @@ def test_procfs_reads_names_pods_pid_max_and_namespace(tmp_path: Path) -> None:
     other = make_proc(tmp_path / "other", {}, pid_max=None, pid_namespace=CONTAINER_PID_NS)
     assert ProcFs(str(other)).host_pid_namespace() is False and ProcFs(str(other)).pid_max() is None
     assert ProcFs(str(tmp_path / "missing")).host_pid_namespace() is None
+    assert proc.own_pod() is None  # not in a pod
+    inside = make_proc(tmp_path / "inside", {}, own=TRAINER)
+    assert ProcFs(str(inside)).own_pod() == PodCgroup(TRAINER.uid, TRAINER.id)
 
 
 def test_odd_pid_max_is_unknown(tmp_path: Path) -> None:

@@ -386,22 +386,34 @@ def _add(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else a + b
 
 
-def _processes(merged: Sequence[ProcessRecord], node: _Node, names: bool, pods: bool) -> dict[int, _Proc]:
+def _processes(merged: Sequence[ProcessRecord], node: _Node, names: bool) -> dict[int, _Proc]:
     """One entry per pid: summed memory, and its name and pod from /proc where visible."""
     out: dict[int, _Proc] = {}
     for rec in merged:
         p = out.setdefault(rec.pid, _Proc())
         p.memory = _add(p.memory, rec.memory_bytes)
+    own = node.proc.own_pod() if out else None
     for pid, p in out.items():
+        cg = node.proc.pod(pid)
+        if own is not None and cg is not None and cg.pod_uid == own.pod_uid:
+            # a PID of another namespace that names one of our own processes (see ProcFs.own_pod)
+            log_once(
+                log,
+                logging.WARNING,
+                ("own-pod-pid",),
+                "GPU process pid %d resolves to the exporter's own pod in %s: NVML reports PIDs of another PID "
+                "namespace (give the exporter hostPID: true); such processes are not named or attributed",
+                pid,
+                node.proc.root,
+            )
+            continue
         if names:
             p.name = node.proc.name(pid) or ""
-        if pods or names:
-            cg = node.proc.pod(pid)
-            if cg is not None:
-                p.pod_uid = cg.pod_uid
-                ref = node.logs.lookup(cg.container_id)
-                if ref is not None:
-                    p.names = (ref.namespace, ref.pod, ref.container)
+        if cg is not None:
+            p.pod_uid = cg.pod_uid
+            ref = node.logs.lookup(cg.container_id)
+            if ref is not None:
+                p.names = (ref.namespace, ref.pod, ref.container)
     return out
 
 
@@ -475,7 +487,7 @@ def read(dev: DeviceClient) -> Reading | None:
 
     procs: dict[int, _Proc] = {}
     if merged and (per_process or per_pod):
-        procs = _processes(merged, node, per_process, True)
+        procs = _processes(merged, node, per_process)
         if per_process or any(p.pod_uid for p in procs.values()):
             samples = _utilization(dev, st, node, drops)
             if samples is not None:
