@@ -307,7 +307,8 @@ SETTINGS: tuple[Setting, ...] = (
         "--proc-path",
         "/proc",
         _path,
-        "proc file system to resolve GPU processes in (pid_max, names, cgroups -> pods); needs hostPID",
+        "proc file system to resolve GPU processes in (pid_max, names, cgroups -> pods; needs hostPID); "
+        "empty: none; with a fake backend none unless set (its pids are not this machine's)",
     ),
     Setting(
         "container_log_dir",
@@ -315,7 +316,8 @@ SETTINGS: tuple[Setting, ...] = (
         "--container-log-dir",
         "/var/log/containers",
         _path,
-        "the kubelet's container log symlinks: container id -> namespace/pod/container (names only)",
+        "the kubelet's container log symlinks: container id -> namespace/pod/container (names only); "
+        "empty: none; with a fake backend none unless set",
     ),
     Setting(
         "process_series_per_gpu",
@@ -423,6 +425,12 @@ class Config:
                 close = difflib.get_close_matches(key, sorted(known - {"NVGPU_FAKE_EPOCH"}), n=1)
                 hint = f"; did you mean {close[0]}?" if close else ""
                 problems.append(f"{key}: unknown variable{hint}")
+        if str(values.get("nvml_backend", "")).startswith("fake:"):
+            # A fake GPU's pids are not this machine's: resolving them in its /proc would name and
+            # attribute unrelated processes. Tests and demos point these at fake trees explicitly.
+            for s in SETTINGS:
+                if s.attr in ("proc_path", "container_log_dir") and s.env not in environ and s.attr not in flags:
+                    values[s.attr] = ""
         interval = values.get("interval_s", 5.0)
         values.setdefault("stale_s", 3 * interval)
         values.setdefault("sample_deadline_s", max(10.0, 2 * interval))

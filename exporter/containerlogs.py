@@ -73,6 +73,9 @@ class ContainerLogIndex:
     def _relist(self) -> None:
         self._listed_at = self._clock()
         index: dict[str, ContainerRef] = {}
+        if not self.directory:  # off
+            self.readable, self._index = False, {}
+            return
         try:
             with os.scandir(self.directory) as entries:
                 for entry in entries:

@@ -166,10 +166,10 @@ class PodAttribution(Extension):
             "per-pod GPU usage: kubelet PodResources (which pods hold each GPU): %s; processes -> pods "
             "through %s/<pid>/cgroup: %s%s; pod names through %s: %s%s",
             said[self.up],
-            self.config.proc_path,
+            self.config.proc_path or "(NVGPU_PROC_PATH empty: off)",
             said[bool(proc)],
             "" if proc else " (needs hostPID: true; docs/kubernetes.md)",
-            self.config.container_log_dir,
+            self.config.container_log_dir or "(NVGPU_CONTAINER_LOG_DIR empty: off)",
             said[bool(logs)],
             "" if logs else " (mount it read-only to name pods that share a GPU)",
             extra={"pod_resources": self.up, "proc": bool(proc), "container_logs": bool(logs)},

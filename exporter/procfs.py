@@ -76,13 +76,15 @@ class ProcFs:
     """Reads below a ``/proc`` root.
 
     Args:
-        root: the proc file system (``/proc``, or a fake tree in tests).
+        root: the proc file system (``/proc``, or a fake tree in tests); empty: nothing is read.
     """
 
     def __init__(self, root: str = DEFAULT_ROOT) -> None:
         self.root = root
 
     def _read(self, *parts: str) -> str | None:
+        if not self.root:  # resolving processes is off
+            return None
         try:
             with open(os.path.join(self.root, *parts), encoding="utf-8", errors="replace") as fh:
                 return fh.read(65536)
@@ -99,7 +101,7 @@ class ProcFs:
 
     def exists(self, pid: int) -> bool:
         """Whether ``/proc/<pid>`` exists in this PID namespace."""
-        return os.path.isdir(os.path.join(self.root, str(pid)))
+        return bool(self.root) and os.path.isdir(os.path.join(self.root, str(pid)))
 
     def name(self, pid: int) -> str | None:
         """``/proc/<pid>/comm`` (at most 15 characters in the kernel), cleaned for a label."""
@@ -127,6 +129,8 @@ class ProcFs:
     def host_pid_namespace(self) -> bool | None:
         """True in the host's PID namespace (``hostPID: true``), False in a container's own,
         None when ``/proc/self/ns/pid`` cannot be read."""
+        if not self.root:
+            return None
         try:
             return os.readlink(os.path.join(self.root, "self", "ns", "pid")) == HOST_PID_NAMESPACE
         except OSError:

@@ -335,3 +335,12 @@ def test_worker_gets_the_process_options() -> None:
     opts = Config.from_env(env).worker_config({"pod_attribution": "crashed 3 times"})["collectors"]["processes"]
     assert opts["per_process"] is True and opts["per_pod"] is False and opts["series_per_gpu"] == 4
     assert opts["proc_path"] == "/host/proc" and opts["container_log_dir"] == "/host/containers"
+
+
+def test_a_fake_backend_does_not_resolve_its_pids_in_this_machines_proc(tmp_path: Path) -> None:
+    (tmp_path / "s.json").write_text('{"gpus": []}')
+    fake = Config.from_env({"NVGPU_NVML_BACKEND": f"fake:{tmp_path / 's.json'}"})
+    assert fake.proc_path == "" and fake.container_log_dir == ""
+    chosen = Config.from_env({"NVGPU_NVML_BACKEND": f"fake:{tmp_path / 's.json'}", "NVGPU_PROC_PATH": "/tmp/p"})
+    assert chosen.proc_path == "/tmp/p" and chosen.container_log_dir == ""
+    assert Config.from_env({}).proc_path == "/proc"

@@ -67,6 +67,18 @@ def test_procfs_reads_names_pods_pid_max_and_namespace(tmp_path: Path) -> None:
     assert ProcFs(str(inside)).own_pod() == PodCgroup(TRAINER.uid, TRAINER.id)
 
 
+def test_an_empty_root_reads_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVGPU_PROC_PATH / NVGPU_CONTAINER_LOG_DIR empty: off, not "relative to the working directory"."""
+    make_proc(tmp_path, {42: ("python3", TRAINER)})
+    make_container_logs(tmp_path, [TRAINER])
+    monkeypatch.chdir(tmp_path)
+    off = ProcFs("")
+    assert (off.pid_max(), off.name(42), off.pod(42), off.own_pod(), off.host_pid_namespace()) == (None,) * 5
+    assert not off.exists(42)
+    logs = ContainerLogIndex("")
+    assert logs.lookup(TRAINER.id) is None and not logs.check()
+
+
 def test_odd_pid_max_is_unknown(tmp_path: Path) -> None:
     for text in ("", "-1", "lots", "0"):
         root = make_proc(tmp_path / f"p{text}", {}, pid_max=None)

@@ -199,7 +199,7 @@ _NODES: dict[tuple[str, str], _Node] = {}
 
 
 def _node(opts: Mapping[str, Any]) -> _Node:
-    key = (str(opts.get("proc_path") or DEFAULT_ROOT), str(opts.get("container_log_dir") or DEFAULT_DIR))
+    key = (str(opts.get("proc_path", DEFAULT_ROOT)), str(opts.get("container_log_dir", DEFAULT_DIR)))
     node = _NODES.get(key)
     if node is None:
         node = _NODES[key] = _Node(*key)
