@@ -162,16 +162,23 @@ class PodAttribution(Extension):
         self._logged_sources = state
         said = {True: "yes", False: "no", None: "not yet"}
         proc, logs = self.sources.get("proc"), self.sources.get("container_logs")
+        proc_path, log_dir = self.config.proc_path, self.config.container_log_dir
+        if not proc_path:
+            via_proc = "off (NVGPU_PROC_PATH is empty)"
+        else:
+            via_proc = f"{proc_path}/<pid>/cgroup: " + (
+                "yes" if proc else "no (needs hostPID: true; docs/kubernetes.md)"
+            )
+        if not log_dir:
+            via_logs = "off (NVGPU_CONTAINER_LOG_DIR is empty)"
+        else:
+            via_logs = f"{log_dir}: " + ("yes" if logs else "no (mount it read-only to name pods that share a GPU)")
         log.info(
-            "per-pod GPU usage: kubelet PodResources (which pods hold each GPU): %s; processes -> pods "
-            "through %s/<pid>/cgroup: %s%s; pod names through %s: %s%s",
+            "per-pod GPU usage: kubelet PodResources (which pods hold each GPU): %s; processes -> pods through %s; "
+            "pod names through %s",
             said[self.up],
-            self.config.proc_path or "(NVGPU_PROC_PATH empty: off)",
-            said[bool(proc)],
-            "" if proc else " (needs hostPID: true; docs/kubernetes.md)",
-            self.config.container_log_dir or "(NVGPU_CONTAINER_LOG_DIR empty: off)",
-            said[bool(logs)],
-            "" if logs else " (mount it read-only to name pods that share a GPU)",
+            via_proc,
+            via_logs,
             extra={"pod_resources": self.up, "proc": bool(proc), "container_logs": bool(logs)},
         )
 
