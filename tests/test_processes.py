@@ -78,6 +78,7 @@ class Gpu:
 def fresh_log_once() -> None:
     _once_keys.clear()
     processes._NODES.clear()
+    processes._STATES.clear()
 
 
 def test_r535_misread_v3_falls_back_to_v2_for_good(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -196,10 +197,10 @@ def test_churning_processes_stay_bounded(tmp_path: Path) -> None:
         assert r.other is None or r.other[0] == r.count - 8
         seen.update(r.processes)
     assert len(seen) > 100  # the series really churned
-    state = gpu.dev.cache["processes.state"]
-    assert set(gpu.dev.cache) == {"processes.state"}
+    state = processes._STATES[UUID]
+    assert gpu.dev.cache == {} and len(processes._STATES) == 1
     assert len(state.dropped) == 0 and len(state.start) == 0
-    assert len(processes._NODES) == 1
+    assert len(processes._NODES) == 1 and len(processes._NODES[next(iter(processes._NODES))].logs) == 0
 
 
 def test_per_pod_sums_on_a_time_sliced_gpu(tmp_path: Path) -> None:
@@ -296,3 +297,18 @@ def test_a_pid_that_resolves_to_the_exporters_own_pod_is_not_attributed(
         gpu.read()
     assert r.count == 1 and r.pods == {} and r.labels[7] == ("", "", "", "")
     assert len([x for x in caplog.records if "exporter's own pod" in x.getMessage()]) == 1
+
+
+def test_the_drop_counter_and_the_fallback_survive_a_reprobe(tmp_path: Path) -> None:
+    """A re-probe clears the device client's caches; the counter must not reset with it, and the
+    struct fallback is a property of this binding and driver, kept for the worker's life."""
+    gpu = Gpu(tmp_path, {V3: {"struct": "r535_v3", "records": TRUTH}, V2: TRUTH})
+    first = gpu.read()
+    gpu.dev.cache.clear()  # what a re-probe does (DeviceClient.forget)
+    again = gpu.read()
+    assert again.dropped == first.dropped and again.functions["compute"] == V2 and gpu.calls(V3) == 1
+
+
+def test_forked_clients_keep_the_options(tmp_path: Path) -> None:
+    gpu = Gpu(tmp_path, {V3: TRUTH}, {"per_process": True})
+    assert gpu.client.fork(3).options is gpu.client.options

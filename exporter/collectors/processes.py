@@ -208,7 +208,9 @@ def _node(opts: Mapping[str, Any]) -> _Node:
 
 @dataclass
 class _GpuState:
-    """What one GPU's reads remember across samples (in ``DeviceClient.cache``)."""
+    """What one GPU's reads remember for the worker's life (by UUID, not in ``DeviceClient.cache``,
+    which a re-probe clears: the drop counter and the struct fallback must not reset with it).
+    Each GPU's state is used by that GPU's sampling only."""
 
     start: dict[str, int] = field(default_factory=dict)  # list -> index of the variant to begin with
     fallbacks: dict[str, str] = field(default_factory=dict)
@@ -218,10 +220,13 @@ class _GpuState:
     memory_total_read: bool = False
 
 
+_STATES: dict[str, _GpuState] = {}  # GPU UUID -> state; bounded by the GPUs of the node
+
+
 def _state(dev: DeviceClient) -> _GpuState:
-    st = dev.cache.get("processes.state")
-    if not isinstance(st, _GpuState):
-        st = dev.cache["processes.state"] = _GpuState()
+    st = _STATES.get(dev.uuid)
+    if st is None:
+        st = _STATES[dev.uuid] = _GpuState()
     return st
 
 

@@ -84,6 +84,7 @@ class NvmlClient:
         """A client for another thread, sharing the backend and breadcrumb memory."""
         other = NvmlClient(self.backend, self.crumbs, slot, self.stop)
         other._fns = self._fns
+        other.options = self.options
         return other
 
     def _fn(self, name: str) -> Callable[..., Any]:
