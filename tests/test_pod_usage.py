@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -74,12 +75,16 @@ def test_a_pod_using_a_gpu_it_does_not_hold_is_shown() -> None:
     assert pod_usage(r, set()) == {("kube-system", "privileged-debug"): (GIB, 1)}
 
 
+# A GPU that answered: ``up=True`` here, ``state="up"`` once GpuSample carries a state (a later design).
+_UP: dict[str, Any] = {"state": "up"} if "state" in {f.name for f in dataclasses.fields(GpuSample)} else {"up": True}
+
+
 def _snapshot(readings: dict[int, Reading]) -> Snapshot:
     return Snapshot(
         ts=1.0,
         duration_s=0.0,
         system=SystemInfo(),
-        gpus=tuple(GpuSample(i, f"GPU-{i}", True, {"processes": r}) for i, r in readings.items()),
+        gpus=tuple(GpuSample(index=i, uuid=f"GPU-{i}", readings={"processes": r}, **_UP) for i, r in readings.items()),
         features={},
         feature_states={},
         errors={},
