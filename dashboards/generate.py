@@ -914,7 +914,61 @@ def gpu_fleet() -> dict[str, Any]:
             hide=("Value",),
         )
     )
+    d = _per_pod_usage(d)
     return to_json(d)
+
+
+# Per-pod usage (issue 18): who uses a shared GPU, from the processes' cgroups joined with the kubelet.
+POD_BY = GPU_BY + ", namespace, pod"
+POD_LEGEND = "{{namespace}}/{{pod}} on {{instance}} GPU {{gpu}}"
+
+
+def _per_pod_usage(d: dashboard.Dashboard) -> dashboard.Dashboard:
+    about = (
+        "Summed over the pod's processes on each GPU: process -> pod through /proc/<pid>/cgroup (the exporter "
+        "needs hostPID), names through the kubelet's /var/log/containers or the one pod holding the GPU. "
+        "Empty namespace/pod: usage of pods that cannot be named. Time-sliced and MPS GPUs show one row per pod."
+    )
+    return (
+        d.with_panel(
+            table_panel(
+                "Per-pod GPU usage",
+                "GPU memory (nvgpu_pod_memory_used_bytes) and SM utilization (nvgpu_pod_sm_utilization_ratio) "
+                "of each pod on each GPU, now. " + about,
+                [
+                    (f"sum by ({POD_BY}) (nvgpu_pod_memory_used_bytes{{{GPU}}})", None),
+                    (f"sum by ({POD_BY}) (nvgpu_pod_sm_utilization_ratio{{{GPU}}})", None),
+                ],
+                w=24,
+                h=8,
+                hide=("cluster",),
+                rename={"Value #A": "GPU memory", "Value #B": "SM utilization"},
+                overrides=[
+                    ("GPU memory", [dm.DynamicConfigValue(id_val="unit", value="bytes")]),
+                    ("SM utilization", [dm.DynamicConfigValue(id_val="unit", value="percentunit")]),
+                ],
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Pod GPU memory",
+                "nvgpu_pod_memory_used_bytes per pod and GPU. " + about,
+                [(f"sum by ({POD_BY}) (nvgpu_pod_memory_used_bytes{{{GPU}}})", POD_LEGEND)],
+                "bytes",
+                stacked=True,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Pod SM utilization",
+                "nvgpu_pod_sm_utilization_ratio per pod and GPU: the sum of its processes' SM utilization "
+                "(nvmlDeviceGetProcessUtilization); can exceed 1 when MPS runs kernels concurrently. " + about,
+                [(f"sum by ({POD_BY}) (nvgpu_pod_sm_utilization_ratio{{{GPU}}})", POD_LEGEND)],
+                "percentunit",
+                stacked=True,
+            )
+        )
+    )
 
 
 # -- Exporter health --------------------------------------------------------------------------
@@ -1205,11 +1259,42 @@ def exporter_health() -> dict[str, Any]:
         )
         .with_panel(
             timeseries_panel(
+                "Process records dropped",
+                "increase() of nvgpu_process_records_dropped_total by reason: process records NVML returned that "
+                "cannot be true (pid 0, pid >= pid_max, memory above the GPU total, duplicates, sentinels). "
+                "Anything but memory_not_available means the binding and the driver disagree on the process "
+                "struct: the self-check and the exporter's log name the versions.",
+                [
+                    (
+                        f"sum by ({by}, reason) "
+                        f"(increase(nvgpu_process_records_dropped_total{{{HEALTH}}}[$__rate_interval]))",
+                        "{{instance}} {{reason}}",
+                    )
+                ],
+                "none",
+                bars=True,
+            )
+        )
+        .with_panel(
+            table_panel(
+                "Process list API in use",
+                "nvgpu_process_api_info: how many exporters read each process list with which NVML function, and "
+                "why an older struct version (unsupported: the driver lacks the newer symbol; records_invalid: its "
+                "records failed validation and the older struct read clean).",
+                [(f"count by (list, function, fallback) (nvgpu_process_api_info{{{HEALTH}}})", None)],
+                rename={"Value": "exporters"},
+            )
+        )
+        .with_panel(
+            timeseries_panel(
                 "Kernel log and kubelet sources",
-                "nvgpu_kernel_log_up (feature kernel_xid) and nvgpu_pod_attribution_up (feature pod_attribution).",
+                "nvgpu_kernel_log_up (feature kernel_xid), nvgpu_pod_attribution_up (feature pod_attribution) and "
+                "the sources of per-pod usage (nvgpu_pod_attribution_source_up: proc needs hostPID, container_logs "
+                "the kubelet's /var/log/containers).",
                 [
                     (f"nvgpu_kernel_log_up{{{HEALTH}}}", "{{instance}} kernel log"),
                     (f"nvgpu_pod_attribution_up{{{HEALTH}}}", "{{instance}} kubelet pod-resources"),
+                    (f"nvgpu_pod_attribution_source_up{{{HEALTH}}}", "{{instance}} pod usage via {{source}}"),
                 ],
                 "none",
                 w=24,

@@ -77,13 +77,13 @@ def _duration_or_off(name: str, text: str) -> float:
     return _duration(name, text)
 
 
-def _integer(minimum: int, expected: str) -> Callable[[str, str], int]:
+def _integer(minimum: int, expected: str, maximum: int | None = None) -> Callable[[str, str], int]:
     def parse(name: str, text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise ValueError(f"{name}={text!r}: expected {expected}")
         return value
 
@@ -347,6 +347,32 @@ SETTINGS: tuple[Setting, ...] = (
         "NVML worked, then UNKNOWN on every call and re-init this long: /healthz fails (0: never)",
     ),
     Setting(
+        "proc_path",
+        "NVGPU_PROC_PATH",
+        "--proc-path",
+        "/proc",
+        _path,
+        "proc file system to resolve GPU processes in (pid_max, names, cgroups -> pods; needs hostPID); "
+        "empty: none; with a fake backend none unless set (its pids are not this machine's)",
+    ),
+    Setting(
+        "container_log_dir",
+        "NVGPU_CONTAINER_LOG_DIR",
+        "--container-log-dir",
+        "/var/log/containers",
+        _path,
+        "the kubelet's container log symlinks: container id -> namespace/pod/container (names only); "
+        "empty: none; with a fake backend none unless set",
+    ),
+    Setting(
+        "process_series_per_gpu",
+        "NVGPU_PROCESS_SERIES_PER_GPU",
+        "--process-series-per-gpu",
+        "16",
+        _integer(1, "an integer from 1 to 1000", maximum=1000),
+        'process_usage: processes with their own series per GPU; the rest are summed under pid="other"',
+    ),
+    Setting(
         "stuck_utilization",
         "NVGPU_STUCK_UTILIZATION_RATIO",
         "--stuck-utilization",
@@ -410,6 +436,9 @@ class Config:
     gpu_retry_max_s: float = 600.0
     reprobe_s: float = 300.0
     unhealthy_after_s: float = 600.0
+    proc_path: str = "/proc"
+    container_log_dir: str = "/var/log/containers"
+    process_series_per_gpu: int = 16
     stuck_utilization: float = 0.99
     stuck_memory_bytes: int = 64 << 20
     stuck_sm_activity: float = 0.01
@@ -454,6 +483,12 @@ class Config:
                 close = difflib.get_close_matches(key, sorted(known - {"NVGPU_FAKE_EPOCH"}), n=1)
                 hint = f"; did you mean {close[0]}?" if close else ""
                 problems.append(f"{key}: unknown variable{hint}")
+        if str(values.get("nvml_backend", "")).startswith("fake:"):
+            # A fake GPU's pids are not this machine's: resolving them in its /proc would name and
+            # attribute unrelated processes. Tests and demos point these at fake trees explicitly.
+            for s in SETTINGS:
+                if s.attr in ("proc_path", "container_log_dir") and s.env not in environ and s.attr not in flags:
+                    values[s.attr] = ""
         interval = values.get("interval_s", 5.0)
         values.setdefault("stale_s", 3 * interval)
         values.setdefault("sample_deadline_s", max(10.0, 2 * interval))
@@ -484,6 +519,24 @@ class Config:
             "log_level": self.log_level,
             "log_format": self.log_format,
             "drain_s": max(1.0, self.shutdown_timeout_s / 2),
+            "collectors": {"processes": self.process_options(quarantined)},
+        }
+
+    def process_options(self, quarantined: Mapping[str, str]) -> dict[str, Any]:
+        """What the worker's processes collector needs beyond NVML (exporter/collectors/processes.py).
+
+        ``per_process``: the process_usage feature is on (per-process rows); ``per_pod``: pod
+        attribution is on (per-pod sums). Both features run in the supervisor, so their state
+        here follows the environment and quarantine, as the supervisor's extensions do.
+        """
+        states = gf.resolve(self.feature_modes, quarantined=quarantined)
+        return {
+            "per_process": states["process_usage"].enabled,
+            "per_pod": states["pod_attribution"].enabled,
+            "proc_path": self.proc_path,
+            "container_log_dir": self.container_log_dir,
+            "series_per_gpu": self.process_series_per_gpu,
+            "interval_s": self.interval_s,
         }
 
     def describe(self) -> list[str]:

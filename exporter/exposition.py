@@ -252,7 +252,8 @@ def _with_pod_labels(metric: Metric, ext: Extension) -> Metric:
     A GPU held by exactly one container gets its names; an unassigned or shared GPU (time-slicing:
     several pods on one UUID) gets empty values — join ``nvgpu_gpu_pod_info`` for those.
     """
-    if metric.name == "nvgpu_gpu_pod_info" or not metric.samples or "uuid" not in metric.samples[0].labels:
+    first = metric.samples[0].labels if metric.samples else {}
+    if "uuid" not in first or "pod" in first:  # not per GPU, or already per pod (pod info, per-pod/process usage)
         return metric
     samples = []
     for s in metric.samples:

@@ -1,4 +1,4 @@
-"""The ``pod_attribution`` feature: GPU UUID -> namespace/pod/container from the kubelet.
+"""The ``pod_attribution`` feature: which pods hold each GPU, and how much of it each uses.
 
 A supervisor extension (:mod:`exporter.extensions`). Every ``NVGPU_POD_REFRESH_SECONDS`` it asks
 the kubelet's PodResources v1 ``List`` (in a thread: a blocking gRPC call with a deadline) which
@@ -6,6 +6,17 @@ containers hold which GPU, and re-renders only when the answer changed. It expor
 ``nvgpu_gpu_pod_info`` series per container per GPU; with ``NVGPU_POD_LABELS=true`` it also adds
 ``namespace``/``pod``/``container`` to every per-GPU series of a GPU held by exactly one container
 (empty values for a shared or free GPU: join ``nvgpu_gpu_pod_info`` for those).
+
+Per-pod usage (``nvgpu_pod_memory_used_bytes``, ``nvgpu_pod_sm_utilization_ratio``): the kubelet
+says which pods hold a GPU, not how much of it each uses (time-slicing and MPS share one GPU
+between pods). The worker's processes collector sums memory and SM utilization of each GPU's
+processes per pod UID, found through ``/proc/<pid>/cgroup`` (needs ``hostPID``), and names the
+pods it can through the kubelet's ``/var/log/containers`` (:mod:`exporter.containerlogs`). This
+extension joins that with PodResources (:func:`pod_usage`): a GPU's one unnamed pod UID is the one
+holder not named otherwise; a holder without processes uses 0 (only when processes are visible at
+all); what stays unnamed is summed under ``namespace=""``, ``pod=""``. Series exist only for pods
+that hold or use a GPU. Which sources work is exported (``nvgpu_pod_attribution_source_up``) and
+logged once per change.
 """
 
 from __future__ import annotations
@@ -15,6 +26,8 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from exporter.collectors import processes
+from exporter.collectors.base import percent_to_ratio
 from exporter.extensions import Extension, Host
 from exporter.metric import GpuKey, MetricDef, single
 from guards import features as gf
@@ -36,7 +49,78 @@ GPU_POD_INFO = MetricDef(
 POD_ATTRIBUTION_UP = MetricDef(
     "nvgpu_pod_attribution_up", "1 if the kubelet PodResources socket answered the last List", per_gpu=False
 )
-METRICS = (GPU_POD_INFO, POD_ATTRIBUTION_UP)
+POD_MEMORY = MetricDef(
+    "nvgpu_pod_memory_used_bytes",
+    "GPU memory used by the pod's processes on this GPU (usedGpuMemory of nvmlDeviceGet*RunningProcesses, "
+    "process -> pod via /proc/<pid>/cgroup); namespace and pod empty: pods that cannot be named",
+    ("namespace", "pod"),
+)
+POD_SM = MetricDef(
+    "nvgpu_pod_sm_utilization_ratio",
+    "Sum of the SM utilization of the pod's processes on this GPU (smUtil of nvmlDeviceGetProcessUtilization); "
+    "may exceed 1 when MPS runs their kernels concurrently",
+    ("namespace", "pod"),
+)
+SOURCE_UP = MetricDef(
+    "nvgpu_pod_attribution_source_up",
+    "1 if a source of per-pod usage works: proc (GPU processes resolve in /proc: hostPID), "
+    "container_logs (the kubelet's /var/log/containers names containers)",
+    ("source",),
+    per_gpu=False,
+)
+METRICS = (GPU_POD_INFO, POD_ATTRIBUTION_UP, POD_MEMORY, POD_SM, SOURCE_UP)
+SOURCES = ("proc", "container_logs")
+
+PodName = tuple[str, str]  # (namespace, pod); ("", "") = pods that cannot be named
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else a + b
+
+
+def pod_usage(reading: processes.Reading, holders: set[PodName]) -> dict[PodName, tuple[int | None, int | None]]:
+    """Memory (bytes) and SM utilization (percent, summed) per pod on one GPU.
+
+    Args:
+        reading: the GPU's processes reading (``pods``, ``pod_names``, ``sources``, ``functions``).
+        holders: (namespace, pod) of the pods the kubelet says hold this GPU.
+
+    Returns:
+        (namespace, pod) -> (memory bytes, SM percent); None where unknown. Pods named by the
+        worker come first; one remaining unnamed pod UID is the one remaining holder; holders
+        with no process use 0 when processes are visible and nothing else is unnamed; the rest
+        of the unnamed pods are summed under ("", "").
+    """
+    named: dict[PodName, tuple[int | None, int | None]] = {}
+    unnamed: list[tuple[int | None, int | None]] = []
+    for uid, (mem, sm, _n) in sorted(reading.pods.items()):
+        name = reading.pod_names.get(uid)
+        if name is None:
+            unnamed.append((mem, sm))
+            continue
+        have = named.get(name, (None, None))
+        named[name] = (_add(have[0], mem), _add(have[1], sm))
+    free = sorted(holders - set(named))
+    if len(unnamed) == 1 and len(free) == 1:
+        named[free[0]] = unnamed.pop()
+        free = []
+    if not unnamed and reading.sources.get("proc"):
+        idle_sm = 0 if ("utilization" in reading.functions or not reading.pods) else None
+        for holder in free:
+            named[holder] = (0, idle_sm)
+    if unnamed:
+        named[("", "")] = (
+            _sum(m for m, _ in unnamed),
+            _sum(s for _, s in unnamed),
+        )
+    return named
+
+
+def _sum(values: Iterable[int | None]) -> int | None:
+    total: int | None = None
+    for v in values:
+        total = _add(total, v)
+    return total
 
 
 class PodAttribution(Extension):
@@ -50,6 +134,8 @@ class PodAttribution(Extension):
         self.assignments: dict[str, tuple[PodRef, ...]] = {}
         self.up: bool | None = None
         self._last_error: str | None = None
+        self.sources: dict[str, int] = {}  # from the last snapshot's processes readings
+        self._logged_sources: tuple[object, ...] | None = None
 
     def gpu_labels(self, uuid: str) -> tuple[str, str, str]:
         """(namespace, pod, container) when exactly one container holds the GPU, else empty."""
@@ -59,18 +145,68 @@ class PodAttribution(Extension):
             return (r.namespace, r.pod, r.container)
         return ("", "", "")
 
+    def on_snapshot(self, snapshot: Snapshot) -> None:
+        """Which per-pod sources work (any GPU's reading); logged once per change."""
+        sources: dict[str, int] = {}
+        for g in snapshot.gpus:
+            r = g.reading(processes.Reading)
+            for name, up in (r.sources if r else {}).items():
+                sources[name] = max(sources.get(name, 0), up)
+        self.sources = sources
+        self._log_sources()
+
+    def _log_sources(self) -> None:
+        state = (self.up, tuple(sorted(self.sources.items())))
+        if not self.sources or state == self._logged_sources:
+            return
+        self._logged_sources = state
+        said = {True: "yes", False: "no", None: "not yet"}
+        proc, logs = self.sources.get("proc"), self.sources.get("container_logs")
+        proc_path, log_dir = self.config.proc_path, self.config.container_log_dir
+        if not proc_path:
+            via_proc = "off (NVGPU_PROC_PATH is empty)"
+        else:
+            via_proc = f"{proc_path}/<pid>/cgroup: " + (
+                "yes" if proc else "no (needs hostPID: true; docs/kubernetes.md)"
+            )
+        if not log_dir:
+            via_logs = "off (NVGPU_CONTAINER_LOG_DIR is empty)"
+        else:
+            via_logs = f"{log_dir}: " + ("yes" if logs else "no (mount it read-only to name pods that share a GPU)")
+        log.info(
+            "per-pod GPU usage: kubelet PodResources (which pods hold each GPU): %s; processes -> pods through %s; "
+            "pod names through %s",
+            said[self.up],
+            via_proc,
+            via_logs,
+            extra={"pod_resources": self.up, "proc": bool(proc), "container_logs": bool(logs)},
+        )
+
     def gpu_families(self, snapshot: Snapshot) -> Iterable[Metric]:
-        info = GPU_POD_INFO.family()
+        info, memory, sm = GPU_POD_INFO.family(), POD_MEMORY.family(), POD_SM.family()
         index = {g.uuid: str(g.index) for g in snapshot.gpus}
         for uuid, refs in sorted(self.assignments.items()):
             if uuid not in index:
                 continue
             for r in refs:
                 info.add(GpuKey(index[uuid], uuid), 1, r.namespace, r.pod, r.container)
-        return [info.always()]
+        for g in snapshot.gpus:
+            reading = g.reading(processes.Reading)
+            if reading is None or not g.up:
+                continue
+            key = GpuKey(str(g.index), g.uuid)
+            holders = {(r.namespace, r.pod) for r in self.assignments.get(g.uuid, ())}
+            for (namespace, pod), (mem, sm_percent) in sorted(pod_usage(reading, holders).items()):
+                memory.add(key, mem, namespace, pod)
+                sm.add(key, None if sm_percent is None else percent_to_ratio(sm_percent), namespace, pod)
+        return [info.always(), *memory.done(), *sm.done()]
 
     def self_families(self) -> Iterable[Metric]:
-        return [single(POD_ATTRIBUTION_UP, None if self.up is None else int(self.up))]
+        sources = SOURCE_UP.family()
+        for name in SOURCES:
+            if name in self.sources:
+                sources.add_labels([name], self.sources[name])
+        return [single(POD_ATTRIBUTION_UP, None if self.up is None else int(self.up)), *sources.done()]
 
     async def run(self, host: Host) -> None:
         from exporter.podresources import PodResourcesClient, PodResourcesError, unsupported_reason

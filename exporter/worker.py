@@ -170,6 +170,7 @@ def main() -> int:
         return protocol.EXIT_NVML_FATAL
     kernel_module = backend.kernel_module_version()
     client = NvmlClient(backend, BreadcrumbWriter(int(crumb_fd) if crumb_fd else None), SLOT_SAMPLER, stop)
+    client.options = config.get("collectors", {})  # per-collector settings (processes: /proc, caps)
     sampler = Sampler(config, client, backend.binding_version() or "", lambda step: channel.send("progress", step=step))
     threading.Thread(target=_stdin_watcher, args=(stop, sampler.commands), name="stdin", daemon=True).start()
     try:

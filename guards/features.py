@@ -259,11 +259,32 @@ FEATURES: Mapping[str, Feature] = _registry(
     Feature(
         name="processes",
         default=True,
-        description="compute process count and their GPU memory (_v3 call, _v2 fallback)",
+        description=(
+            "compute, graphics and MPS process lists (_v3, _v2 when _v3 is missing or its records "
+            "fail validation), validated record by record; compute process count and memory; the "
+            "per-process utilization samples (last-seen timestamp) only while per-process or "
+            "per-pod usage needs them and processes are visible"
+        ),
         nvml_functions=(
             "nvmlDeviceGetComputeRunningProcesses_v3",
             "nvmlDeviceGetComputeRunningProcesses_v2",
+            "nvmlDeviceGetGraphicsRunningProcesses_v3",
+            "nvmlDeviceGetGraphicsRunningProcesses_v2",
+            "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+            "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+            "nvmlDeviceGetProcessUtilization",
+            "nvmlDeviceGetMemoryInfo",
         ),
+    ),
+    Feature(
+        name="process_usage",
+        default=False,
+        description=(
+            "per-process series (memory, SM/memory/encoder/decoder utilization; pid, name, pod) "
+            "from the processes feature's lists; off by default: one series set per process, "
+            "NVGPU_PROCESS_SERIES_PER_GPU at most per GPU plus one summing the rest"
+        ),
+        nvml_functions=(),
     ),
     Feature(
         name="events",

@@ -43,6 +43,7 @@ __all__ = [
     "ModuleReport",
     "SelfCheckResult",
     "check_binding_against_driver",
+    "check_process_struct",
     "inspect_module",
     "run_checks",
 ]
@@ -81,6 +82,12 @@ _CONFLICTING_DISTRIBUTIONS: Mapping[str, tuple[tuple[str, str], ...]] = MappingP
 # measured on 580.159.04).
 _RENUMBERED_FIELDS_SINCE = 580
 _OLD_FIELD_NUMBERING_FROM = 575
+
+# Drivers that write a 32-byte nvmlProcessInfo_v3_t (with usedGpuCcProtectedMemory) through the
+# _v3 process-list calls without a version bump, while nvidia-ml-py reads 24-byte records:
+# 535.43.02 up to (not including) 535.104.05 (nvml-notes §5.1; nvitop PR #79/#89/#94).
+_PROCESS_STRUCT_32_BYTES_FROM = (535, 43)
+_PROCESS_STRUCT_32_BYTES_UNTIL = (535, 104)
 
 
 @dataclass(frozen=True)
@@ -451,6 +458,35 @@ def check_binding_against_driver(binding_version: str, driver_version: str) -> l
     return []
 
 
+def check_process_struct(binding_version: str, driver_version: str) -> list[str]:
+    """Name the process-record struct mismatch between nvidia-ml-py and drivers 535.43-535.103.
+
+    Those drivers write 32-byte records through ``nvmlDeviceGet{Compute,Graphics,MPSCompute}
+    RunningProcesses_v3``; nvidia-ml-py decodes 24-byte ones, so from the second record on pid
+    and memory come from the wrong offsets (pids 0 and 4294967295, memory read from a pid).
+
+    Args:
+        binding_version: installed nvidia-ml-py version (only named in the message).
+        driver_version: ``nvmlSystemGetDriverVersion()``.
+
+    Returns:
+        ``[problem]`` for an affected driver, else ``[]``.
+
+    Raises:
+        ValueError: ``driver_version`` is not a dotted numeric version; the message names it.
+    """
+    driver = parse_version(driver_version)
+    if not (_PROCESS_STRUCT_32_BYTES_FROM <= driver[:2] < _PROCESS_STRUCT_32_BYTES_UNTIL):
+        return []
+    return [
+        f"process struct mismatch: driver {driver_version} writes 32-byte process records through "
+        f"nvmlDeviceGet*RunningProcesses_v3 while nvidia-ml-py {binding_version} reads 24-byte ones, so pid "
+        "and memory scramble from the second record on (drivers 535.43 up to 535.104.05; see nvml-notes "
+        "§5.1); the exporter drops implausible records and reads _v2 instead (nvgpu_process_api_info); "
+        "upgrade the driver to 535.104.05 or later"
+    ]
+
+
 def run_checks(
     process: str,
     modules: Mapping[str, str] = CRITICAL_MODULES,
@@ -483,6 +519,7 @@ def run_checks(
         else:
             try:
                 findings = check_binding_against_driver(binding, driver_version)
+                findings += check_process_struct(binding, driver_version)
             except ValueError as exc:
                 findings = [str(exc)]
             for finding in findings:

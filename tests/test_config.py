@@ -71,6 +71,10 @@ def test_derived_bounds_follow_the_interval() -> None:
         ("NVGPU_LISTEN_ADDRESS", "9400"),
         ("NVGPU_FEATURE_FAN", "ture"),
         ("NVGPU_FEATURE_FAN", ""),
+        ("NVGPU_PROCESS_SERIES_PER_GPU", "0"),
+        ("NVGPU_PROCESS_SERIES_PER_GPU", "1001"),
+        ("NVGPU_PROCESS_SERIES_PER_GPU", "sixteen"),
+        ("NVGPU_FEATURE_PROCESS_USAGE", "yes"),
     ],
 )
 def test_strict_values_are_errors_naming_variable_and_value(var: str, value: str) -> None:
@@ -314,3 +318,29 @@ def test_check_config_flags_override_env() -> None:
     assert "  NVGPU_LOG_FORMAT=json" in proc.stdout.splitlines()
     proc = run_cli("--check-config", "--sample-interval", "soon")
     assert proc.returncode == 2 and "--sample-interval='soon'" in proc.stderr
+
+
+def test_worker_gets_the_process_options() -> None:
+    """Issue 18: per-process rows follow process_usage (off by default), per-pod sums follow
+    pod_attribution (on by default, off when quarantined), and the /proc and log roots pass through."""
+    default = Config.from_env({}).worker_config({})["collectors"]["processes"]
+    assert default["per_process"] is False and default["per_pod"] is True and default["series_per_gpu"] == 16
+    assert default["proc_path"] == "/proc" and default["container_log_dir"] == "/var/log/containers"
+    env = {
+        "NVGPU_FEATURE_PROCESS_USAGE": "on",
+        "NVGPU_PROC_PATH": "/host/proc",
+        "NVGPU_CONTAINER_LOG_DIR": "/host/containers",
+        "NVGPU_PROCESS_SERIES_PER_GPU": "4",
+    }
+    opts = Config.from_env(env).worker_config({"pod_attribution": "crashed 3 times"})["collectors"]["processes"]
+    assert opts["per_process"] is True and opts["per_pod"] is False and opts["series_per_gpu"] == 4
+    assert opts["proc_path"] == "/host/proc" and opts["container_log_dir"] == "/host/containers"
+
+
+def test_a_fake_backend_does_not_resolve_its_pids_in_this_machines_proc(tmp_path: Path) -> None:
+    (tmp_path / "s.json").write_text('{"gpus": []}')
+    fake = Config.from_env({"NVGPU_NVML_BACKEND": f"fake:{tmp_path / 's.json'}"})
+    assert fake.proc_path == "" and fake.container_log_dir == ""
+    chosen = Config.from_env({"NVGPU_NVML_BACKEND": f"fake:{tmp_path / 's.json'}", "NVGPU_PROC_PATH": "/tmp/p"})
+    assert chosen.proc_path == "/tmp/p" and chosen.container_log_dir == ""
+    assert Config.from_env({}).proc_path == "/proc"

@@ -156,6 +156,8 @@ def test_the_fleet_dashboard_covers_the_issue(dashboards: dict[str, dict[str, An
         "nvgpu_memory_power_usage_watts",
         "nvgpu_module_power_usage_watts",
         "nvgpu_fabric_state",
+        "nvgpu_pod_memory_used_bytes",  # issue 18: per-pod usage on shared GPUs
+        "nvgpu_pod_sm_utilization_ratio",
     ]:
         assert needle in exprs, needle
     variables = {v["name"]: v for v in dashboards[FLEET]["templating"]["list"]}
@@ -186,6 +188,9 @@ def test_the_health_dashboard_covers_the_issue(dashboards: dict[str, dict[str, A
         "nvgpu_selfcheck_failures",
         "nvgpu_build_info",
         "nvgpu_module_info",
+        "increase(nvgpu_process_records_dropped_total",  # issue 18
+        "nvgpu_process_api_info",
+        "nvgpu_pod_attribution_source_up",
     ]:
         assert needle in exprs, needle
     job = next(v for v in dashboards[HEALTH]["templating"]["list"] if v["name"] == "job")
@@ -224,3 +229,12 @@ def test_variable_queries_become_promql() -> None:
     assert len(got) == 8
     v = got[("NVIDIA GPU fleet (nvgpu-exporter)", "gpu")]
     assert v.label == "uuid" and v.expr == 'group by (uuid) (nvgpu_gpu_info{cluster=~".*", node=~".*", instance=~".*"})'
+
+
+def test_the_per_pod_usage_panel_shows_memory_and_sm_per_pod(dashboards: dict[str, dict[str, Any]]) -> None:
+    """Issue 18: one table with both columns per (GPU, namespace, pod), drill-down filters kept."""
+    panel = next(p for p in dashboards[FLEET]["panels"] if p["title"] == "Per-pod GPU usage")
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert [e.split("(")[0] for e in exprs] == ["sum by ", "sum by "]
+    assert "nvgpu_pod_memory_used_bytes" in exprs[0] and "nvgpu_pod_sm_utilization_ratio" in exprs[1]
+    assert all("namespace, pod)" in e and 'uuid=~"$gpu"' in e for e in exprs)

@@ -95,6 +95,7 @@ RENDERINGS = {
         "servicemonitor", "runtime-class-nvidia", "prometheusrule"
     ),
     "canary+podmonitor+pod-attribution-root": lambda: _overlay("podmonitor", "pod-attribution-root"),
+    "canary+pod-attribution-root+process-attribution": lambda: _overlay("pod-attribution-root", "process-attribution"),
 }
 
 
@@ -361,12 +362,14 @@ def test_daemonset_security(rendering: str) -> None:
     sa = _one(rendering, "ServiceAccount")
     assert sa["automountServiceAccountToken"] is False
     root = "pod-attribution-root" in rendering
+    processes = "process-attribution" in rendering  # issue 18: hostPID and the container log names
     for ds in _daemonsets(rendering):
         pod = ds["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == sa["metadata"]["name"]
         assert pod["automountServiceAccountToken"] is False
-        for host_ns in ("hostNetwork", "hostPID", "hostIPC"):
+        for host_ns in ("hostNetwork", "hostIPC"):
             assert not pod.get(host_ns), host_ns
+        assert bool(pod.get("hostPID")) is processes
         psc = pod["securityContext"]
         assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
         if root:
@@ -388,7 +391,10 @@ def test_daemonset_security(rendering: str) -> None:
         assert not any(k.startswith("nvidia.com/") for section in c["resources"].values() for k in section)
         volumes = pod["volumes"]
         host_paths = [v["hostPath"]["path"] for v in volumes if "hostPath" in v]
-        assert host_paths == ["/var/lib/kubelet/pod-resources"], "only the pod-resources dir"
+        expected = ["/var/lib/kubelet/pod-resources"] + (["/var/log/containers"] if processes else [])
+        assert host_paths == expected, "only the pod-resources dir (and the container log names)"
+        host_mounts = [m for m in c["volumeMounts"] if m["mountPath"] in expected]
+        assert len(host_mounts) == len(expected) and all(m.get("readOnly") is True for m in host_mounts)
         writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
         empty_dirs = {v["name"] for v in volumes if "emptyDir" in v}
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}

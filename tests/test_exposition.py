@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -286,3 +287,31 @@ def test_pod_labels_on_per_gpu_series_when_switched_on(sup: ServedState) -> None
     assert "namespace" not in scrape.find("nvgpu_up")[0].labels
     labels.relabels_gpus = False
     assert "namespace" not in render(sup).find("nvgpu_power_usage_watts", gpu="0")[0].labels
+
+
+def test_pod_labels_leave_per_pod_and_per_process_series_alone(sup: ServedState) -> None:
+    """NVGPU_POD_LABELS must not overwrite the pod of a per-process series with the GPU's holder
+    (on a shared GPU each process has its own pod)."""
+    from exporter.collectors import processes
+
+    class Labels(Extension):
+        relabels_gpus = True
+
+        def gpu_labels(self, uuid: str) -> tuple[str, str, str]:
+            return ("team-a", "train-0", "main")
+
+    sup.extensions.append(Labels())
+    snap = snapshot()
+    reading = processes.Reading(
+        count=1,
+        memory_used_bytes=1 << 30,
+        processes={4242: (1 << 30, 50, 10, 0, 0)},
+        labels={4242: ("python3", "team-b", "notebook-7", "jupyter")},
+    )
+    snap["gpus"][0]["readings"]["processes"] = collectors.to_json(reading)
+    load(sup, json.loads(json.dumps(snap)))  # as the pipe carries it: JSON object keys are strings
+    scrape = render(sup)
+    proc = scrape.find("nvgpu_process_memory_used_bytes", gpu="0")[0].labels
+    assert (proc["namespace"], proc["pod"], proc["container"]) == ("team-b", "notebook-7", "jupyter")
+    count = scrape.find("nvgpu_compute_processes", gpu="0")[0].labels
+    assert (count["namespace"], count["pod"]) == ("team-a", "train-0")

@@ -117,6 +117,46 @@ INVALID: dict[str, tuple[Any, str, str]] = {
         "events[0].event_type",
         "one of ['Clock'",
     ),
+    "struct_unknown_layout": (
+        {"gpus": [gpu(nvmlF={"struct": "r999", "records": []})]},
+        "gpus[0].values['nvmlF'].struct='r999'",
+        "one of ['r535_v3', 'swapped']",
+    ),
+    "struct_records_not_list": (
+        {"gpus": [gpu(nvmlF={"struct": "swapped", "records": {}})]},
+        "gpus[0].values['nvmlF'].records",
+        "a list of process records",
+    ),
+    "struct_record_without_pid": (
+        {"gpus": [gpu(nvmlF={"struct": "swapped", "records": [{"usedGpuMemory": 1}]})]},
+        "gpus[0].values['nvmlF'].records[0]",
+        "an object with an integer pid",
+    ),
+    "struct_negative_memory": (
+        {"gpus": [gpu(nvmlF={"struct": "r535_v3", "records": [{"pid": 1, "usedGpuMemory": -1}]})]},
+        "gpus[0].values['nvmlF'].records[0].usedGpuMemory",
+        "a non-negative integer or null",
+    ),
+    "churn_missing_rate": (
+        {"gpus": [gpu(nvmlF={"churn": {"first_pid": 10, "lifetime_s": 1}})]},
+        "gpus[0].values['nvmlF'].churn",
+        "first_pid, per_s, lifetime_s",
+    ),
+    "churn_zero_rate": (
+        {"gpus": [gpu(nvmlF={"churn": {"first_pid": 10, "per_s": 0, "lifetime_s": 1}})]},
+        "gpus[0].values['nvmlF'].churn.per_s",
+        "a positive number",
+    ),
+    "per_process_unknown_key": (
+        {"gpus": [gpu(nvmlF={"per_process": {"smutil": 5}})]},
+        "gpus[0].values['nvmlF'].per_process",
+        "an object with keys from ['decUtil', 'encUtil', 'memUtil', 'smUtil']",
+    ),
+    "records_typo": (
+        {"gpus": [gpu(nvmlF={"struct": "swapped", "recods": []})]},
+        "gpus[0].values['nvmlF'] unknown keys ['recods']",
+        "only ['records', 'struct'] with struct",
+    ),
     "event_no_time": (
         {"gpus": [], "events": [{"gpu": 0, "event_type": "XidCriticalError"}]},
         "events[0]",
@@ -641,3 +681,126 @@ def test_fabric_info_fills_the_callers_versioned_struct(tmp_path: Path) -> None:
     assert code_of(lambda: fake.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v3))) == errors.ARGUMENT_VERSION_MISMATCH
     assert fake.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v2)) == 0
     assert (v2.state, v2.status, v2.cliqueId, v2.version) == (2, 0, 4, pynvml.nvmlGpuFabricInfo_v2)
+
+
+# -- process lists, churn and utilization samples ---------------------------------------------------
+
+NOT_MIG = 0xFFFFFFFF
+TRUTH = [
+    {"pid": 1184, "usedGpuMemory": 3 << 30, "gpuInstanceId": NOT_MIG, "computeInstanceId": NOT_MIG},
+    {"pid": 16040, "usedGpuMemory": 7 << 30, "gpuInstanceId": NOT_MIG, "computeInstanceId": NOT_MIG},
+    {"pid": 16041, "usedGpuMemory": None, "gpuInstanceId": NOT_MIG, "computeInstanceId": NOT_MIG},
+]
+
+
+def _procs(fake: FakeNvml, fn: str = "nvmlDeviceGetComputeRunningProcesses_v3") -> list[dict[str, Any]]:
+    return [vars(p) for p in getattr(fake, fn)(fake.nvmlDeviceGetHandleByIndex(0))]
+
+
+def test_r535_layout_reads_the_first_record_right_and_the_rest_from_wrong_offsets(tmp_path: Path) -> None:
+    fake = started(
+        tmp_path, {"gpus": [gpu(nvmlDeviceGetComputeRunningProcesses_v3={"struct": "r535_v3", "records": TRUTH})]}
+    )
+    got = _procs(fake)
+    assert len(got) == 3 and got[0] == {**TRUTH[0]}
+    # record 1 starts at byte 24: the CC-protected memory of record 0 (0) is read as its pid, and
+    # record 1's pid as its memory; record 2 starts in record 1's instance ids (0xFFFFFFFF).
+    assert got[1]["pid"] == 0 and got[1]["usedGpuMemory"] == 16040
+    assert got[2]["pid"] == NOT_MIG and got[2]["usedGpuMemory"] == 0
+
+
+def test_swapped_layout_and_the_truth_behind_a_layout(tmp_path: Path) -> None:
+    spec = {"struct": "swapped", "records": [{"pid": 9980, "usedGpuMemory": 6498025472}]}
+    fake = started(
+        tmp_path,
+        {
+            "gpus": [
+                gpu(
+                    nvmlDeviceGetComputeRunningProcesses_v3=spec,
+                    nvmlDeviceGetProcessUtilization={"per_process": {"smUtil": 7}},
+                )
+            ]
+        },
+    )
+    assert _procs(fake)[0]["pid"] == 6498025472 and _procs(fake)[0]["usedGpuMemory"] == 9980
+    samples = fake.nvmlDeviceGetProcessUtilization(fake.nvmlDeviceGetHandleByIndex(0), 0)
+    assert [(s.pid, s.smUtil, s.memUtil) for s in samples] == [(9980, 7, 0)]  # util samples are not misread
+
+
+def test_churn_keeps_per_s_times_lifetime_processes_alive(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    spec = {"churn": {"first_pid": 20000, "per_s": 100, "lifetime_s": 0.5, "used_bytes": 1 << 20, "count": 1000}}
+    fake = started(tmp_path, {"gpus": [gpu(nvmlDeviceGetComputeRunningProcesses_v3=spec)]}, clock)
+    seen: set[int] = set()
+    for step in range(0, 1200):
+        clock.t = step * 0.01
+        pids = [p["pid"] for p in _procs(fake)]
+        assert len(pids) <= 51
+        seen.update(pids)
+    assert seen == set(range(20000, 21000))
+    assert _procs(fake) == []  # all 1000 have exited by t = 10.5 s
+    clock.t = 5.0
+    alive = _procs(fake)
+    assert [p["pid"] for p in alive] == list(range(20451, 20501)) and alive[0]["usedGpuMemory"] == 1 << 20
+
+
+def test_process_utilization_honours_the_last_seen_timestamp(tmp_path: Path) -> None:
+    clock = Clock(100.0)
+    spec = [
+        {"pid": 1184, "timeStamp": 1_000, "smUtil": 90, "memUtil": 20, "encUtil": 0, "decUtil": 0},
+        {"pid": 1184, "timeStamp": 2_000, "smUtil": 95, "memUtil": 21, "encUtil": 0, "decUtil": 0},
+        {"pid": 16040, "smUtil": 3, "memUtil": 1, "encUtil": 0, "decUtil": 0},
+    ]
+    fake = started(tmp_path, {"gpus": [gpu(nvmlDeviceGetProcessUtilization=spec)]}, clock)
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    first = fake.nvmlDeviceGetProcessUtilization(h, 0)
+    assert [(s.pid, s.timeStamp) for s in first] == [(1184, 1000), (1184, 2000), (16040, 100_000_000)]
+    later = fake.nvmlDeviceGetProcessUtilization(h, 1500)
+    assert [(s.pid, s.timeStamp) for s in later] == [(1184, 2000), (16040, 100_000_000)]
+    # samples without a timestamp are always fresher than the request (a busy GPU keeps sampling)
+    assert [s.pid for s in fake.nvmlDeviceGetProcessUtilization(h, 100_000_000)] == [16040]
+
+
+def test_process_utilization_not_found_and_not_supported(tmp_path: Path) -> None:
+    data = {
+        "gpus": [
+            gpu(
+                nvmlDeviceGetProcessUtilization=[
+                    {"pid": 5, "timeStamp": 10, "smUtil": 1, "memUtil": 0, "encUtil": 0, "decUtil": 0}
+                ]
+            ),
+            {"uuid": "GPU-1", "values": {}},
+        ]
+    }
+    fake = started(tmp_path, data)
+    assert (
+        code_of(lambda: fake.nvmlDeviceGetProcessUtilization(fake.nvmlDeviceGetHandleByIndex(0), 10))
+        == errors.NOT_FOUND
+    )
+    assert (
+        code_of(lambda: fake.nvmlDeviceGetProcessUtilization(fake.nvmlDeviceGetHandleByIndex(1), 0))
+        == errors.NOT_SUPPORTED
+    )
+
+
+def test_per_process_utilization_follows_the_true_compute_list(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    data = {
+        "gpus": [
+            gpu(
+                nvmlDeviceGetComputeRunningProcesses_v3={"struct": "r535_v3", "records": TRUTH},
+                nvmlDeviceGetProcessUtilization={
+                    "per_process": {"smUtil": {"cycle": [0, 60], "step_s": 5}, "memUtil": 9}
+                },
+            )
+        ]
+    }
+    fake = started(tmp_path, data, clock)
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert {(s.pid, s.smUtil) for s in fake.nvmlDeviceGetProcessUtilization(h, 0)} == {
+        (1184, 0),
+        (16040, 0),
+        (16041, 0),
+    }
+    clock.t = 5.0
+    assert {s.smUtil for s in fake.nvmlDeviceGetProcessUtilization(h, 0)} == {60}

@@ -104,6 +104,22 @@ def _supervisor_side_faults(sup: Supervisor, fixture: dict[str, Any]) -> None:
         sup.state.count_error("lifecycle", "starting a worker")
 
 
+def _supervisor_side_pods(sup: Supervisor, fixture: dict[str, Any]) -> None:
+    """Golden 'processes': the kubelet's holders (two pods time-slice GPU 0, two MPS clients GPU 1)."""
+    hello = next(m for m in fixture["messages"] if m["type"] == "hello")
+    uuid = {g["index"]: g["uuid"] for g in hello["gpus"]}
+    pods = _extension(sup, PodAttribution)
+    pods.up = True
+
+    def ref(namespace: str, pod: str, container: str) -> SimpleNamespace:
+        return SimpleNamespace(namespace=namespace, pod=pod, container=container)
+
+    pods.assignments = {
+        uuid[0]: (ref("ml", "notebook-1", "jupyter"), ref("research", "notebook-2", "jupyter")),
+        uuid[1]: (ref("batch", "infer-0", "server"), ref("batch", "infer-1", "server")),
+    }
+
+
 def render_golden(name: str, openmetrics: bool = False) -> str:
     """The exposition of golden ``name`` from its fixture (text 0.0.4, or OpenMetrics 1.0)."""
     fixture = json.loads((GOLDEN / f"{name}.snapshot.json").read_text())
@@ -132,6 +148,8 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
             state.worker.started_at = 1_699_999_940.0
             if name == "faults":
                 _supervisor_side_faults(sup, fixture)
+            if name == "processes":
+                _supervisor_side_pods(sup, fixture)
             with mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION):
                 exposition.render(state)  # the first rendering counts what it had to drop
                 rendered = exposition.render(state)
@@ -238,7 +256,7 @@ def all_families() -> list[tuple[str, Family]]:
 
 
 def test_goldens_and_docs_present() -> None:
-    assert {"h200x2", "faults"} <= set(GOLDENS), "run UPDATE_GOLDEN=1 to create the goldens"
+    assert {"h200x2", "faults", "processes"} <= set(GOLDENS), "run UPDATE_GOLDEN=1 to create the goldens"
     assert len(DOCS) > 50
 
 

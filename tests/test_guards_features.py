@@ -44,6 +44,7 @@ EXPECTED_NAMES = [
     "gpm",
     "gpm_pipes",
     "processes",
+    "process_usage",
     "events",
     "kernel_xid",
     "pod_attribution",
@@ -63,10 +64,12 @@ def test_registry_is_read_only() -> None:
         FEATURES["new"] = FEATURES["fan"]  # type: ignore[index]
 
 
-def test_only_kernel_xid_and_gpm_pipes_are_off_by_default() -> None:
-    assert [name for name, f in FEATURES.items() if not f.default] == ["gpm_pipes", "kernel_xid"]
+def test_only_kernel_xid_gpm_pipes_and_process_usage_are_off_by_default() -> None:
+    off = [name for name, f in FEATURES.items() if not f.default]
+    assert sorted(off) == ["gpm_pipes", "kernel_xid", "process_usage"]
     assert "/dev/kmsg" in FEATURES["kernel_xid"].description
     assert "seven more series per GPU" in FEATURES["gpm_pipes"].description  # high cardinality: a switch
+    assert "NVGPU_PROCESS_SERIES_PER_GPU" in FEATURES["process_usage"].description
 
 
 def test_every_nvml_function_exists_in_the_installed_binding() -> None:
@@ -89,10 +92,12 @@ def test_incident_feature_names_its_query() -> None:
         "nvmlDeviceGetNvLinkState",
         "nvmlDeviceGetNvLinkErrorCounter",
     )
-    assert FEATURES["processes"].nvml_functions == (
+    assert FEATURES["processes"].nvml_functions[:2] == (
         "nvmlDeviceGetComputeRunningProcesses_v3",
         "nvmlDeviceGetComputeRunningProcesses_v2",
     )
+    assert "nvmlDeviceGetProcessUtilization" in FEATURES["processes"].nvml_functions
+    assert FEATURES["process_usage"].nvml_functions == ()
     assert FEATURES["events"].nvml_functions == (
         "nvmlEventSetCreate",
         "nvmlDeviceGetSupportedEventTypes",
@@ -338,7 +343,7 @@ def test_resolve_covers_every_feature_in_order_and_missing_modes_are_auto() -> N
     states = resolve({"fan": Mode.OFF})
     assert list(states) == EXPECTED_NAMES
     assert states["fan"].enabled is False
-    assert all(s.enabled for n, s in states.items() if n not in ("fan", "kernel_xid", "gpm_pipes"))
+    assert all(s.enabled for n, s in states.items() if n not in ("fan", "kernel_xid", "gpm_pipes", "process_usage"))
 
 
 def test_resolve_with_parsed_environment() -> None:

@@ -25,6 +25,7 @@ from guards.versions import (
     ModuleReport,
     SelfCheckResult,
     check_binding_against_driver,
+    check_process_struct,
     inspect_module,
     run_checks,
 )
@@ -458,3 +459,36 @@ def test_bad_version_strings_raise_naming_the_input(binding: str, driver: str, n
     with pytest.raises(ValueError) as info:
         check_binding_against_driver(binding, driver)
     assert named in str(info.value)
+
+
+# --- process struct (issue 18) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("driver", "affected"),
+    [
+        ("535.43.02", True),
+        ("535.54.03", True),
+        ("535.86.10", True),
+        ("535.98", True),
+        ("535.104.05", False),
+        ("535.42.9", False),
+        ("530.30.02", False),
+        ("580.159.04", False),
+    ],
+)
+def test_process_struct_mismatch_is_named_for_early_535_drivers(driver: str, affected: bool) -> None:
+    found = check_process_struct("12.535.161", driver)
+    assert bool(found) is affected
+    if affected:
+        (problem,) = found
+        assert problem.startswith("process struct mismatch: driver " + driver)
+        assert "nvidia-ml-py 12.535.161" in problem and "_v3" in problem and "535.104.05" in problem
+
+
+def test_run_checks_names_the_process_struct_mismatch() -> None:
+    pytest.importorskip("pynvml")
+    result = run_checks("worker", {"pynvml": PYNVML_DIST}, driver_version="535.86.10")
+    assert [p for p in result.problems if p.startswith("process struct mismatch")]
+    clean = run_checks("worker", {"pynvml": PYNVML_DIST}, driver_version="580.159.04")
+    assert not [p for p in clean.problems if "process struct" in p]

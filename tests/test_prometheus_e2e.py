@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from exporter_proc import ROOT, Exporter, free_port, load_scenario, write_scenario
+from fakeproc import Container, make_container_logs, make_proc
 
 sys.path.insert(0, str(ROOT))
 from dashboards.queries import Query, panel_queries, variable_queries  # noqa: E402
@@ -41,6 +42,8 @@ RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 UUID0 = "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6"
 UUID1 = "GPU-094221fd-19f9-1561-7ef8-949bb0d57826"
 QUARANTINED = "pcie"  # the feature the scenario crashes in; no panel needs its metrics
+TRAINER_PID = 4242
+TRAINER = Container("ml", "trainer-0", "main")  # the kubelet's pod on GPU 0, as /proc names it
 
 # Panels allowed to return no data, with the reason. Everything else must show data: panels that
 # by design show only fault states get them from the scenario below.
@@ -76,6 +79,15 @@ def _scenario() -> dict[str, Any]:
     gpu1["nvmlGpmMetricsGet:1"] = 100.0
     # A transient NVML error on every sample: nvgpu_nvml_errors_total{feature="clocks",error="UNKNOWN"}.
     gpu1["nvmlDeviceGetPerformanceState"] = {"error": "UNKNOWN"}
+    # Issue 18: GPU 0 runs one process of the kubelet's pod trainer-0 (per-pod usage); GPU 1's one
+    # record comes back with pid and memory swapped (dropped and counted: still no process).
+    gpu0 = data["gpus"][0]["values"]
+    gpu0["nvmlDeviceGetComputeRunningProcesses_v3"] = [
+        {"pid": TRAINER_PID, "usedGpuMemory": 3 << 30, "gpuInstanceId": 4294967295, "computeInstanceId": 4294967295}
+    ]
+    gpu0["nvmlDeviceGetProcessUtilization"] = {"per_process": {"smUtil": 60, "memUtil": 20}}
+    swapped = {"struct": "swapped", "records": [{"pid": 9980, "usedGpuMemory": 6498025472}]}
+    gpu1["nvmlDeviceGetComputeRunningProcesses_v3"] = gpu1["nvmlDeviceGetComputeRunningProcesses_v2"] = swapped
     # Xid 43 through NVML events, after the restarted worker registered (scenario time).
     data["events"] = [{"at_s": 6, "gpu": 1, "event_type": "XidCriticalError", "data": 43}]
     # The worker segfaults in the PCIe replay counter query until the feature is quarantined.
@@ -170,6 +182,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "NVGPU_FEATURE_GPM_PIPES": "on",  # the Pipe activity panel (off by default)
         "NVGPU_KMSG_PATH": str(kmsg),
         "NVGPU_KMSG_CURSOR_FILE": str(tmp / "kmsg-cursor.json"),
+        # per-pod usage: a host /proc (hostPID) with the trainer's process, and the kubelet's log names
+        "NVGPU_PROC_PATH": str(make_proc(tmp / "proc", {TRAINER_PID: ("python3", TRAINER)})),
+        "NVGPU_CONTAINER_LOG_DIR": str(make_container_logs(tmp / "containers", [TRAINER])),
     }
     server = None
     sock_dir = Path(tempfile.mkdtemp(prefix="e2e-kubelet-", dir="/tmp"))  # unix socket paths are short
@@ -355,3 +370,19 @@ def test_worker_selfcheck_reaches_prometheus(stack: Stack) -> None:
     assert failures, 'no nvgpu_selfcheck_failures{process="worker"}: the worker\'s self-check does not reach /metrics'
     modules = stack.query('nvgpu_module_info{process="worker", module="pynvml"}')["data"]["result"]
     assert len(modules) == 1 and modules[0]["metric"]["distribution"] == "nvidia-ml-py", modules
+
+
+def test_per_pod_usage_reaches_prometheus(stack: Stack) -> None:
+    """Issue 18: the per-pod panel's numbers are the scenario's, and the swapped record was dropped."""
+
+    def by_pod(expr: str) -> dict[str, float]:
+        result = stack.query(expr)["data"]["result"]
+        return {r["metric"].get("pod", ""): float(r["value"][1]) for r in result}
+
+    mem = _wait(lambda: by_pod("nvgpu_pod_memory_used_bytes"), DATA_TIMEOUT_S, "per-pod memory", stack)
+    assert mem["trainer-0"] == 3 << 30
+    assert by_pod("nvgpu_pod_sm_utilization_ratio")["trainer-0"] == pytest.approx(0.6)
+    if grpc is not None:  # the kubelet's other holder runs nothing: 0, not absent (processes are visible)
+        assert _wait(lambda: by_pod("nvgpu_pod_memory_used_bytes").get("stuck-job-1") == 0, DATA_TIMEOUT_S, "idle pod")
+    dropped = stack.query(f'nvgpu_process_records_dropped_total{{uuid="{UUID1}"}}')["data"]["result"]
+    assert [r["metric"]["reason"] for r in dropped] == ["pid_above_max"]

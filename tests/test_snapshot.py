@@ -32,7 +32,19 @@ READINGS: dict[str, object] = {
     "ecc": ecc.Reading(True, False, {"corrected": 0}, {"uncorrected": 2}),
     "gpm": gpm.Reading({2: 89.8, 5: 82.7}, {61: 1.5e9}),
     "nvlink": nvlink.Reading({0: 1, 17: 0}, {"0/replay": 3}),
-    "processes": processes.Reading(0, None),
+    "processes": processes.Reading(
+        2,
+        None,
+        dropped={"pid_zero": 3},
+        functions={"compute": "nvmlDeviceGetComputeRunningProcesses_v2"},
+        fallbacks={"compute": "records_invalid"},
+        processes={4242: (1 << 30, 50, None, 0, 0)},
+        labels={4242: ("python3", "ml", "train-0", "main")},
+        other=(3, None, 10, 1, 0, 0),
+        pods={"7c1d0f3a-4e2b-4a7e-9c1d-0123456789ab": (1 << 30, 50, 1)},
+        pod_names={"7c1d0f3a-4e2b-4a7e-9c1d-0123456789ab": ("ml", "train-0")},
+        sources={"proc": 1, "container_logs": 0},
+    ),
 }
 
 

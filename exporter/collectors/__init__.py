@@ -57,6 +57,7 @@ NOT_COLLECTORS: dict[str, str] = {
     "events": "exporter.nvml_events (worker thread); counted by exporter.xids",
     "kernel_xid": "exporter.kernel_xid (supervisor extension)",
     "pod_attribution": "exporter.pods (supervisor extension)",
+    "process_usage": "exporter.collectors.processes (per-process rows, read when this feature is on)",
 }
 
 _FEATURE_OF: dict[type[Any], str] = {c.Reading: c.FEATURE for c in _ORDER}

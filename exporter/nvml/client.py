@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from exporter.breadcrumb import SLOT_SAMPLER, BreadcrumbWriter
@@ -61,6 +61,11 @@ class NvmlClient:
         crumbs: shared-memory breadcrumb writer.
         slot: breadcrumb slot of the calling thread (sampler by default).
         stop: once set, new calls raise :class:`Stopping` (calls in flight finish).
+
+    Attributes:
+        options: per-collector settings from the worker configuration, by feature name
+            (``Config.worker_config()["collectors"]``); read by collectors through their
+            :class:`DeviceClient`'s ``client``.
     """
 
     def __init__(
@@ -70,6 +75,7 @@ class NvmlClient:
         self.crumbs = crumbs
         self.slot = slot
         self.stop = stop or threading.Event()
+        self.options: Mapping[str, Mapping[str, Any]] = {}
         self.calls = 0
         self.ok_calls = 0  # calls that returned: "every call failing" is told apart from "no call needed"
         self.errors: Counter[tuple[str, str]] = Counter()  # (feature, error name) -> count
@@ -85,6 +91,7 @@ class NvmlClient:
         """A client for another thread, sharing the backend and breadcrumb memory."""
         other = NvmlClient(self.backend, self.crumbs, slot, self.stop)
         other._fns = self._fns
+        other.options = self.options
         return other
 
     def _fn(self, name: str) -> Callable[..., Any]:
@@ -381,6 +388,32 @@ class DeviceClient:
         if not out and all(("gpm_metric", m) in self.unsupported for m in wanted):
             self.feature_unsupported.add(feature)
         return out
+
+    def sample(self, feature: str, function: str, *args: Any, absent: Any = None) -> Any:
+        """Like :meth:`get`, for calls whose arguments change every time (a last-seen timestamp).
+
+        The unsupported cache is keyed by the function alone, so a GPU that answers
+        NOT_SUPPORTED (nvmlDeviceGetProcessUtilization with MIG on) is not asked again with the
+        next timestamp; and an ABSENT answer (NOT_FOUND: "no samples newer than the timestamp")
+        returns ``absent``, which tells "nothing new" from "no answer" (None).
+
+        Raises:
+            DeviceLost: the GPU is gone.
+            NvmlFatal: NVML is unusable.
+        """
+        key: tuple[Any, ...] = (function,)
+        if key in self.unsupported:
+            return None
+        try:
+            value = self.client.raw(feature, function, self.uuid, self.handle, *args)
+        except Exception as exc:  # classified in one place: errors.classify
+            if errors.classify(exc).error_class is ErrorClass.ABSENT:
+                self.feature_ok.add(feature)
+                return absent
+            self._handle_error(feature, function, key, exc)
+            return None
+        self.feature_ok.add(feature)
+        return value
 
     def nothing_to_read(self, feature: str, function: str, why: str, announce: bool = True) -> None:
         """Mark ``feature`` unsupported on this GPU although ``function`` answered.

@@ -75,6 +75,9 @@ _TABLE: dict[int, ErrorClass] = {
     DEPRECATED: _C.UNSUPPORTED,
     VGPU_ECC_NOT_SUPPORTED: _C.UNSUPPORTED,
     NOT_FOUND: _C.ABSENT,  # "no samples newer than the timestamp", empty MIG slot
+    # pynvml's nvmlDeviceGetProcessUtilization raises NVMLError(ret) for any first-call result
+    # but INSUFFICIENT_SIZE, SUCCESS included (nothing to return): no samples (nvml-notes §5.2).
+    SUCCESS: _C.ABSENT,
     NO_DATA: _C.ABSENT,
     TIMEOUT: _C.ABSENT,  # normal for event waits
     GPU_IS_LOST: _C.DEVICE_LOST,

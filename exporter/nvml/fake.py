@@ -136,6 +136,124 @@ class Faults:
                 time.sleep(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
 
 
+# -- process lists as the binding decodes them (docs/scenarios.md, "Process lists") ----------------
+
+_U32 = 0xFFFFFFFF
+_U64 = (1 << 64) - 1
+_PROCESS_LISTS = (  # the compute list of a GPU, in the order the fake looks for its spec
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+
+
+class _ProcessInfoV2(ctypes.Structure):
+    """nvmlProcessInfo_v2_t, 24 bytes: what nvidia-ml-py reads for _v2 and _v3."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+class _ProcessInfoR535(ctypes.Structure):
+    """The 32-byte record drivers 535.43-535.86 write through the _v3 calls (nvml-notes §5.1)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+        ("usedGpuCcProtectedMemory", ctypes.c_ulonglong),
+    ]
+
+
+def _u(value: Any, default: int, mask: int) -> int:
+    return default if value is None else int(value) & mask
+
+
+def _friendly(rec: Any) -> SimpleNamespace:
+    """A decoded record as pynvml hands it out: NVML_VALUE_NOT_AVAILABLE memory becomes None."""
+    mem = int(rec.usedGpuMemory)
+    return SimpleNamespace(
+        pid=int(rec.pid),
+        usedGpuMemory=None if mem == _U64 else mem,
+        gpuInstanceId=int(rec.gpuInstanceId),
+        computeInstanceId=int(rec.computeInstanceId),
+    )
+
+
+def misaligned_r535(records: Sequence[Any]) -> list[SimpleNamespace]:
+    """``records`` written as the 535.43-535.86 driver writes them and read back as the binding does.
+
+    The driver fills ``n`` 32-byte records into the binding's array of ``n * 2 + 5`` 24-byte
+    entries and sets the count to ``n``; the binding decodes the first ``n`` 24-byte entries.
+    The first record reads right; from the second on, every field comes from the wrong offset.
+    """
+    n = len(records)
+    if n == 0:
+        return []
+    written = (_ProcessInfoR535 * n)()
+    for i, r in enumerate(records):
+        written[i].pid = _u(getattr(r, "pid", 0), 0, _U32)
+        written[i].usedGpuMemory = _u(getattr(r, "usedGpuMemory", None), _U64, _U64)
+        written[i].gpuInstanceId = _u(getattr(r, "gpuInstanceId", None), _U32, _U32)
+        written[i].computeInstanceId = _u(getattr(r, "computeInstanceId", None), _U32, _U32)
+        written[i].usedGpuCcProtectedMemory = 0
+    array = (ctypes.c_char * (ctypes.sizeof(_ProcessInfoV2) * (n * 2 + 5)))()
+    ctypes.memmove(array, written, ctypes.sizeof(written))
+    read = (_ProcessInfoV2 * n).from_buffer(array)
+    return [_friendly(read[i]) for i in range(n)]
+
+
+def swapped(records: Sequence[Any]) -> list[SimpleNamespace]:
+    """``records`` with pid and usedGpuMemory exchanged, as a binding with the fields in the other
+    order decodes them (the pid shows up as a byte count and the memory as a pid)."""
+    return [
+        SimpleNamespace(
+            pid=getattr(r, "usedGpuMemory", None),
+            usedGpuMemory=getattr(r, "pid", None),
+            gpuInstanceId=getattr(r, "gpuInstanceId", _U32),
+            computeInstanceId=getattr(r, "computeInstanceId", _U32),
+        )
+        for r in records
+    ]
+
+
+STRUCT_LAYOUTS: dict[str, Callable[[Sequence[Any]], list[SimpleNamespace]]] = {
+    "r535_v3": misaligned_r535,
+    "swapped": swapped,
+}
+
+
+def churn(spec: Mapping[str, Any], t: float) -> list[SimpleNamespace]:
+    """Short-lived processes: process ``i`` (pid ``first_pid + i``) starts at ``i / per_s`` and
+    exits ``lifetime_s`` later; ``count`` (optional) processes in all."""
+    per_s, life = float(spec["per_s"]), float(spec["lifetime_s"])
+    last = math.floor(t * per_s + 1e-9)
+    first = max(0, math.floor((t - life) * per_s + 1e-9) + 1)
+    if "count" in spec:
+        last = min(last, int(spec["count"]) - 1)
+    return [
+        SimpleNamespace(
+            pid=int(spec["first_pid"]) + i,
+            usedGpuMemory=spec.get("used_bytes"),
+            gpuInstanceId=_U32,
+            computeInstanceId=_U32,
+        )
+        for i in range(first, last + 1)
+    ]
+
+
+class _PerProcess:
+    """A utilization spec that applies to every process of the GPU's compute list."""
+
+    def __init__(self, values: Any) -> None:
+        self.values = values
+
+
 class FakeNvml:
     """pynvml look-alike answering from a scenario.
 
@@ -170,13 +288,15 @@ class FakeNvml:
         """Scenario time in seconds."""
         return self._clock() - self._epoch
 
-    def _resolve(self, spec: Any, t: float) -> Any:
+    def _resolve(self, spec: Any, t: float, layout: bool = True) -> Any:
+        """A value spec at scenario time ``t``; ``layout=False`` gives a struct spec's records
+        as NVML meant them (the truth behind a misread list)."""
         if isinstance(spec, dict):
             if "error" in spec:
                 raise _err(spec["error"])
             if "cycle" in spec:
                 seq = spec["cycle"]
-                return self._resolve(seq[int(math.floor(t / spec["step_s"])) % len(seq)], t)
+                return self._resolve(seq[int(math.floor(t / spec["step_s"])) % len(seq)], t, layout)
             if "ramp" in spec:
                 return int(spec["ramp"] + spec["per_s"] * max(t, 0.0))
             if "integral" in spec:
@@ -184,11 +304,18 @@ class FakeNvml:
             if "sequence" in spec:
                 for entry in spec["sequence"]:
                     if "until_s" not in entry or t < entry["until_s"]:
-                        return self._resolve(entry.get("value"), t)
+                        return self._resolve(entry.get("value"), t, layout)
                 raise _err(errors.NOT_SUPPORTED)
-            return SimpleNamespace(**{k: self._resolve(v, t) for k, v in spec.items()})
+            if "struct" in spec:
+                records = self._resolve(spec["records"], t, layout)
+                return STRUCT_LAYOUTS[spec["struct"]](records) if layout else records
+            if "churn" in spec:
+                return churn(spec["churn"], t)
+            if "per_process" in spec:
+                return _PerProcess(self._resolve(spec["per_process"], t, layout))
+            return SimpleNamespace(**{k: self._resolve(v, t, layout) for k, v in spec.items()})
         if isinstance(spec, list):
-            return [self._resolve(v, t) for v in spec]
+            return [self._resolve(v, t, layout) for v in spec]
         return spec
 
     def _enter(self, fn: str, gpu: int | None, fields: Sequence[int] = ()) -> None:
@@ -354,6 +481,53 @@ class FakeNvml:
                         entry.value.sllVal = entry.value.siVal = v
             out.append(entry)
         return out
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[SimpleNamespace]:  # noqa: N802, N803
+        """Samples newer than ``timeStamp`` (µs since 1970), as NVML returns them.
+
+        The spec is a list of samples (``pid``, ``smUtil``, ``memUtil``, ``encUtil``,
+        ``decUtil``, optional ``timeStamp``) or ``{"per_process": {...}}`` (one sample per
+        process of the GPU's compute list). A sample without ``timeStamp`` is stamped now, and
+        never older than the request, so each call sees fresh data as a busy GPU gives; none
+        newer than ``timeStamp`` raises NOT_FOUND, as the driver does.
+        """
+        fn = "nvmlDeviceGetProcessUtilization"
+        self._enter(fn, getattr(handle, "index", None))
+        gpu = self._gpu(handle)
+        if fn not in gpu.get("values", {}):
+            raise _err(errors.NOT_SUPPORTED)
+        t = self.now()
+        value = self._resolve(gpu["values"][fn], t)
+        if isinstance(value, _PerProcess):
+            template = value.values
+            value = [
+                SimpleNamespace(
+                    pid=p.pid, **{k: getattr(template, k, 0) for k in ("smUtil", "memUtil", "encUtil", "decUtil")}
+                )
+                for p in self._true_processes(gpu, t)
+            ]
+        fresh = max(int(self._clock() * 1e6), int(timeStamp) + 1)
+        out = []
+        for sample in value or []:
+            ts = getattr(sample, "timeStamp", None)
+            stamped = SimpleNamespace(**{**vars(sample), "timeStamp": fresh if ts is None else ts})
+            if stamped.timeStamp > int(timeStamp):
+                out.append(stamped)
+        if not out:
+            raise _err(errors.NOT_FOUND)
+        return out
+
+    def _true_processes(self, gpu: dict[str, Any], t: float) -> list[Any]:
+        """The GPU's compute processes as NVML meant them (struct layouts not applied)."""
+        values = gpu.get("values", {})
+        for fn in _PROCESS_LISTS:
+            if fn in values:
+                try:
+                    found = self._resolve(values[fn], t, layout=False)
+                except pynvml.NVMLError:
+                    return []
+                return list(found or [])
+        return []
 
     # -- events ---------------------------------------------------------------------------------
 

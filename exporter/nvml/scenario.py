@@ -95,6 +95,9 @@ _SPEC_KEYS = {
     "sequence": {"sequence"},
     "error": {"error"},
     "integral": {"integral", "scale", "initial"},
+    "struct": {"struct", "records"},
+    "churn": {"churn"},
+    "per_process": {"per_process"},
 }
 _RESERVED = {
     "cycle",
@@ -108,7 +111,15 @@ _RESERVED = {
     "integral",
     "scale",
     "initial",
+    "struct",
+    "records",
+    "churn",
+    "per_process",
 }
+# Process-list layouts the fake can misread records with (fake.STRUCT_LAYOUTS; docs/scenarios.md).
+STRUCT_LAYOUTS = ("r535_v3", "swapped")
+_CHURN_KEYS = {"first_pid", "per_s", "lifetime_s", "used_bytes", "count"}
+_UTIL_KEYS = {"smUtil", "memUtil", "encUtil", "decUtil"}
 _VALUE_KEY = re.compile(r"^nvml[A-Za-z0-9_]+(:[^:]+)?$")
 _FIELD_KEY = re.compile(r"^\d+(:\d+)?$")
 
@@ -326,6 +337,16 @@ def _check_spec(path: str, spec: Any, where: str) -> None:
         for key in ("scale", "initial"):
             if key in spec and not _is_number(spec[key]):
                 _fail(path, f"{where}.{key}", "a number")
+    elif kind == "struct":
+        _check_struct(path, spec, where)
+    elif kind == "churn":
+        _check_churn(path, spec["churn"], f"{where}.churn")
+    elif kind == "per_process":
+        util = spec["per_process"]
+        if not isinstance(util, dict) or not set(util) <= _UTIL_KEYS:
+            _fail(path, f"{where}.per_process", f"an object with keys from {sorted(_UTIL_KEYS)}")
+        for key, value in util.items():
+            _check_spec(path, value, f"{where}.per_process.{key}")
     else:
         seq = spec["sequence"]
         if not isinstance(seq, list) or not all(isinstance(e, dict) and set(e) <= {"until_s", "value"} for e in seq):
@@ -334,3 +355,31 @@ def _check_spec(path: str, spec: Any, where: str) -> None:
             if "until_s" in entry and not _is_number(entry["until_s"]):
                 _fail(path, f"{where}.sequence[{j}].until_s", "a number of seconds")
             _check_spec(path, entry.get("value"), f"{where}.sequence[{j}].value")
+
+
+def _check_struct(path: str, spec: dict[str, Any], where: str) -> None:
+    if spec["struct"] not in STRUCT_LAYOUTS:
+        _fail(path, f"{where}.struct={spec['struct']!r}", f"one of {list(STRUCT_LAYOUTS)}")
+    records = spec.get("records")
+    if not isinstance(records, list):
+        _fail(path, f"{where}.records", "a list of process records")
+    for j, rec in enumerate(records):
+        if not isinstance(rec, dict) or not _is_int(rec.get("pid")):
+            _fail(path, f"{where}.records[{j}]", "an object with an integer pid")
+        for key in ("usedGpuMemory", "gpuInstanceId", "computeInstanceId"):
+            if key in rec and rec[key] is not None and (not _is_int(rec[key]) or rec[key] < 0):
+                _fail(path, f"{where}.records[{j}].{key}", "a non-negative integer or null")
+
+
+def _check_churn(path: str, churn: Any, where: str) -> None:
+    if not isinstance(churn, dict) or not {"first_pid", "per_s", "lifetime_s"} <= set(churn) <= _CHURN_KEYS:
+        _fail(path, where, "an object with first_pid, per_s, lifetime_s (and optionally used_bytes, count)")
+    if not _is_int(churn["first_pid"]) or churn["first_pid"] <= 0:
+        _fail(path, f"{where}.first_pid", "a positive integer")
+    for key in ("per_s", "lifetime_s"):
+        if not _is_number(churn[key]) or churn[key] <= 0:
+            _fail(path, f"{where}.{key}", "a positive number")
+    if churn.get("used_bytes") is not None and (not _is_int(churn["used_bytes"]) or churn["used_bytes"] < 0):
+        _fail(path, f"{where}.used_bytes", "a non-negative integer or null")
+    if "count" in churn and (not _is_int(churn["count"]) or churn["count"] <= 0):
+        _fail(path, f"{where}.count", "a positive integer")

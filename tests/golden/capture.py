@@ -18,10 +18,18 @@ Goldens:
 - ``faults``: the same with a fan-cooled GPU 0 whose power reading fails (UNKNOWN), GPU 1 lost
   (GPU_IS_LOST), ecc switched off and kernel_xid switched on by env, two NVML events on GPU 0 (Xid 79,
   double-bit ECC) and GPU 0 showing the stuck-context signature (100 % busy, no memory, no
-  processes). The test adds the supervisor-side state a worker cannot send: a worker crash in
-  nvlink (quarantined after one crash), a readable kernel log and a kubelet pod holding GPU 0.
+  processes: its one record comes back with pid and memory swapped and is dropped). The test adds
+  the supervisor-side state a worker cannot send: a worker crash in nvlink (quarantined after one
+  crash), a readable kernel log and a kubelet pod holding GPU 0.
+- ``processes``: h200x2 with two pods time-slicing GPU 0 (plus a graphics process outside any pod)
+  and two MPS clients on GPU 1 (plus the MPS server in the control daemon's pod), per-process
+  series on with a cap of 2, and a fake /proc and /var/log/containers naming them. The test adds
+  the kubelet's holders.
 - ``gh200``: a Grace Hopper module (h200x1 with GPU power 300 W, module power 650 W, energy rising at
   650 W): the power scopes in separate families (issue 14); ``gpm_pipes`` switched on.
+
+Every golden reads /proc and /var/log/containers from a temporary directory (empty unless the
+golden builds a fake one), never from the capturing machine.
 """
 
 from __future__ import annotations
@@ -71,6 +79,9 @@ def _faults() -> tuple[dict[str, Any], dict[str, str]]:
         {"at_s": 0, "gpu": 0, "event_type": "XidCriticalError", "data": 79},
         {"at_s": 0, "gpu": 0, "event_type": "DoubleBitEccError"},
     ]
+    swapped = {"struct": "swapped", "records": [_rec(9980, 6498025472)]}  # issue 18: pid/memory swapped
+    for fn in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"):
+        g0[fn] = swapped
     return scenario, {"ecc": "off", "kernel_xid": "on"}
 
 
@@ -89,12 +100,74 @@ def _gh200() -> tuple[dict[str, Any], dict[str, str]]:
     return scenario, {"gpm_pipes": "on"}
 
 
+# -- golden "processes" (issue 18) ------------------------------------------------------------------
+
+GIB = 1 << 30
+
+
+def _rec(pid: int, mem: int) -> dict[str, Any]:
+    return {"pid": pid, "usedGpuMemory": mem, "gpuInstanceId": 4294967295, "computeInstanceId": 4294967295}
+
+
+def _util(pid: int, sm: int, mem: int) -> dict[str, Any]:
+    return {"pid": pid, "smUtil": sm, "memUtil": mem, "encUtil": 0, "decUtil": 0}
+
+
+def _pod_containers() -> dict[str, Any]:
+    sys.path.insert(0, str(HERE.parent))
+    from fakeproc import Container
+
+    return {
+        "a": Container("ml", "notebook-1", "jupyter"),
+        "b": Container("research", "notebook-2", "jupyter"),
+        "c": Container("batch", "infer-0", "server"),
+        "d": Container("batch", "infer-1", "server"),
+        "daemon": Container("gpu-operator", "nvidia-device-plugin-mps-control-daemon-x7k2p", "mps-control-daemon"),
+    }
+
+
+def _processes() -> tuple[dict[str, Any], dict[str, str]]:
+    scenario, _ = _h200x2()
+    scenario["description"] = "golden 'processes': pods time-slicing GPU 0, MPS clients on GPU 1"
+    g0, g1 = (g["values"] for g in scenario["gpus"])
+    g0["nvmlDeviceGetComputeRunningProcesses_v3"] = [_rec(101, 3 * GIB), _rec(201, 7 * GIB)]
+    g0["nvmlDeviceGetGraphicsRunningProcesses_v3"] = [_rec(301, 256 << 20)]
+    g0["nvmlDeviceGetProcessUtilization"] = [_util(101, 10, 2), _util(201, 80, 30)]
+    g1["nvmlDeviceGetComputeRunningProcesses_v3"] = [_rec(500, 512 << 20)]
+    g1["nvmlDeviceGetMPSComputeRunningProcesses_v3"] = [_rec(601, 2 * GIB), _rec(602, 4 * GIB)]
+    g1["nvmlDeviceGetProcessUtilization"] = [_util(601, 30, 5), _util(602, 40, 6)]
+    return scenario, {"process_usage": "on"}
+
+
+def _processes_host(tmp: Path) -> dict[str, Any]:
+    """A fake /proc (hostPID) and /var/log/containers for the 'processes' golden."""
+    from fakeproc import make_container_logs, make_proc
+
+    c = _pod_containers()
+    proc = make_proc(
+        tmp / "proc",
+        {
+            101: ("python3", c["a"]),
+            201: ("python", c["b"]),
+            301: ("Xorg", None),
+            500: ("nvidia-cuda-mps", c["daemon"]),
+            601: ("tritonserver", c["c"]),
+            602: ("tritonserver", c["d"]),
+        },
+    )
+    logs = make_container_logs(tmp / "containers", list(c.values()))
+    return {"proc_path": str(proc), "container_log_dir": str(logs), "process_series_per_gpu": 2}
+
+
 GOLDENS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, str]]]] = {
     "h200x2": _h200x2,
     "faults": _faults,
     "gh200": _gh200,
+    "processes": _processes,
 }
-SNAPSHOTS = {"h200x2": 1, "faults": 2, "gh200": 1}
+SNAPSHOTS = {"h200x2": 1, "faults": 2, "gh200": 1, "processes": 1}
+# Per golden: Config fields for the node around the worker (fake /proc and container logs).
+HOSTS: dict[str, Callable[[Path], dict[str, Any]]] = {"processes": _processes_host}
 
 
 def fixture_path(name: str) -> Path:
@@ -195,11 +268,15 @@ def capture(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.json"
         path.write_text(json.dumps(scenario))
+        host = {"proc_path": str(Path(tmp) / "no-proc"), "container_log_dir": str(Path(tmp) / "no-containers")}
+        if name in HOSTS:
+            host.update(HOSTS[name](Path(tmp)))
         config = Config(
             nvml_backend=f"fake:{path}",
             interval_s=INTERVAL_S,
             feature_modes={**dict.fromkeys(gf.FEATURES, gf.Mode.AUTO), **{k: gf.Mode(v) for k, v in modes.items()}},
             log_level="ERROR",
+            **host,
         )
         read_fd, write_fd = os.pipe()
         env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
