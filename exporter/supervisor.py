@@ -14,19 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import glob
 import logging
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from exporter import collectors, protocol, selfcheck
+from exporter import collectors, protocol, selfcheck, unavailable
+from exporter.accounting import Accountant
 from exporter.breadcrumb import BreadcrumbReader
 from exporter.config import Config
 from exporter.extensions import Extension, default_extensions
 from exporter.logs import log_once
 from exporter.policy import Outcome, RestartPolicy
-from exporter.quarantine import Quarantine, QuarantineStore
+from exporter.probes import Prober
+from exporter.quarantine import QuarantineStore
 from exporter.served import ServedState
 from exporter.snapshot import Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
 from exporter.workerproc import WorkerProcess, proc_state, worker_env
@@ -35,14 +36,7 @@ from guards.versions import SelfCheckResult
 log = logging.getLogger("exporter.supervisor")
 
 RESPAWN_STOPPED_POLL_S = 5.0
-PROBE_POLL_S = 1.0
-RM_MISMATCH_RETRY_S = 60.0  # LIB_RM_VERSION_MISMATCH: re-init at most once a minute
 LOOP_ERROR_BACKOFF_S = (1.0, 60.0)  # the supervisor's own failures: bounded retry
-
-
-def nvidia_present(dev_glob: str = "/dev/nvidia*") -> bool:
-    """Whether this node has any NVIDIA device node (the demo hint is for machines without one)."""
-    return bool(glob.glob(dev_glob))
 
 
 class Supervisor:
@@ -79,10 +73,18 @@ class Supervisor:
         )
         self.current: WorkerProcess | None = None
         self.unreaped: list[WorkerProcess] = []
-        self.probe: WorkerProcess | None = None  # the running (or unreaped) probe
-        self._probe_crumbs: BreadcrumbReader | None = None
+        self.accountant = Accountant(config, self.state, self.quarantine, self.policy)
+        self.prober = Prober(
+            config,
+            self.state,
+            self.quarantine,
+            self.accountant,
+            self.epoch,
+            proc_state_fn,
+            self._readmit,
+            self._stopped,
+        )
         self._loop_errors = 0
-        self._replace_worker = False  # a quarantine needs a worker without the feature
         self.fatal_exit: int | None = None  # set when strict self-check refuses to run
         self._stopping = False
         self._wake = asyncio.Event()
@@ -112,7 +114,7 @@ class Supervisor:
                     rec.backoff_s,
                     extra={"gpu": rec.index, "uuid": rec.uuid, "feature": rec.hung_in[0], "function": rec.hung_in[1]},
                 )
-                self._count_gpu_hang(rec.uuid, *rec.hung_in)
+                self.accountant.gpu_hung(rec.uuid, *rec.hung_in)
             self._schedule_stale_render()
         elif isinstance(msg, Progress):
             log.debug("worker init: %s", msg.step)
@@ -167,50 +169,8 @@ class Supervisor:
             st.record_xid(gpu, msg.uuid, msg.xid, msg.ts, source="NVML event")
 
     def _on_init_failed(self, msg: InitFailed) -> None:
-        st, nvml = self.state, self.state.nvml
-        st.nvml_up = False
-        st.last_init_error = f"NVML unavailable: {msg.message}"
-        st.add_errors(msg.errors)
-        nvml.init_failures[msg.error] += 1
-        nvml.last_error = msg.error
-        nvml.kernel_module_version = msg.kernel_module_version or nvml.kernel_module_version
-        if msg.error == "UNKNOWN" and nvml.ever_worked:
-            if nvml.broken_since is None:
-                nvml.broken_since = time.monotonic()
-        else:
-            nvml.broken_since = None
-        log_once(
-            log, logging.ERROR, ("init_failed", msg.error), "%s", self._explain(msg), extra={"nvml_error": msg.error}
-        )
-
-    def _explain(self, msg: InitFailed) -> str:
-        """What an NVML failure means for the operator, in one line."""
-        nvml = self.state.nvml
-        if msg.error == "LIB_RM_VERSION_MISMATCH":
-            return (
-                f"NVML unavailable: the NVML library ({self.state.system.nvml_version or 'userspace'}) does not match "
-                f"the loaded kernel module ({nvml.kernel_module_version or 'unknown'}): the driver was upgraded under "
-                "a loaded module. Reload the NVIDIA driver or reboot the node; restarting the exporter does not help "
-                f"(re-init at most once a minute). {msg.message}"
-            )
-        if msg.error == "UNKNOWN" and nvml.ever_worked:
-            return (
-                f"NVML unavailable: UNKNOWN on every call and re-init after it worked ({msg.message}); the container "
-                "likely lost its device access (e.g. a host `systemctl daemon-reload`). /healthz fails after "
-                f"{self.config.unhealthy_after_s:g} s so the kubelet restarts the container"
-            )
-        no_device = (
-            msg.error in ("LIBRARY_NOT_FOUND", "DRIVER_NOT_LOADED")
-            and not nvml.ever_worked
-            and not nvml.kernel_module_version
-            and not nvidia_present()
-        )
-        if no_device:
-            return (
-                f"{self.state.last_init_error}; this machine has no NVIDIA driver or device. Without a GPU, try the "
-                "demo: nvgpu-exporter --nvml-backend fake:examples/scenarios/h200x2.json"
-            )
-        return f"{self.state.last_init_error}; retrying with backoff"
+        text = unavailable.record(self.state, msg, self.config.unhealthy_after_s)
+        log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra={"nvml_error": msg.error})
 
     def _schedule_stale_render(self) -> None:
         if self._stale_timer is not None:
@@ -230,7 +190,7 @@ class Supervisor:
         the supervisor's own work (spawning, accounting) is counted as component ``lifecycle`` and
         retried after a bounded backoff.
         """
-        probes = asyncio.ensure_future(self.contained("probe", lambda host: self._probe_loop()))
+        probes = asyncio.ensure_future(self.contained("probe", self.prober.loop))
         try:
             while not self._stopped():
                 try:
@@ -245,7 +205,7 @@ class Supervisor:
                     await self._sleep(delay)
         finally:
             probes.cancel()
-            await self._stop_probe()
+            await self.prober.stop()
 
     async def _one_round(self) -> float:
         if self.state.worker.respawn_stopped:
@@ -298,10 +258,10 @@ class Supervisor:
         self.state.worker_started(worker.pid or 0)
         self.state.changed()
         outcome = await worker.run(
-            reader, lambda: self._stopped() or self._replace_worker, self.config.shutdown_timeout_s * 0.6
+            reader, lambda: self._stopped() or self.accountant.replace_worker, self.config.shutdown_timeout_s * 0.6
         )
-        if self._replace_worker and not self._stopped():
-            self._replace_worker = False
+        if self.accountant.replace_worker and not self._stopped():
+            self.accountant.replace_worker = False
             outcome = dataclasses.replace(outcome, reason="quarantine")
         if not outcome.reaped:
             self.unreaped.append(worker)
@@ -317,165 +277,20 @@ class Supervisor:
         w.stuck = bool(stuck) or w.respawn_stopped
 
     def account(self, out: Outcome) -> float:
-        """Count the death, log one record, quarantine if due; returns the restart delay."""
-        w = self.state.worker
-        w.restarts[out.reason] += 1
-        w.last_exit_signal = out.signal
-        if out.returncode is not None and out.returncode >= 0:
-            w.last_exit_code = out.returncode
-        if out.reason in ("crash", "hang"):
-            w.crashes[out.place()] += 1
-        self._log_death(out)
-        new = self._count_crash(out)
-        decision = self.policy.decide(
-            out, unreaped=len(self.unreaped), had_snapshot=self.state.last is not None, new_quarantine=new is not None
-        )
-        delay = decision.delay_s
-        if out.reason == "nvml_error" and self.state.nvml.driver_reload_required:
-            delay = max(delay, RM_MISMATCH_RETRY_S)
-        if decision.stop_respawn and not w.respawn_stopped:
-            w.respawn_stopped = True
-            log.error(
-                "the replacement worker hung in the same place (%s/%s) and cannot be reaped: respawning "
-                "stopped; /metrics keeps serving; the node needs attention (GPU reset or reboot)",
-                *out.place(),
-            )
+        """Account for an ended worker (:class:`~exporter.accounting.Accountant`); returns the delay."""
+        delay = self.accountant.worker_ended(out, len(self.unreaped))
         self._reap_finished()
         self.state.changed()
         return delay
 
-    def _count_gpu_hang(self, uuid: str, feature: str, function: str) -> None:
-        """A call on one GPU did not return: it counts toward the feature's quarantine like a worker
-        hang. When it tips the feature into quarantine, the worker is replaced (its hung thread
-        cannot be reused) by one that runs without the feature."""
-        if not feature or feature not in self.policy.quarantinable:
-            return
-        self.state.worker.crashes[(feature, function)] += 1
-        new = self.quarantine.record(feature, function)
-        if new is not None:
-            self._log_quarantine(new)
-            self.state.health.on_quarantine(new.feature)
-            self._replace_worker = True
-
-    def _count_crash(self, out: Outcome) -> Quarantine | None:
-        """Count a crash or hang toward its feature's quarantine and, for a native crash in a call on
-        one GPU, keep that GPU out of the next workers (exporter.gpuhealth). Returns a new quarantine."""
-        candidate = self.policy.quarantine_candidate(out)
-        crumb = out.crumb
-        uuid = crumb.uuid if crumb is not None and out.reason == "crash" else ""
-        new = self.quarantine.record(*candidate, uuid) if candidate is not None else None
-        if new is not None:
-            self._log_quarantine(new)
-            for rec in self.state.health.on_quarantine(new.feature):
-                log.info("GPU %d (%s) was out only for crashes in %s: back in", rec.index, rec.uuid, new.feature)
-        if uuid and crumb is not None:
-            out_rec = self.state.health.on_crash(uuid, crumb.feature, quarantined=new is not None)
-            if out_rec is not None:
-                log.error(
-                    "GPU %d (%s) is left out of the next workers after a crash in %s/%s; the other GPUs keep being "
-                    "sampled; a probe retries it in %.0f s",
-                    out_rec.index,
-                    out_rec.uuid,
-                    crumb.feature,
-                    crumb.function,
-                    out_rec.backoff_s,
-                    extra={"gpu": out_rec.index, "uuid": out_rec.uuid, "feature": crumb.feature},
-                )
-        return new
-
-    # -- probes of hung or crashed GPUs ----------------------------------------------------------
-
-    async def _probe_loop(self) -> None:
-        while not self._stopped():
-            await asyncio.sleep(PROBE_POLL_S)
-            if self.probe is not None:
-                if self.probe.proc is not None and self.probe.proc.returncode is None:
-                    continue  # an earlier probe is stuck in the driver: do not pile up another
-                self.probe = None
-            rec = self.state.health.due_probe()
-            if rec is not None:
-                await self._run_probe(rec)
-
-    async def _run_probe(self, rec: Any) -> None:
-        """A one-shot worker that attaches only this GPU and samples it once."""
-        if self._probe_crumbs is None:
-            self._probe_crumbs = BreadcrumbReader()
-        self._probe_crumbs.clear()
-        config = self.config.worker_config(self.quarantine.details())
-        config.update(only=[{"index": rec.index, "uuid": rec.uuid, "bus_id": rec.bus_id}], samples=1)
-        seen: dict[str, str] = {}
-
-        def on_message(msg: Message) -> None:
-            if isinstance(msg, Snapshot) and msg.gpus:
-                seen["state"], seen["detail"] = msg.gpus[0].state, msg.gpus[0].detail
-            elif isinstance(msg, InitFailed):
-                seen["state"], seen["detail"] = "init_failed", msg.message
-
-        probe = WorkerProcess(
-            worker_env(config, self.epoch),
-            self._probe_crumbs,
-            on_message,
-            (self.config.init_deadline_s, self.config.interval_s + self.config.sample_deadline_s),
-            self.proc_state_fn,
-        )
-        self.probe = probe
-        out = await probe.run(await probe.spawn(), self._stopped, 1.0)
-        if self._stopped():
-            return
-        ok = seen.get("state") == "up" and out.reason == "exit" and out.returncode == 0
-        if out.reason in ("crash", "hang"):
-            self.state.worker.crashes[out.place()] += 1
-            if self._count_crash(out) is not None and self.current is not None:
-                self._replace_worker = True
-        self.state.health.probe_done(rec, ok, seen.get("detail") or f"probe {out.reason}")
-        if ok and self.current is not None:
-            self.current.send({"type": "readmit", "index": rec.index})
-        if out.reaped:
-            self.probe = None
-        self.state.changed()
-
-    async def _stop_probe(self) -> None:
-        probe = self.probe
-        if probe is None or probe.proc is None or probe.proc.returncode is not None:
-            return
-        wait_task = asyncio.ensure_future(probe.proc.wait())
-        await probe.kill(wait_task)
-
-    def _log_death(self, out: Outcome) -> None:
-        record = out.record()
-        if out.reason in ("crash", "hang"):
-            feature, function = out.place()
-            log.error(
-                "worker died: %s in %s/%s on GPU %s after %.1f s",
-                out.reason,
-                feature,
-                function,
-                (out.crumb.uuid if out.crumb else "") or "-",
-                out.lifetime_s,
-                extra={**record, "stack": out.stack},
-            )
-        elif out.reason == "nvml_error":
-            log.debug("worker exited: %s", self.state.last_init_error or "NVML unavailable", extra=record)
-        else:
-            log.warning("worker exited with code %s after %.1f s", out.returncode, out.lifetime_s, extra=record)
-
-    def _log_quarantine(self, new: Quarantine) -> None:
-        log.warning(
-            "feature %s QUARANTINED: %s. All other features keep being sampled. To retry earlier: "
-            "`nvgpu-exporter quarantine --clear %s` (or delete %s) and restart; NVGPU_FEATURE_%s=on does not "
-            "override a quarantine.",
-            new.feature,
-            new.detail(),
-            new.feature,
-            self.config.state_file or "the state file",
-            new.feature.upper(),
-            extra={"feature": new.feature, "function": new.function},
-        )
+    def _readmit(self, index: int) -> None:
+        if self.current is not None:
+            self.current.send({"type": "readmit", "index": index})
 
     async def kill_now(self) -> None:
         """SIGKILL the worker and any probe, and wait for them briefly (shutdown ran out of time:
         an exporter never exits leaving an NVML client behind)."""
-        for proc in (w.proc for w in (self.current, self.probe, *self.unreaped) if w is not None):
+        for proc in (w.proc for w in (self.current, self.prober.probe, *self.unreaped) if w is not None):
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
@@ -492,5 +307,4 @@ class Supervisor:
         if self._stale_timer is not None:
             self._stale_timer.cancel()
         self.crumbs.close()
-        if self._probe_crumbs is not None:
-            self._probe_crumbs.close()
+        self.prober.close()

@@ -18,6 +18,7 @@ from fake_device import Clock, device, devices, fake_of, render, wire
 
 from exporter.breadcrumb import BreadcrumbWriter
 from exporter.collectors import gpm, gpm_pipes, nvlink_throughput
+from exporter.nvml import structs
 from exporter.nvml.backend import RealNvml
 from exporter.nvml.client import DeviceClient, NvmlClient
 
@@ -310,11 +311,11 @@ def test_real_binding_metrics_request_is_what_nvml_expects(real_device: tuple[De
     dev, library = real_device
     buffers = [ctypes.create_string_buffer(16) for _ in range(2)]
     s1, s2 = (ctypes.cast(b, pynvml.c_nvmlGpmSample_t) for b in buffers)
-    got = dev.gpm_metrics("gpm", s1, s2, gpm.METRIC_IDS)
+    got = structs.gpm_metrics(dev, "gpm", s1, s2, gpm.METRIC_IDS)
     assert library.requests == [(1, len(gpm.METRIC_IDS), list(gpm.METRIC_IDS))]
     assert got == {m: m * 1.5 for m in gpm.METRIC_IDS if m != 3}
     assert ("gpm_metric", 3) in dev.unsupported
-    dev.gpm_metrics("gpm", s1, s2, gpm.METRIC_IDS)
+    structs.gpm_metrics(dev, "gpm", s1, s2, gpm.METRIC_IDS)
     assert library.requests[1][2] == [m for m in gpm.METRIC_IDS if m != 3]  # not asked again
 
 

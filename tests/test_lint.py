@@ -68,3 +68,16 @@ def test_worker_imports_neither_aiohttp_nor_prometheus_client() -> None:
     code = "import sys, exporter.worker; print(sorted(m for m in ('aiohttp', 'prometheus_client') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_no_class_over_300_lines() -> None:
+    """Issue 11: every class in exporter/ and guards/ can be read in one sitting."""
+    long = []
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "_pb2" in path.name:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef) and (node.end_lineno or 0) - node.lineno + 1 > 300:
+                    long.append(f"{path.relative_to(ROOT)}:{node.name} ({(node.end_lineno or 0) - node.lineno + 1})")
+    assert long == []

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.metric import GpuKey, MetricDef
+from exporter.nvml import structs
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -57,7 +58,7 @@ class Reading:
 def read(dev: DeviceClient) -> Reading | None:
     if (FUNCTION,) in dev.unsupported:  # state NOT_SUPPORTED earlier: no fabric on this GPU
         return None
-    info = dev.versioned(FEATURE, FUNCTION, STRUCTS)
+    info = structs.versioned(dev, FEATURE, FUNCTION, STRUCTS)
     if info is None:
         return None
     state = int(info.state)

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.collectors.base import percent_to_ratio
 from exporter.metric import GpuKey, MetricDef
+from exporter.nvml import structs
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -262,7 +263,7 @@ def take(
     if window.newest is None:
         window.newest, window.taken_at = target, now
         return None
-    values = dev.gpm_metrics(feature, window.buffers[window.newest], window.buffers[target], metric_ids)
+    values = structs.gpm_metrics(dev, feature, window.buffers[window.newest], window.buffers[target], metric_ids)
     if all(("gpm_metric", m) in dev.unsupported for m in metric_ids):
         _close(dev, feature, cache_key, window, "no GPM metric of this feature supported", "nvmlGpmMetricsGet")
         return None

@@ -12,7 +12,6 @@ unusable library raises :class:`NvmlFatal`: the worker's loop decides what happe
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -167,7 +166,7 @@ class DeviceClient:
         self.feature_ok.clear()
         self.feature_unsupported = {feature for feature, _ in self.unsupported.values()}
 
-    def _handle_error(
+    def handle_error(
         self,
         feature: str,
         function: str,
@@ -241,7 +240,7 @@ class DeviceClient:
         try:
             value = self.client.raw(feature, function, self.uuid, self.handle, *args, **kwargs)
         except Exception as exc:  # classified in one place: errors.classify
-            self._handle_error(feature, function, key, exc, quiet)
+            self.handle_error(feature, function, key, exc, quiet)
             return None
         self.feature_ok.add(feature)
         return value
@@ -278,116 +277,11 @@ class DeviceClient:
         try:
             value = self.client.raw(feature, function, self.uuid, *call_args)
         except Exception as exc:  # classified in one place: errors.classify
-            self._handle_error(feature, function, key, exc, context=errors.Context.CALL)
+            self.handle_error(feature, function, key, exc, context=errors.Context.CALL)
             return None
         if not discovery:
             self.feature_ok.add(feature)
         return value
-
-    def versioned(self, feature: str, function: str, structs: Sequence[str]) -> Any:
-        """``function(handle, byref(struct))`` with the newest struct version both sides know.
-
-        For the ``…V`` calls whose pynvml wrapper takes a caller-allocated, versioned struct
-        (``nvmlDeviceGetGpuFabricInfoV``). ``structs`` names the binding's struct classes, newest
-        first (``c_nvmlGpuFabricInfo_v3_t``, ``c_nvmlGpuFabricInfo_v2_t``). A class this binding
-        lacks is skipped; a version the driver rejects (ARGUMENT_VERSION_MISMATCH, or another
-        unsupported answer) is cached, quietly unless it was the last candidate, and the next older
-        one is tried; each version is tried at most once per worker life.
-
-        Returns:
-            The filled struct, or None (unsupported in every version, or an error that only omits
-            this sample).
-
-        Raises:
-            DeviceLost: the GPU is gone.
-            NvmlFatal: NVML is unusable.
-        """
-        import ctypes
-
-        candidates = [name for name in structs if (function, name) not in self.unsupported]
-        for i, name in enumerate(candidates):
-            key = (function, name)
-            cls = getattr(self.client.backend, name, None)
-            if cls is None:  # the binding is older than this struct version
-                self.unsupported[key] = (feature, "FUNCTION_NOT_FOUND")
-                continue
-            struct = cls()
-            try:
-                self.client.raw(feature, function, self.uuid, self.handle, ctypes.byref(struct))
-            except Exception as exc:  # classified in one place: errors.classify
-                last = i == len(candidates) - 1
-                self._handle_error(feature, function, key, exc, quiet=not last, context=errors.Context.CALL)
-                if key in self.unsupported:
-                    continue
-                return None
-            self.feature_ok.add(feature)
-            return struct
-        self.feature_unsupported.add(feature)
-        return None
-
-    def gpm_metrics(self, feature: str, sample1: Any, sample2: Any, metric_ids: Sequence[int]) -> dict[int, float]:
-        """GPM metrics between two samples of this GPU (``nvmlGpmMetricsGet``), each entry checked.
-
-        Builds the binding's ``c_nvmlGpmMetricsGet_t`` (version, count, the two samples, the metric
-        ids) and reads back every entry's own return code, as :meth:`fields` does for field values:
-        ids answering an unsupported class (NOT_SUPPORTED; INVALID_ARGUMENT for an id this driver
-        does not know) are cached and never requested again on this GPU; other failures are
-        counted. A binding without GPM structures counts as FUNCTION_NOT_FOUND.
-
-        Args:
-            feature: the feature making the call.
-            sample1: the older sample (``nvmlGpmSampleAlloc`` buffer filled by ``nvmlGpmSampleGet``).
-            sample2: the newer sample.
-            metric_ids: ``NVML_GPM_METRIC_*`` ids.
-
-        Returns:
-            Metric id -> value over the window between the samples, in NVML's unit for that id
-            (percent for the activity ids, MiB/s for the byte rates); finite values only.
-
-        Raises:
-            DeviceLost: the GPU is gone.
-            NvmlFatal: NVML is unusable.
-        """
-        wanted = [m for m in metric_ids if ("gpm_metric", m) not in self.unsupported]
-        if not wanted or ("nvmlGpmMetricsGet",) in self.unsupported:
-            return {}
-        backend = self.client.backend
-        request_cls = getattr(backend, "c_nvmlGpmMetricsGet_t", None)
-        version = getattr(backend, "NVML_GPM_METRICS_GET_VERSION", None)
-        if request_cls is None or version is None:
-            self.unsupported[("nvmlGpmMetricsGet",)] = (feature, "FUNCTION_NOT_FOUND")
-            self.feature_unsupported.add(feature)
-            return {}
-        request = request_cls()
-        request.version = version
-        request.numMetrics = len(wanted)
-        request.sample1 = sample1
-        request.sample2 = sample2
-        for i, metric_id in enumerate(wanted):
-            request.metrics[i].metricId = metric_id
-        if self.call(feature, "nvmlGpmMetricsGet", request, key=("nvmlGpmMetricsGet",), handle=False) is None:
-            return {}
-        out: dict[int, float] = {}
-        for i, metric_id in enumerate(wanted):
-            entry = request.metrics[i]
-            code = int(entry.nvmlReturn)
-            if code == errors.SUCCESS:
-                value = float(entry.value)
-                if math.isfinite(value):
-                    out[metric_id] = value
-                else:  # NaN or infinity from the library: never exported, counted
-                    self.client.errors[(feature, "NOT_FINITE")] += 1
-                continue
-            failure = errors.classify_entry(code)
-            if failure.error_class is ErrorClass.UNSUPPORTED:
-                self.unsupported[("gpm_metric", metric_id)] = (feature, failure.name)
-            elif failure.error_class is ErrorClass.DEVICE_LOST:
-                raise DeviceLost(failure, "nvmlGpmMetricsGet")
-            else:
-                self.client.errors[(feature, failure.name)] += 1
-        if not out and all(("gpm_metric", m) in self.unsupported for m in wanted):
-            self.feature_unsupported.add(feature)
-        return out
 
     def sample(self, feature: str, function: str, *args: Any, absent: Any = None) -> Any:
         """Like :meth:`get`, for calls whose arguments change every time (a last-seen timestamp).
@@ -410,7 +304,7 @@ class DeviceClient:
             if errors.classify(exc).error_class is ErrorClass.ABSENT:
                 self.feature_ok.add(feature)
                 return absent
-            self._handle_error(feature, function, key, exc)
+            self.handle_error(feature, function, key, exc)
             return None
         self.feature_ok.add(feature)
         return value
@@ -471,7 +365,7 @@ class DeviceClient:
         try:
             entries = self.client.field_values(feature, self.uuid, self.handle, list(wanted))
         except Exception as exc:
-            self._handle_error(feature, "nvmlDeviceGetFieldValues", ("field", "call"), exc)
+            self.handle_error(feature, "nvmlDeviceGetFieldValues", ("field", "call"), exc)
             return {}
         out: dict[tuple[int, int], int | float] = {}
         for entry in entries:

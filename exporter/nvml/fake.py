@@ -254,17 +254,9 @@ class _PerProcess:
         self.values = values
 
 
-class FakeNvml:
-    """pynvml look-alike answering from a scenario.
-
-    Args:
-        path: scenario JSON file.
-        epoch: Unix time that is scenario time 0 (the supervisor's start); default: now.
-        clock: time source (tests).
-
-    Raises:
-        ScenarioError: the file is unreadable or not a valid scenario.
-    """
+class _FakeCore:
+    """Scenario, clock, faults, values, and the calls of every GPU (library, identity, memory,
+    field values, and any other per-device getter answered from ``values``)."""
 
     NVMLError = pynvml.NVMLError
 
@@ -482,6 +474,31 @@ class FakeNvml:
             out.append(entry)
         return out
 
+    # -- everything else: per-device getters answered from "values" ------------------------------
+
+    def __getattr__(self, fn: str) -> Callable[..., Any]:
+        if not fn.startswith("nvmlDevice"):
+            raise AttributeError(fn)
+
+        def call(handle: Any, *args: Any) -> Any:
+            self._enter(fn, getattr(handle, "index", None))
+            gpu = self._gpu(handle)
+            if fn in _PER_LINK and args and int(args[0]) >= gpu.get("nvlink_link_count", 0):
+                raise _err(errors.INVALID_ARGUMENT)
+            return self._value(gpu, fn, args)
+
+        call.__name__ = fn
+        return call
+
+    def call_counts(self) -> dict[str, int]:
+        """Calls per function name in this process (tests)."""
+        with self._lock:
+            return dict(self._counts)
+
+
+class _FakeProcesses(_FakeCore):
+    """Per-process utilization, from the GPU's true (not misread) process list."""
+
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[SimpleNamespace]:  # noqa: N802, N803
         """Samples newer than ``timeStamp`` (µs since 1970), as NVML returns them.
 
@@ -529,7 +546,9 @@ class FakeNvml:
                 return list(found or [])
         return []
 
-    # -- events ---------------------------------------------------------------------------------
+
+class _FakeEvents(_FakeCore):
+    """NVML event sets: events are delivered once scenario time passes them, to sets registered before."""
 
     def nvmlEventSetCreate(self) -> FakeEventSet:  # noqa: N802
         self._enter("nvmlEventSetCreate", None)
@@ -571,6 +590,10 @@ class FakeNvml:
             if remaining <= 0:
                 raise _err(errors.TIMEOUT)
             time.sleep(min(remaining, 0.05))
+
+
+class _FakeGpm(_FakeCore):
+    """GPM (GPU performance monitoring, Hopper and newer) and fabric info, as pynvml shapes them."""
 
     # -- GPM: GPU performance monitoring (Hopper and newer) -------------------------------------
     #
@@ -683,23 +706,15 @@ class FakeNvml:
                 setattr(struct, name, int(v))
         return 0
 
-    # -- everything else: per-device getters answered from "values" ------------------------------
 
-    def __getattr__(self, fn: str) -> Callable[..., Any]:
-        if not fn.startswith("nvmlDevice"):
-            raise AttributeError(fn)
+class FakeNvml(_FakeProcesses, _FakeEvents, _FakeGpm):
+    """pynvml look-alike answering from a scenario.
 
-        def call(handle: Any, *args: Any) -> Any:
-            self._enter(fn, getattr(handle, "index", None))
-            gpu = self._gpu(handle)
-            if fn in _PER_LINK and args and int(args[0]) >= gpu.get("nvlink_link_count", 0):
-                raise _err(errors.INVALID_ARGUMENT)
-            return self._value(gpu, fn, args)
+    Args:
+        path: scenario JSON file.
+        epoch: Unix time that is scenario time 0 (the supervisor's start); default: now.
+        clock: time source (tests).
 
-        call.__name__ = fn
-        return call
-
-    def call_counts(self) -> dict[str, int]:
-        """Calls per function name in this process (tests)."""
-        with self._lock:
-            return dict(self._counts)
+    Raises:
+        ScenarioError: the file is unreadable or not a valid scenario.
+    """
