@@ -267,7 +267,12 @@ class Sampler:
             )
             detail = f"no GPU supports it ({', '.join(missing)})"
             self.states[feature] = gf.FeatureState(feature, False, gf.Reason.UNSUPPORTED, detail)
-            log.warning(
+            # A property of the hardware (no fan on an H200, no NVLink on a single GPU), not a fault:
+            # INFO, once (the supervisor keeps it once across workers too; issue 16).
+            logs.log_once(
+                log,
+                logging.INFO,
+                ("unsupported-feature", feature, detail),
                 "feature %s is unsupported on every GPU (%s): it is switched off for this worker's life",
                 feature,
                 detail,

@@ -136,8 +136,7 @@ class Supervisor:
             log,
             logging.ERROR,
             ("init_failed", msg.error),
-            "%s; retrying with backoff. Without a GPU, try the demo: "
-            "nvgpu-exporter --nvml-backend fake:examples/scenarios/h200x2.json",
+            "%s; retrying with backoff. Without a GPU, try the demo: nvgpu-exporter --nvml-backend fake:h200x2",
             self.state.last_init_error,
             extra={"nvml_error": msg.error},
         )
