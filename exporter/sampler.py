@@ -267,11 +267,15 @@ class Sampler:
             )
             detail = f"no GPU supports it ({', '.join(missing)})"
             self.states[feature] = gf.FeatureState(feature, False, gf.Reason.UNSUPPORTED, detail)
-            # A property of the hardware (no fan on an H200, no NVLink on a single GPU), not a fault:
-            # INFO, once (the supervisor keeps it once across workers too; issue 16).
+            # The hardware saying no (no fan on an H200, no NVLink on a single GPU) is not a fault:
+            # INFO, once (the supervisor keeps it once across workers too; issue 16). A missing
+            # symbol or a refused permission is worth a WARNING: a newer binding or driver, or the
+            # container's device access, would change it.
+            answers = {why for d in self.devices for (f, why) in d.unsupported.values() if f == feature}
+            expected = not answers & _NOT_HARDWARE
             logs.log_once(
                 log,
-                logging.INFO,
+                logging.INFO if expected else logging.WARNING,
                 ("unsupported-feature", feature, detail),
                 "feature %s is unsupported on every GPU (%s): it is switched off for this worker's life",
                 feature,
@@ -280,4 +284,5 @@ class Sampler:
             )
 
 
+_NOT_HARDWARE = {"FUNCTION_NOT_FOUND", "ARGUMENT_VERSION_MISMATCH", "NO_PERMISSION"}  # binding, driver, container
 _FAILED = object()  # a collector raised: no reading, feature failed

@@ -246,8 +246,8 @@ def load(path: str, *, require_client_cert: bool = False) -> WebConfig:
     try:
         with open(path, "rb") as fh:
             raw = fh.read(1 << 20)
-    except OSError as exc:
-        raise WebConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise WebConfigError(f"cannot read {path!r}: {getattr(exc, 'strerror', None) or exc}") from None
     if len(raw) >= 1 << 20:
         raise WebConfigError(f"{path}: larger than 1 MiB; is it the right file?")
     try:

@@ -161,7 +161,8 @@ class Exporter:
                 return last
             time.sleep(0.1)
         raise AssertionError(
-            f"timed out waiting for {what}; last scrape:\n{last.text[-4000:] if last else ''}\nlogs:\n{self.logs()[-4000:]}"
+            f"timed out waiting for {what}; last scrape:\n{last.text[-4000:] if last else ''}"
+            f"\nlogs:\n{self.logs()[-4000:]}"
         )
 
     def logs(self) -> str:

@@ -180,7 +180,12 @@ def test_feature_prefix_typo_reported_once(typo: str) -> None:
 
 
 def test_internal_variables_are_not_unknown() -> None:
-    internal = {"NVGPU_FAKE_EPOCH": "1", "NVGPU_WORKER_CONFIG": "{}", "NVGPU_WORKER_FD": "3", "NVGPU_BREADCRUMB_FD": "4"}
+    internal = {
+        "NVGPU_FAKE_EPOCH": "1",
+        "NVGPU_WORKER_CONFIG": "{}",
+        "NVGPU_WORKER_FD": "3",
+        "NVGPU_BREADCRUMB_FD": "4",
+    }
     assert Config.from_env(internal) == Config.from_env({})
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from exporter_proc import SCENARIOS, Exporter, load_scenario, write_scenario
+
+from exporter import logs
 
 UUID0 = "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6"
 
@@ -93,7 +94,8 @@ def test_nvlink_segfault_is_quarantined_and_survives_restart(tmp_path: Path) -> 
             assert r["function"] == "nvmlDeviceGetFieldValues" and r["uuid"] == UUID0
             assert "Fatal Python error: Segmentation fault" in r["stack"] and "nvlink_throughput.py" in r["stack"]
         # backoff: the gap between restarts grows
-        gaps = [b["ts"] - a["ts"] for a, b in zip(deaths, deaths[1:])]
+        times = [logs.parse_rfc3339(r["time"]) for r in deaths]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
         assert gaps[1] > gaps[0], gaps
         warnings = [r for r in records if "QUARANTINED" in r.get("msg", "")]
         assert len(warnings) == 1 and warnings[0]["level"] == "WARNING"

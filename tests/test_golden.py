@@ -42,8 +42,8 @@ from exporter.breadcrumb import Breadcrumb
 from exporter.config import Config
 from exporter.httpedge import HttpEdge
 from exporter.kernel_xid import KernelXid
-from exporter.policy import Outcome
 from exporter.pods import PodAttribution
+from exporter.policy import Outcome
 from exporter.snapshot import decode_message
 from exporter.supervisor import Supervisor
 from guards import features as gf

@@ -98,7 +98,10 @@ def test_empty_file_is_plain_http_without_auth(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("tls_server_config:\n  cert_file: a\n  key_fil: b\n", "unknown key tls_server_config.'key_fil'; did you mean key_file?"),
+        (
+            "tls_server_config:\n  cert_file: a\n  key_fil: b\n",
+            "unknown key tls_server_config.'key_fil'; did you mean key_file?",
+        ),
         ("basic_auth_user: {}\n", "unknown key 'basic_auth_user'; did you mean basic_auth_users?"),
         ("http_server_config: {http3: true}\n", "unknown key http_server_config.'http3'"),
         ("rate_limit: {intervall: 1s}\n", "unknown key rate_limit.'intervall'"),
