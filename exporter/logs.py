@@ -108,6 +108,7 @@ def setup(level: str, fmt: str, stream: Any = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    logging.captureWarnings(True)  # a library's warnings.warn() becomes a record, not a raw stderr line
 
 
 def log_once(logger: logging.Logger, level: int, key: tuple[str, ...], msg: str, *args: Any, **kw: Any) -> bool:

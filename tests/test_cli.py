@@ -1,0 +1,72 @@
+"""Issue 16 point 5: `nvgpu-exporter quarantine --state-file F` works after the subcommand and
+says which file it read; the no-GPU hint names a scenario every install has."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=60
+    )
+
+
+def quarantined_state(path: Path) -> None:
+    now = time.time()
+    q = {"feature": "nvlink_throughput", "function": "nvmlDeviceGetFieldValues", "since": now, "until": now + 3600}
+    path.write_text(json.dumps({"version": 1, "history": [], "quarantine": {"nvlink_throughput": {**q, "crashes": 3}}}))
+
+
+@pytest.mark.parametrize("where", ["after", "before", "env"])
+def test_state_file_flag_after_the_subcommand_and_the_listing_names_it(tmp_path: Path, where: str) -> None:
+    state = tmp_path / "state.json"
+    quarantined_state(state)
+    if where == "after":
+        proc = run(["quarantine", "--state-file", str(state)], tmp_path)
+    elif where == "before":
+        proc = run(["--state-file", str(state), "quarantine"], tmp_path)
+    else:
+        proc = run(["quarantine"], tmp_path, NVGPU_STATE_FILE=str(state))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"state file {state}:"
+    assert lines[1].startswith("  nvlink_throughput: 3 worker crashes/hangs in nvmlDeviceGetFieldValues")
+
+
+def test_empty_listing_names_the_file_too(tmp_path: Path) -> None:
+    proc = run(["quarantine", "--state-file", str(tmp_path / "none.json")], tmp_path)
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"state file {tmp_path / 'none.json'}: no feature is quarantined"
+    proc = run(["quarantine", "--state-file", ""], tmp_path)
+    assert "no state file (NVGPU_STATE_FILE is empty)" in proc.stdout
+
+
+def test_clear_after_the_subcommand(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    quarantined_state(state)
+    proc = run(["quarantine", "--state-file", str(state), "--clear", "nvlink_throughput"], tmp_path)
+    assert proc.returncode == 0 and "cleared: nvlink_throughput" in proc.stdout and str(state) in proc.stdout
+    assert json.loads(state.read_text())["quarantine"] == {}
+
+
+def test_a_bad_state_file_flag_is_named_as_typed(tmp_path: Path) -> None:
+    proc = run(["quarantine", "--state-file", str(tmp_path), "--clear-all"], tmp_path)
+    assert proc.returncode in (1, 2)
+    assert str(tmp_path) in proc.stderr
+
+
+def test_the_no_gpu_demo_hint_works_from_any_directory(tmp_path: Path) -> None:
+    """`fake:h200x2`, the hint's scenario, resolves from a directory without the source tree."""
+    proc = run(["--check-config", "--nvml-backend", "fake:h200x2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert any(line.endswith("exporter/scenarios/h200x2.json") for line in proc.stdout.splitlines())
