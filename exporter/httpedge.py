@@ -63,6 +63,11 @@ BUSY_503 = (
     b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 41\r\n\r\n"
     b"too many open connections; retry shortly\n"
 )
+PLAIN_HTTP_400 = (
+    b"HTTP/1.1 400 Bad Request\r\nServer: nvgpu-exporter\r\nConnection: close\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 55\r\n\r\n"
+    b"this port speaks HTTPS (web config file): use https://\n"
+)
 DROP_REASONS = ("limit", "header_timeout", "tls_handshake", "client_certificate")
 DENY_REASONS = ("unauthorized", "client_certificate", "rate_limit")
 
@@ -351,6 +356,8 @@ class _Guarded(asyncio.Protocol):
             sock.close()
             self._release()
             return
+        if context is not None and not await self._speaks_tls(sock):
+            return
         try:
             if context is None:
                 await loop.connect_accepted_socket(lambda: self, sock)
@@ -366,6 +373,42 @@ class _Guarded(asyncio.Protocol):
             if context is not None and not self._released:
                 listener.drop("tls_handshake", f"{type(exc).__name__}: {exc}")
             self._release()
+
+    async def _speaks_tls(self, sock: socket.socket) -> bool:
+        """Wait for the client's first byte: a TLS handshake record goes on; plain HTTP gets a 400
+        that says to use https (what Go's server answers), anything else or nothing is closed."""
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        fd = sock.fileno()
+
+        def readable() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await asyncio.wait_for(ready, self.listener.header_timeout_s)
+            first = sock.recv(1, socket.MSG_PEEK)
+        except asyncio.TimeoutError:
+            self.listener.drop("header_timeout", "no TLS handshake in time")
+            first = None
+        except OSError:
+            first = b""
+        finally:
+            loop.remove_reader(fd)
+        if first == b"\x16":  # TLS record type 22: handshake
+            return True
+        if first and first.isalpha():
+            self.listener.drop("tls_handshake", "plain HTTP on the TLS port")
+            try:
+                sock.send(PLAIN_HTTP_400)
+            except OSError:
+                pass
+        elif first is not None:
+            self.listener.drop("tls_handshake", "not a TLS handshake")
+        sock.close()
+        self._release()
+        return False
 
     # -- bookkeeping --------------------------------------------------------------------------
 

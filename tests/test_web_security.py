@@ -115,12 +115,23 @@ def test_a_san_not_allowed_closes_the_connection(secured: Exporter, tls: Materia
         request(secured, "/metrics", tls.client_context(cert="stranger"), auth())
 
 
-def test_plain_http_to_the_tls_port_gets_nothing(secured: Exporter) -> None:
+def test_plain_http_to_the_tls_port_is_told_to_use_https(secured: Exporter) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", secured.port, timeout=10)
-    with pytest.raises((http.client.RemoteDisconnected, ConnectionError, http.client.BadStatusLine, OSError)):
-        conn.request("GET", "/metrics")
-        conn.getresponse()
+    conn.request("GET", "/metrics")
+    resp = conn.getresponse()
+    assert resp.status == 400 and b"use https://" in resp.read()
+    assert resp.getheader("Server") == "nvgpu-exporter"
     conn.close()
+
+
+def test_garbage_on_the_tls_port_is_closed(secured: Exporter) -> None:
+    with socket.create_connection(("127.0.0.1", secured.port), timeout=10) as s:
+        s.sendall(b"\x00\x01\x02\x03")
+        s.settimeout(10)
+        try:
+            assert s.recv(100) == b""
+        except ConnectionResetError:
+            pass  # closed with unread bytes: a reset, closed all the same
 
 
 def test_refusals_are_counted(secured: Exporter, tls: Material) -> None:
