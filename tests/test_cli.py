@@ -70,3 +70,17 @@ def test_the_no_gpu_demo_hint_works_from_any_directory(tmp_path: Path) -> None:
     proc = run(["--check-config", "--nvml-backend", "fake:h200x2"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert any(line.endswith("exporter/scenarios/h200x2.json") for line in proc.stdout.splitlines())
+
+
+def test_an_unwritable_state_file_is_reported_at_start(tmp_path: Path) -> None:
+    """Issue 16: said at start (ERROR, naming the file), not after the first crash; it still serves."""
+    from exporter_proc import Exporter
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    state = blocker / "state.json"
+    with Exporter(None, tmp_path, env={"NVGPU_STATE_FILE": str(state)}, args=["--nvml-backend", "fake:h200x1"]) as exp:
+        exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="first sample")
+        errors = [r for r in exp.log_records() if r["level"] == "ERROR" and "state file" in r["msg"]]
+        assert len(errors) == 1 and str(state) in errors[0]["msg"] and "is not a directory" in errors[0]["msg"]
+        assert exp.terminate() == 0
