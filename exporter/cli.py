@@ -1,4 +1,4 @@
-"""Command line: ``nvgpu-exporter`` (serve), ``selfcheck``, ``quarantine``; ``--check-config``.
+"""Command line: ``nvgpu-exporter`` (serve), ``selfcheck``, ``quarantine``, ``hash-password``; ``--check-config``.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad configuration (every problem listed, nothing
 started), 3 strict self-check refused to start.
@@ -83,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("selfcheck", help="check the modules the supervisor and a real worker import")
     sc.add_argument("--json", action="store_true", help="print JSON")
     sc.add_argument("--strict", action="store_true", help="exit 3 on any problem")
+    hp = sub.add_parser(
+        "hash-password",
+        help="print a bcrypt hash for basic_auth_users in the web config file (reads the password from the "
+        "terminal, or one line of standard input)",
+    )
+    hp.add_argument("--cost", type=int, default=10, choices=range(4, 32), metavar="4-31", help="bcrypt cost [10]")
     q = sub.add_parser("quarantine", help="list or clear crash quarantines in the state file")
     q.add_argument(
         "--state-file",
@@ -119,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from exporter import selfcheck
 
         return selfcheck.command(args.json, args.strict)
+    if args.command == "hash-password":
+        return _hash_password(args.cost)
     try:
         config = _config(args)
     except ConfigError as exc:
@@ -156,6 +164,26 @@ def _run(main: Coroutine[Any, Any, int]) -> int:
     if not use_uvloop:  # outside the except block: later tracebacks must not chain to this
         return asyncio.run(main)
     return int(uvloop.run(main))
+
+
+def _hash_password(cost: int) -> int:
+    import getpass
+
+    from exporter.webconfig import hash_password
+
+    if sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            print("nvgpu-exporter hash-password: the two passwords differ", file=sys.stderr)
+            return protocol.EXIT_CONFIG
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    try:
+        print(hash_password(password, cost))
+    except ValueError as exc:
+        print(f"nvgpu-exporter hash-password: {exc}", file=sys.stderr)
+        return protocol.EXIT_CONFIG
+    return protocol.EXIT_OK
 
 
 def _quarantine(config: Config, args: argparse.Namespace) -> int:

@@ -688,8 +688,9 @@ def _same_san(want: str, have: str) -> bool:
 
 
 # A bcrypt hash (cost 10, the usual) of a random password nobody knows: an unknown user name is
-# checked against it, so it costs as much as a wrong password for a known user (no user-name
-# oracle by timing; exporter-toolkit does the same).
+# checked against it (or against one made at the users' cost when that is not 10), so it costs as
+# much as a wrong password for a known user (no user-name oracle by timing; exporter-toolkit does
+# the same with a fixed cost-10 hash).
 DUMMY_HASH = b"$2b$10$zUHUiAyiYk8/znYRYN/Vk.UY8oY9WNdQF7uWeqOQYC2jOADYtdyBS"
 
 
@@ -720,6 +721,7 @@ class BasicAuth:
         self.cache_size = cache_size
         self._cache: collections.OrderedDict[bytes, bool] = collections.OrderedDict()
         self._lock: asyncio.Lock | None = None
+        self._dummies: dict[int, bytes] = {}
 
     @staticmethod
     def parse(header: str | None) -> tuple[str, bytes] | None:
@@ -746,19 +748,47 @@ class BasicAuth:
         user, password = creds
         hashed = users.get(user)
         known = hashed is not None
-        key = hashlib.sha256(b"\0".join((user.encode(), hashed or DUMMY_HASH, password))).digest()
+        key = hashlib.sha256(b"\0".join((user.encode(), hashed or b"?", password))).digest()
         ok = self._cache.get(key)
         if ok is None:
             if self._lock is None:
                 self._lock = asyncio.Lock()
             async with self._lock:
-                ok = await asyncio.to_thread(self.checkpw, password, hashed or DUMMY_HASH)
+                against = hashed if hashed is not None else await self._dummy(users)
+                ok = await asyncio.to_thread(self.checkpw, password, against)
             self._cache[key] = ok
             if len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
         return user if ok and known else None
+
+    async def _dummy(self, users: Mapping[str, bytes]) -> bytes:
+        """A hash of nobody's password at the cost of the configured users' hashes (the highest)."""
+        costs = [int(m.group(1)) for h in users.values() if (m := BCRYPT_HASH.fullmatch(h.decode()))]
+        cost = max(costs, default=10)
+        if cost == 10:
+            return DUMMY_HASH
+        if cost not in self._dummies:
+            self._dummies[cost] = await asyncio.to_thread(_hash_random, cost)
+        return self._dummies[cost]
+
+
+def _hash_random(cost: int) -> bytes:
+    import bcrypt
+
+    return bytes(bcrypt.hashpw(os.urandom(16), bcrypt.gensalt(cost)))
+
+
+def hash_password(password: str, cost: int = 10) -> str:
+    """A bcrypt hash for ``basic_auth_users`` (``nvgpu-exporter hash-password``)."""
+    import bcrypt
+
+    if not password:
+        raise ValueError("an empty password")
+    if len(password.encode()) > 72:
+        raise ValueError("bcrypt takes at most 72 bytes of password")
+    return str(bcrypt.hashpw(password.encode(), bcrypt.gensalt(cost)).decode())
 
 
 class RateLimiter:

@@ -84,3 +84,24 @@ def test_an_unwritable_state_file_is_reported_at_start(tmp_path: Path) -> None:
         errors = [r for r in exp.log_records() if r["level"] == "ERROR" and "state file" in r["msg"]]
         assert len(errors) == 1 and str(state) in errors[0]["msg"] and "is not a directory" in errors[0]["msg"]
         assert exp.terminate() == 0
+
+
+def test_hash_password_reads_stdin_and_prints_a_bcrypt_hash(tmp_path: Path) -> None:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "hash-password", "--cost", "4"],
+        input="s3cret\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=full,
+    )
+    assert proc.returncode == 0, proc.stderr
+    import bcrypt
+
+    hashed = proc.stdout.strip()
+    assert hashed.startswith("$2b$04$") and bcrypt.checkpw(b"s3cret", hashed.encode())
+    empty = subprocess.run(
+        [sys.executable, "-m", "exporter", "hash-password"], input="\n", capture_output=True, text=True, timeout=60
+    )
+    assert empty.returncode == 2 and "empty password" in empty.stderr

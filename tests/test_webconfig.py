@@ -264,9 +264,10 @@ def test_basic_auth_accepts_refuses_and_caches() -> None:
     asyncio.run(run())
 
 
-def test_unknown_user_costs_a_bcrypt_like_a_wrong_password() -> None:
-    """No user-name oracle: an unknown user is checked against a dummy hash of the same cost."""
-    users = {USER: bcrypt_hash(cost=10).encode()}
+@pytest.mark.parametrize("cost", [10, 5])
+def test_unknown_user_costs_a_bcrypt_like_a_wrong_password(cost: int) -> None:
+    """No user-name oracle: an unknown user is checked against a dummy hash of the users' cost."""
+    users = {USER: bcrypt_hash(cost=cost).encode()}
     check = CountingCheck()
     auth = BasicAuth(check)
 
@@ -275,11 +276,21 @@ def test_unknown_user_costs_a_bcrypt_like_a_wrong_password() -> None:
         assert await auth.check(users, _header(USER, "wrong")) is None
 
     asyncio.run(run())
-    assert check.calls == [webconfig.DUMMY_HASH, users[USER]]
-    assert webconfig.DUMMY_HASH[:7] == users[USER][:3].replace(b"y", b"b") + b"10$" or webconfig.DUMMY_HASH.startswith(
-        b"$2b$10$"
-    )
-    assert webconfig.BCRYPT_HASH.fullmatch(webconfig.DUMMY_HASH.decode())
+    dummy, real = check.calls
+    assert real == users[USER]
+    assert dummy != real and dummy[4:7] == f"{cost:02d}$".encode(), dummy
+    if cost == 10:
+        assert dummy == webconfig.DUMMY_HASH
+    assert webconfig.BCRYPT_HASH.fullmatch(dummy.decode())
+
+
+def test_hash_password_makes_a_hash_the_loader_and_bcrypt_accept(tmp_path: Path) -> None:
+    hashed = webconfig.hash_password("correct horse", cost=4)
+    cfg = load(write(tmp_path, f"basic_auth_users:\n  alice: {hashed}\n"))
+    assert webconfig._bcrypt_check(b"correct horse", cfg.users["alice"])
+    for bad in ("", "x" * 73):
+        with pytest.raises(ValueError):
+            webconfig.hash_password(bad)
 
 
 def test_the_cache_is_bounded_and_never_holds_a_password() -> None:
