@@ -120,6 +120,15 @@ def _print_problems(problems: list[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script and ``python -m exporter``."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `nvgpu-exporter --check-config | head`: the reader left, nothing to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return protocol.EXIT_OK
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "selfcheck":
         from exporter import selfcheck

@@ -382,8 +382,7 @@ class _StderrBlock:
         pid = self.worker.pid
         if last == "KeyboardInterrupt":
             log.info(
-                "worker %s interrupted by SIGINT (Ctrl-C reaches the whole process group); it is stopped and "
-                "restarted by the supervisor",
+                "worker %s interrupted by SIGINT (Ctrl-C reaches the whole process group)",
                 pid,
                 extra={"worker_pid": pid},
             )

@@ -105,3 +105,21 @@ def test_hash_password_reads_stdin_and_prints_a_bcrypt_hash(tmp_path: Path) -> N
         [sys.executable, "-m", "exporter", "hash-password"], input="\n", capture_output=True, text=True, timeout=60
     )
     assert empty.returncode == 2 and "empty password" in empty.stderr
+
+
+def test_a_closed_stdout_is_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A friction point of the new-user trial: `nvgpu-exporter --check-config | head -2` printed a
+    BrokenPipeError traceback. Here stdout is a pipe whose reader has gone, like head's."""
+    from exporter import cli
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    broken = os.fdopen(write_end, "w", buffering=1)  # line-buffered: the first line breaks the pipe
+    monkeypatch.setattr(sys, "stdout", broken)
+    for var in [k for k in os.environ if k.startswith("NVGPU_")]:
+        monkeypatch.delenv(var)
+    try:
+        assert cli.main(["--check-config"]) == 0
+    finally:
+        monkeypatch.undo()
+        broken.close()
