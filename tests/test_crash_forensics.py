@@ -164,7 +164,7 @@ def test_scrapers_do_not_change_nvml_load(tmp_path: Path) -> None:
                 seen[ts] = calls or 0.0
             time.sleep(0.05)
         values = [seen[k] for k in sorted(seen)]
-        return {b - a for a, b in zip(values, values[1:])}
+        return {b - a for a, b in zip(values, values[1:], strict=False)}
 
     with Exporter(SCENARIOS / "h200x2.json", tmp_path, interval=0.5) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0)
