@@ -221,3 +221,27 @@ def test_crash_run_in_text_shows_the_traceback_once(tmp_path: Path) -> None:
     assert crashes >= 1
     assert text.count("Fatal Python error: Segmentation fault") == crashes
     assert not any(line.startswith("{") for line in text.splitlines()), "no JSON in text mode"
+
+
+@pytest.mark.parametrize(("xid", "level"), [(13, "INFO"), (79, "ERROR")])
+def test_xid_log_line_carries_the_catalogs_meaning_severity_and_action(xid: int, level: str) -> None:
+    """Issue 16: "Xid 79 on GPU 0 ... from NVML event" said nothing the catalog knows."""
+    from exporter.xid import classify
+    from exporter.xids import XidLedger
+
+    stream = capture("json")
+    XidLedger().record_xid("0", "GPU-a", xid, 1_700_000_000.0, "NVML event")
+    (rec,) = [json.loads(line) for line in stream.getvalue().splitlines()]
+    info = classify(xid)
+    assert info.known and rec["level"] == level  # catalog severity: info -> INFO, critical -> ERROR
+    assert (rec["xid"], rec["mnemonic"], rec["severity"], rec["action"]) == (
+        xid,
+        info.mnemonic,
+        info.severity,
+        info.action,
+    )
+    assert (
+        info.mnemonic in rec["msg"]
+        and info.meaning.rstrip(".") in rec["msg"]
+        and f"Action: {info.action}" in rec["msg"]
+    )
