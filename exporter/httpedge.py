@@ -263,28 +263,32 @@ class Listener:
         while True:
             try:
                 sock, _addr = await loop.sock_accept(listening)
+                self._accepted(sock)
+                for _ in range(64):  # drain the backlog without a round trip through the loop each
+                    try:
+                        sock, _addr = listening.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    self._accepted(sock)
             except asyncio.CancelledError:
                 raise
             except OSError as exc:  # EMFILE/ENFILE/ENOBUFS: wait for descriptors to come back
                 log_once(log, logging.ERROR, ("accept", str(exc.errno)), "accept() failed: %s; retrying", exc)
                 await asyncio.sleep(0.5)
-                continue
-            self._accepted(sock)
-            for _ in range(64):  # drain the backlog without a round trip through the loop each
-                try:
-                    sock, _addr = listening.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError as exc:
-                    log_once(log, logging.ERROR, ("accept", str(exc.errno)), "accept() failed: %s; retrying", exc)
-                    break
-                self._accepted(sock)
+            except Exception:  # noqa: BLE001 - the accept loop must outlive any one connection
+                log_once(log, logging.ERROR, ("accept-bug",), "accepting a connection failed", exc_info=True)
+                await asyncio.sleep(0.5)
 
     def _accepted(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         edge = self.edge
         if edge.open >= self.max_connections:
             self.drop("limit")
+            try:
+                if self._tls_context_or_none() is None:
+                    sock.recv(65536)  # what already arrived, so the close is a FIN, not a reset that loses the 503
+            except OSError:
+                pass
             try:
                 if self._tls_context_or_none() is None:
                     sock.send(BUSY_503)
