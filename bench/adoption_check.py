@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import base64
 import http.client
+import importlib.util
 import json
 import os
 import shutil
@@ -169,17 +170,26 @@ def main() -> int:
 
     if shutil.which("openssl") is None:
         raise SystemExit("openssl is needed for the throw-away certificates")
+    # The web config needs PyYAML, basic auth bcrypt (new dependencies of issue 16; a machine where
+    # the project was installed with --no-deps may lack them: then say so and check what can be).
+    missing = [m for m in ("yaml", "bcrypt") if importlib.util.find_spec(m) is None]
+    result["missing_modules"] = missing
+    if "yaml" in missing:
+        raise SystemExit(f"PyYAML is not installed: no web config can load here ({json.dumps(result)})")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         make_certs(d)
-        from exporter.webconfig import hash_password
+        users = ""
+        auth: dict[str, str] = {}
+        if "bcrypt" not in missing:
+            from exporter.webconfig import hash_password
 
+            users = f"basic_auth_users:\n  prometheus: {hash_password(PASSWORD)}\n"
+            auth = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}
         (d / "web.yml").write_text(
             f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
-            f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
-            f"basic_auth_users:\n  prometheus: {hash_password(PASSWORD)}\n"
+            f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n{users}"
         )
-        auth = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}
         ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
         ctx.load_cert_chain(str(d / "client.crt"), str(d / "client.key"))
 
@@ -206,7 +216,7 @@ def main() -> int:
                 "worker_open_fds": series.get('process_open_fds{process="worker"}'),
                 "supervisor_max_fds": series.get("process_max_fds"),
             }
-            result["latency_tls_basic_auth"] = latencies(conn, auth)
+            result["latency_tls_basic_auth" if auth else "latency_tls_no_basic_auth"] = latencies(conn, auth)
             conn.close()
         finally:
             stop(proc)
