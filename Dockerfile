@@ -4,13 +4,25 @@
 # host through the NVIDIA container runtime, which acts on NVIDIA_VISIBLE_DEVICES and
 # NVIDIA_DRIVER_CAPABILITIES below.
 #
+# One platform (a plain image manifest, which older registry sync jobs can copy):
+#
 #   docker buildx build --platform linux/amd64 --provenance=false --sbom=false \
 #     --build-arg VERSION=0.1.0 --build-arg REVISION="$(git rev-parse HEAD)" \
 #     --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" --build-arg SOURCE=<repository URL> \
 #     -t registry.example.com/platform/nvgpu-exporter:0.1.0 --push .
 #
-# (--provenance=false --sbom=false give a plain single-platform image manifest instead of an
-# index with attestations, which older registry sync jobs cannot copy; see docs/kubernetes.md.)
+# amd64 and arm64 (Grace Hopper GH200 nodes) in one tag (an image index):
+#
+#   docker run --privileged --rm tonistiigi/binfmt --install arm64    # once per build host
+#   docker buildx create --use --name multi                             # a builder that can emulate
+#   docker buildx build --platform linux/amd64,linux/arm64 --provenance=false --sbom=false \
+#     --build-arg VERSION=0.1.0 ... -t registry.example.com/platform/nvgpu-exporter:0.1.0 --push .
+#
+# Both stages run on the target platform (arm64 under QEMU on an amd64 host): `pip wheel` then only
+# downloads, since every dependency publishes manylinux wheels for x86_64 and aarch64
+# (tests/test_dockerfile.py checks it), and the strict self-check at the end runs in the image it
+# checks, for each platform. (--provenance=false --sbom=false: no attestation manifests; see
+# docs/kubernetes.md, "Building the image".)
 #
 # The install steps below are reproduced in CI in a fresh virtual environment by
 # tests/test_dockerfile.py (build the wheelhouse, install from it alone, self-check from /).

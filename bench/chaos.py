@@ -131,6 +131,13 @@ class Plan:
     kill_signals: list[str]
 
 
+def _rfc3339(text: str) -> float:
+    """Unix time of a log record's RFC 3339 ``time`` (``2026-11-30T05:22:01.123Z``)."""
+    import datetime
+
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def plan_faults(cfg: ChaosConfig, gpu_count: int) -> Plan:
     """Hang windows, the deliberate fault and the external kill schedule, all from ``cfg.seed``."""
     rng = random.Random(cfg.seed)
@@ -877,7 +884,8 @@ def hang_outcomes(plan: Plan, scenario: Mapping[str, Any], log_path: Path, epoch
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                deaths.append((rec["ts"] - epoch, rec.get("reason"), rec.get("function"), rec.get("uuid")))
+                when = rec["ts"] if "ts" in rec else _rfc3339(rec["time"])  # "time" (RFC 3339) since issue 16
+                deaths.append((when - epoch, rec.get("reason"), rec.get("function"), rec.get("uuid")))
     except OSError:
         pass
     out = []

@@ -1,4 +1,4 @@
-"""Command line: ``nvgpu-exporter`` (serve), ``selfcheck``, ``quarantine``; ``--check-config``.
+"""Command line: ``nvgpu-exporter`` (serve), ``selfcheck``, ``quarantine``, ``hash-password``; ``--check-config``.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad configuration (every problem listed, nothing
 started), 3 strict self-check refused to start.
@@ -11,33 +11,92 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from exporter import __version__, protocol
-from exporter.config import SETTINGS, Config, ConfigError
+from exporter.config import SETTINGS, Config, ConfigError, Setting, environment_problems, state_file_problem
 
 log = logging.getLogger("exporter")
+
+
+class _Flag(argparse.Action):
+    """Stores the value and the spelling used (``--listen-address`` or ``--web.listen-address``)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        names = dict(getattr(namespace, "_flag_names", {}))
+        names[self.dest] = option_string or self.option_strings[0]
+        namespace._flag_names = names
+
+
+def _metavar(s: Setting) -> str:
+    if s.attr.endswith("_s"):
+        return "SECONDS"
+    if s.attr == "listen_address":
+        return "HOST:PORT"
+    if s.default in ("true", "false"):
+        return "BOOL"
+    if s.default.isdigit():
+        return "N"
+    if s.attr.endswith("_file") or s.attr.endswith("_path") or s.attr.endswith("_socket"):
+        return "PATH"
+    return "VALUE"
+
+
+def _help(s: Setting) -> str:
+    if "(default:" in s.help:
+        default = ""  # derived from other settings; the text says how
+    elif s.default == "":
+        default = "default: none; "
+    else:
+        default = f"default: {s.default}; "
+    return f"{s.help} [{default}env {s.env}]".replace("%", "%%")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nvgpu-exporter",
         description="Prometheus exporter for NVIDIA GPUs with a supervised NVML worker. Every flag has an "
-        "NVGPU_* environment variable; flags win. Features: NVGPU_FEATURE_<NAME>=auto|on|off.",
+        "NVGPU_* environment variable (shown with its default); flags win. Features: "
+        "NVGPU_FEATURE_<NAME>=auto|on|off. Exit codes: 0 ok, 1 error, 2 bad configuration, 3 strict self-check.",
+        epilog="Without a GPU, try the demo: nvgpu-exporter --nvml-backend fake:h200x2",
     )
     p.add_argument("--version", action="version", version=f"nvgpu-exporter {__version__}")
     p.add_argument(
-        "--check-config", action="store_true", help="print every configuration problem and exit 2, or exit 0"
+        "--check-config",
+        action="store_true",
+        help="check the configuration and this machine (listen address, state file, web config file); "
+        "print every problem and exit 2, or print the effective settings and exit 0",
     )
     for s in SETTINGS:
-        p.add_argument(s.flag, dest=s.attr, default=None, metavar="VALUE", help=f"{s.help} [{s.env}]")
+        p.add_argument(s.flag, *s.aliases, dest=s.attr, default=None, metavar=_metavar(s), action=_Flag, help=_help(s))
     sub = p.add_subparsers(dest="command")
     sc = sub.add_parser("selfcheck", help="check the modules the supervisor and a real worker import")
     sc.add_argument("--json", action="store_true", help="print JSON")
     sc.add_argument("--strict", action="store_true", help="exit 3 on any problem")
+    hp = sub.add_parser(
+        "hash-password",
+        help="print a bcrypt hash for basic_auth_users in the web config file (reads the password from the "
+        "terminal, or one line of standard input)",
+    )
+    hp.add_argument("--cost", type=int, default=10, choices=range(4, 32), metavar="4-31", help="bcrypt cost [10]")
     q = sub.add_parser("quarantine", help="list or clear crash quarantines in the state file")
+    q.add_argument(
+        "--state-file",
+        dest="quarantine_state_file",
+        metavar="PATH",
+        default=None,
+        help="the state file to read or change [default: /var/lib/nvgpu-exporter/state.json; env NVGPU_STATE_FILE]",
+    )
     g = q.add_mutually_exclusive_group()
     g.add_argument("--clear", metavar="FEATURE", help="clear one feature's quarantine")
     g.add_argument("--clear-all", action="store_true", help="clear every quarantine")
@@ -46,24 +105,47 @@ def _parser() -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace) -> Config:
     flags = {s.attr: getattr(args, s.attr) for s in SETTINGS if getattr(args, s.attr, None) is not None}
-    return Config.from_env(os.environ, flags)
+    names = dict(getattr(args, "_flag_names", {}))
+    if getattr(args, "quarantine_state_file", None) is not None:  # `quarantine --state-file F`
+        flags["state_file"] = args.quarantine_state_file
+        names["state_file"] = "--state-file"
+    return Config.from_env(os.environ, flags, names)
+
+
+def _print_problems(problems: list[str]) -> None:
+    print(f"nvgpu-exporter: {len(problems)} configuration problem(s):", file=sys.stderr)
+    for problem in problems:
+        print(f"  - {problem}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script and ``python -m exporter``."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `nvgpu-exporter --check-config | head`: the reader left, nothing to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return protocol.EXIT_OK
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "selfcheck":
         from exporter import selfcheck
 
         return selfcheck.command(args.json, args.strict)
+    if args.command == "hash-password":
+        return _hash_password(args.cost)
     try:
         config = _config(args)
     except ConfigError as exc:
-        print(f"nvgpu-exporter: {len(exc.problems)} configuration problem(s):", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
+        _print_problems(exc.problems)
         return protocol.EXIT_CONFIG
     if args.check_config:
+        problems = environment_problems(config)
+        if problems:
+            _print_problems(problems)
+            return protocol.EXIT_CONFIG
         print("configuration ok:")
         for line in config.describe():
             print(f"  {line}")
@@ -91,6 +173,26 @@ def _run(main: Coroutine[Any, Any, int]) -> int:
     if not use_uvloop:  # outside the except block: later tracebacks must not chain to this
         return asyncio.run(main)
     return int(uvloop.run(main))
+
+
+def _hash_password(cost: int) -> int:
+    import getpass
+
+    from exporter.webconfig import hash_password
+
+    if sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            print("nvgpu-exporter hash-password: the two passwords differ", file=sys.stderr)
+            return protocol.EXIT_CONFIG
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    try:
+        print(hash_password(password, cost))
+    except ValueError as exc:
+        print(f"nvgpu-exporter hash-password: {exc}", file=sys.stderr)
+        return protocol.EXIT_CONFIG
+    return protocol.EXIT_OK
 
 
 def _quarantine(config: Config, args: argparse.Namespace) -> int:
@@ -125,10 +227,13 @@ def _quarantine(config: Config, args: argparse.Namespace) -> int:
         )
         return protocol.EXIT_OK
     details = store.details()
+    where = f"state file {config.state_file}" if config.state_file else "no state file (NVGPU_STATE_FILE is empty)"
     if not details:
-        print("no feature is quarantined")
+        print(f"{where}: no feature is quarantined")
+    else:
+        print(f"{where}:")
     for feature, detail in details.items():
-        print(f"{feature}: {detail}")
+        print(f"  {feature}: {detail}")
     return protocol.EXIT_OK
 
 
@@ -136,16 +241,27 @@ async def serve(config: Config) -> int:
     """Run the supervisor and the HTTP server until SIGTERM/SIGINT; returns the exit code."""
     from aiohttp import web
 
+    from exporter.httpedge import HttpEdge, Listener, connection_cap, raise_open_file_limit
     from exporter.supervisor import Supervisor
-    from exporter.web import SUPERVISOR_TASK, Renderer, make_app
+    from exporter.web import SUPERVISOR_TASK, Edge, Renderer, make_app
+    from exporter.webconfig import WebConfigError, WebConfigWatcher, peer_problem
 
+    watcher = None
+    if config.web_config_file:
+        try:
+            watcher = WebConfigWatcher(config.web_config_file, require_client_cert=not config.web_probes_without_auth)
+        except WebConfigError as exc:  # it loaded during parsing; it changed since
+            log.error("NVGPU_WEB_CONFIG_FILE=%s: %s", config.web_config_file, exc)
+            return protocol.EXIT_CONFIG
+    soft_limit, _hard = raise_open_file_limit()
+    cap = connection_cap(config.web_max_connections, soft_limit)
     supervisor = Supervisor(config)
     state = supervisor.state
-    why = supervisor.quarantine.writable()
+    why = state_file_problem(config.state_file)
     if why:
-        log.warning(
-            "state file %s cannot be written (%s): a quarantine will not survive a restart; mount an emptyDir there "
-            "or set NVGPU_STATE_FILE",
+        log.error(
+            "state file %s cannot be written (%s): a quarantine will not survive a restart; mount a writable volume "
+            "(an emptyDir) there, or set NVGPU_STATE_FILE='' to keep quarantines in memory",
             config.state_file,
             why,
         )
@@ -158,18 +274,36 @@ async def serve(config: Config) -> int:
         return protocol.EXIT_SELFCHECK
     if config.selfcheck == "off":
         state.selfchecks.clear()
+    stats = state.extension(HttpEdge)
+    if stats is None:  # default_extensions always attaches it; a custom list may not
+        stats = HttpEdge()
+        state.extensions.append(stats)
+    stats.watcher = watcher
     renderer = Renderer(state)
     state.on_change = renderer.changed
     extras = [
         supervisor.contained(f"extension:{ext.feature or type(ext).__name__}", ext.run) for ext in state.extensions
     ]
-    app = make_app(supervisor, renderer)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    edge = Edge(stats=stats, watcher=watcher, probes_without_auth=config.web_probes_without_auth)
+    app = make_app(supervisor, renderer, config.telemetry_path, edge)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=config.web_keepalive_s)
     await runner.setup()
+    assert runner.server is not None
+
+    def tls_context() -> ssl.SSLContext | None:
+        return watcher.refresh().context if watcher is not None else None
+
+    def refused_peer(ssl_object: Any) -> str | None:
+        if watcher is None or watcher.current.tls is None or ssl_object is None:
+            return None
+        return peer_problem(watcher.current.tls, ssl_object.getpeercert())
+
+    listener = Listener(runner.server, stats, cap, config.web_header_timeout_s, tls_context, refused_peer)
+    edge.listener = listener
     host, port = config.listen_address
-    site = web.TCPSite(runner, host or None, port, backlog=4096, reuse_address=True)
+    loop = asyncio.get_running_loop()
     try:
-        await site.start()
+        await listener.start(host, port, backlog=4096)
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", host or "*", port, exc)
         for coro in extras:
@@ -178,16 +312,27 @@ async def serve(config: Config) -> int:
         supervisor.close()
         return protocol.EXIT_ERROR
     log.info(
-        "nvgpu-exporter %s listening on %s:%d (NVML backend %s, sample interval %g s, stale after %g s)",
+        "nvgpu-exporter %s listening on %s:%d, metrics at %s (%s; NVML backend %s, sample interval %g s, "
+        "stale after %g s)",
         __version__,
         host or "*",
         port,
+        config.telemetry_path,
+        watcher.current.describe() if watcher is not None else "plain HTTP, no auth",
         config.nvml_backend,
         config.interval_s,
         config.stale_s,
     )
+    if watcher is not None and watcher.current.users and watcher.current.tls is None:
+        log.warning("basic auth without TLS: passwords cross the network in clear text; add tls_server_config")
+    if cap < config.web_max_connections:
+        log.info(
+            "HTTP connections capped at %d: open-file limit %d minus %d kept for the worker",
+            cap,
+            soft_limit,
+            soft_limit - cap,
+        )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.ensure_future(supervisor.run())
@@ -207,6 +352,7 @@ async def serve(config: Config) -> int:
     for t in extra_tasks:
         t.cancel()
     stop_wait.cancel()
+    listener.close()
     await runner.cleanup()
     supervisor.close()
     if supervisor.fatal_exit is not None:

@@ -8,9 +8,13 @@ strict (``NVGPU_LOG_FORMAT=jsn`` is an error, not a default), durations are floa
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import math
 import os
+import re
+import socket
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +36,12 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Setting:
-    """One option: its variable, flag, default (as text) and parser."""
+    """One option: its variable, flag, default (as text) and parser.
+
+    Attributes:
+        flag: the flag ``--help`` shows (exporter-toolkit's spelling where it has one).
+        aliases: older spellings of the flag that keep working.
+    """
 
     attr: str
     env: str
@@ -40,6 +49,7 @@ class Setting:
     default: str
     parse: Callable[[str, str], Any]
     help: str
+    aliases: tuple[str, ...] = ()
 
 
 MIN_INTERVAL_S = 0.1
@@ -124,7 +134,13 @@ def _choice(*choices: str, upper: bool = False) -> Callable[[str, str], str]:
 
 
 def parse_listen_address(name: str, text: str) -> tuple[str, int]:
-    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port`` -> (host, port)."""
+    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port`` -> (host, port).
+
+    The host is an IP literal (``127.0.0.1``, ``[::1]``, ``[fe80::1%eth0]``) or empty: a name would be
+    resolved at bind time, may resolve to addresses that are not on this machine or to several, and
+    a Kubernetes pod listens on every interface anyway. ``--check-config`` also checks that the
+    address belongs to this machine (:func:`environment_problems`).
+    """
     text = text.strip()
     host, sep, port_text = text.rpartition(":")
     if not sep:
@@ -137,6 +153,15 @@ def parse_listen_address(name: str, text: str) -> tuple[str, int]:
             raise ValueError(f"{name}={text!r}: {host!r} is not an IPv6 address") from None
     elif ":" in host:
         raise ValueError(f"{name}={text!r}: write IPv6 addresses in brackets, e.g. [::1]:{DEFAULT_PORT}")
+    elif host:
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(
+                f"{name}={text!r}: {host!r} is not an IP address; the host must be an IP literal "
+                f"(e.g. 127.0.0.1:{DEFAULT_PORT}, [::1]:{DEFAULT_PORT}) or empty for every interface "
+                f"(:{DEFAULT_PORT}); host names are not resolved"
+            ) from None
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"{name}={text!r}: port must be 1-65535")
     return host, int(port_text)
@@ -147,33 +172,86 @@ def _backend(name: str, text: str) -> str:
     if text == "nvml":
         return text
     if text.startswith("fake:"):
-        path = text[len("fake:") :]
-        if not path:
-            raise ValueError(f"{name}={text!r}: expected fake:<scenario file>")
-        if not os.path.isfile(path):
-            raise ValueError(f"{name}={text!r}: scenario file {path!r} does not exist")
+        from exporter import scenarios  # stdlib only
         from exporter.nvml.scenario import ScenarioError, load_scenario  # stdlib only: no pynvml here
 
+        path = text[len("fake:") :]
+        if not path:
+            raise ValueError(
+                f"{name}={text!r}: expected fake:<scenario name or file> (shipped: {', '.join(scenarios.names())})"
+            )
+        if scenarios.is_name(path) and not os.path.isfile(path):
+            try:
+                path = str(scenarios.path(path))
+            except KeyError as exc:
+                raise ValueError(f"{name}={text!r}: {exc.args[0]}; or give a file path") from None
+        elif not os.path.isfile(path):
+            raise ValueError(
+                f"{name}={text!r}: scenario file {path!r} does not exist "
+                f"(shipped scenarios by name: {', '.join(scenarios.names())})"
+            )
         try:
             load_scenario(path)
         except ScenarioError as exc:
             raise ValueError(f"{name}: {exc}") from None
         return "fake:" + os.path.abspath(path)
-    raise ValueError(f"{name}={text!r}: expected 'nvml' or 'fake:<scenario file>'")
+    raise ValueError(f"{name}={text!r}: expected 'nvml' or 'fake:<scenario name or file>', e.g. fake:h200x2")
 
 
 def _path(name: str, text: str) -> str:
     return text.strip()
 
 
+# -- the HTTP edge (issues 12 and 16) ------------------------------------------------------------
+
+PROBE_PATHS = ("/healthz", "/readyz")
+_URL_PATH = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@-]+)+")
+
+
+def _telemetry_path(name: str, text: str) -> str:
+    path = text.strip()
+    if not _URL_PATH.fullmatch(path):
+        raise ValueError(
+            f"{name}={text!r}: expected a URL path such as /metrics (starts with /, no empty segments, "
+            "no query, no spaces or percent-escapes)"
+        )
+    if path in PROBE_PATHS:
+        raise ValueError(f"{name}={text!r}: {path} is the exporter's probe path; pick another, e.g. /metrics")
+    return path
+
+
+def _duration_between(low: float, high: float) -> Callable[[str, str], float]:
+    def parse(name: str, text: str) -> float:
+        value = _duration(name, text)
+        if not low <= value <= high:
+            raise ValueError(f"{name}={text!r}: expected between {low:g} and {high:g} seconds")
+        return value
+
+    return parse
+
+
+def _web_config(name: str, text: str) -> str:
+    path = text.strip()
+    if not path:
+        return ""
+    from exporter.webconfig import WebConfigError, load  # reads the file and every file it names
+
+    try:
+        load(path)
+    except WebConfigError as exc:
+        raise ValueError(f"{name}={text!r}: {exc}") from None
+    return os.path.abspath(path)
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "listen_address",
         "NVGPU_LISTEN_ADDRESS",
-        "--listen-address",
+        "--web.listen-address",
         DEFAULT_LISTEN,
         parse_listen_address,
-        "host:port to serve on; ':19400' is every interface",
+        "host:port to serve on; the host is an IP literal, ':19400' is every interface",
+        ("--listen-address",),
     ),
     Setting(
         "interval_s",
@@ -207,15 +285,32 @@ SETTINGS: tuple[Setting, ...] = (
         _duration,
         "time nvmlInit and enumeration may take before the worker counts as hung",
     ),
-    Setting("log_level", "NVGPU_LOG_LEVEL", "--log-level", "INFO", _choice(*LOG_LEVELS, upper=True), "log level"),
-    Setting("log_format", "NVGPU_LOG_FORMAT", "--log-format", "text", _choice("text", "json"), "text or json"),
+    Setting(
+        "log_level",
+        "NVGPU_LOG_LEVEL",
+        "--log.level",
+        "INFO",
+        _choice(*LOG_LEVELS, upper=True),
+        "log level: DEBUG, INFO, WARNING or ERROR",
+        ("--log-level",),
+    ),
+    Setting(
+        "log_format",
+        "NVGPU_LOG_FORMAT",
+        "--log.format",
+        "text",
+        _choice("text", "json"),
+        "text, or json: one JSON object per stderr line (the worker's output included)",
+        ("--log-format",),
+    ),
     Setting(
         "nvml_backend",
         "NVGPU_NVML_BACKEND",
         "--nvml-backend",
         "nvml",
         _backend,
-        "'nvml' (the real library) or 'fake:<scenario.json>'",
+        "'nvml' (the real library) or 'fake:<scenario>': a shipped name (h200x1, h200x2, h200x8, "
+        "h200x2-nvlink-crash, h200x2-xid79) or a scenario file",
     ),
     Setting(
         "state_file",
@@ -404,6 +499,58 @@ SETTINGS: tuple[Setting, ...] = (
         _duration,
         "stuck-context signature: how long the conditions must hold",
     ),
+    # -- the HTTP edge (issues 12 and 16); keep these rows together --------------------------------
+    Setting(
+        "web_config_file",
+        "NVGPU_WEB_CONFIG_FILE",
+        "--web.config.file",
+        "",
+        _web_config,
+        "exporter-toolkit web config file: TLS (tls_server_config), basic auth (basic_auth_users, bcrypt); "
+        "re-read when it or a file it names changes. Empty: plain HTTP, no auth (docs/security.md)",
+    ),
+    Setting(
+        "telemetry_path",
+        "NVGPU_WEB_TELEMETRY_PATH",
+        "--web.telemetry-path",
+        "/metrics",
+        _telemetry_path,
+        "path of the metrics endpoint",
+    ),
+    Setting(
+        "web_probes_without_auth",
+        "NVGPU_WEB_PROBES_WITHOUT_AUTH",
+        "--web.probes-without-auth",
+        "true",
+        _bool,
+        "with a web config: /healthz and /readyz answer without basic auth or a client certificate, so the "
+        "kubelet can probe them (over HTTPS when TLS is on); false: probes need the same credentials",
+    ),
+    Setting(
+        "web_max_connections",
+        "NVGPU_WEB_MAX_CONNECTIONS",
+        "--web.max-connections",
+        "1024",
+        _positive_int,
+        "open HTTP connections at most (further ones get 503 and are closed); lowered to fit the open-file "
+        "limit minus what the supervisor keeps for the worker",
+    ),
+    Setting(
+        "web_keepalive_s",
+        "NVGPU_WEB_KEEPALIVE_TIMEOUT_SECONDS",
+        "--web.keepalive-timeout",
+        "120",
+        _duration_between(1, 86400),
+        "an idle keep-alive connection is closed after this",
+    ),
+    Setting(
+        "web_header_timeout_s",
+        "NVGPU_WEB_HEADER_TIMEOUT_SECONDS",
+        "--web.header-timeout",
+        "10",
+        _duration_between(0.1, 3600),
+        "a client must send a complete request head (and finish the TLS handshake) within this",
+    ),
 )
 
 
@@ -443,24 +590,38 @@ class Config:
     stuck_memory_bytes: int = 64 << 20
     stuck_sm_activity: float = 0.01
     stuck_after_s: float = 60.0
+    web_config_file: str = ""
+    telemetry_path: str = "/metrics"
+    web_probes_without_auth: bool = True
+    web_max_connections: int = 1024
+    web_keepalive_s: float = 120.0
+    web_header_timeout_s: float = 10.0
     feature_modes: Mapping[str, gf.Mode] = field(default_factory=dict)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], flags: Mapping[str, str] | None = None) -> Config:
+    def from_env(
+        cls,
+        environ: Mapping[str, str],
+        flags: Mapping[str, str] | None = None,
+        flag_names: Mapping[str, str] | None = None,
+    ) -> Config:
         """Build the configuration.
 
         Args:
             environ: the process environment (only ``NVGPU_*`` keys are read).
             flags: command-line values by attribute name; they override the environment.
+            flag_names: the spelling of each flag as given (an alias such as ``--listen-address``),
+                so a problem names what the user typed; defaults to :attr:`Setting.flag`.
 
         Raises:
             ConfigError: with every problem found (unknown ``NVGPU_*`` variables included).
         """
         flags = flags or {}
+        names = flag_names or {}
         problems: list[str] = []
         values: dict[str, Any] = {}
         for s in SETTINGS:
-            source = s.flag if s.attr in flags else s.env
+            source = names.get(s.attr, s.flag) if s.attr in flags else s.env
             text = flags.get(s.attr, environ.get(s.env, s.default))
             if text == "" and s.default == "":
                 continue  # derived below
@@ -517,7 +678,9 @@ class Config:
             "modes": {k: v.value for k, v in self.feature_modes.items()},
             "quarantined": dict(quarantined),
             "log_level": self.log_level,
-            "log_format": self.log_format,
+            # The worker always logs JSON lines: the supervisor parses them and writes them again in
+            # NVGPU_LOG_FORMAT (workerproc.py), so its stderr is one stream whatever the format.
+            "log_format": "json",
             "drain_s": max(1.0, self.shutdown_timeout_s / 2),
             "collectors": {"processes": self.process_options(quarantined)},
         }
@@ -552,3 +715,55 @@ class Config:
             lines.append(f"{s.env}={value}")
         lines.extend(f"{gf.env_var(k)}={v.value}" for k, v in self.feature_modes.items())
         return lines
+
+
+def environment_problems(config: Config) -> list[str]:
+    """What this machine would refuse at run time, for ``--check-config`` (and the start-up log).
+
+    Parsing (:meth:`Config.from_env`) checks values; this checks them against the machine, without
+    taking the port or writing the state file: the listen address must be one of this machine's
+    (a bind to port 0), and the state file's directory must take a new file (a temporary file is
+    created there and removed; a missing directory is judged by the nearest existing parent).
+
+    Returns:
+        One line per problem, each naming the variable; empty when all is well.
+    """
+    problems = []
+    host, port = config.listen_address
+    if host:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
+        except OSError as exc:
+            what = "is not an address of this machine" if exc.errno == errno.EADDRNOTAVAIL else "cannot be bound"
+            problems.append(f"NVGPU_LISTEN_ADDRESS={host}:{port}: {host} {what} ({exc.strerror or exc})")
+    why = state_file_problem(config.state_file)
+    if why:
+        problems.append(
+            f"NVGPU_STATE_FILE={config.state_file}: {why}; a quarantine would not survive a restart "
+            "(mount a writable volume there, e.g. an emptyDir, or set NVGPU_STATE_FILE='' to keep it in memory)"
+        )
+    return problems
+
+
+def state_file_problem(path: str) -> str | None:
+    """Why the quarantine state file could not be written, or None ("" path: memory only, fine)."""
+    if not path:
+        return None
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        return "is a directory"
+    directory = os.path.dirname(target)
+    probe = directory
+    while not os.path.isdir(probe):
+        if os.path.exists(probe):
+            return f"{probe} is not a directory"
+        probe = os.path.dirname(probe)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".nvgpu-check-", dir=probe)
+    except OSError as exc:
+        return f"{probe} does not take new files ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(tmp)
+    return None

@@ -75,8 +75,9 @@ class Extension:
 
 
 def default_extensions(config: Config, quarantine: QuarantineStore) -> list[Extension]:
-    """The extensions of a running exporter, in rendering order: the stuck signature always, the
-    kernel log and pod attribution when their features are enabled."""
+    """The extensions of a running exporter, in rendering order: the stuck signature and the HTTP
+    edge's counters always, the kernel log and pod attribution when their features are enabled."""
+    from exporter.httpedge import HttpEdge
     from exporter.kernel_xid import KernelXid
     from exporter.pods import PodAttribution
     from exporter.stuck import StuckDetector
@@ -92,4 +93,5 @@ def default_extensions(config: Config, quarantine: QuarantineStore) -> list[Exte
         out.append(KernelXid(config))
     if states["pod_attribution"].enabled:
         out.append(PodAttribution(config))
+    out.append(HttpEdge())
     return out

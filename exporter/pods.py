@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -123,6 +124,12 @@ def _sum(values: Iterable[int | None]) -> int | None:
     return total
 
 
+def _level() -> int:
+    """WARNING in a Kubernetes pod (a missing kubelet socket is a deployment fault there), INFO
+    elsewhere (a workstation or a bare-metal host has no kubelet: pod attribution is moot)."""
+    return logging.WARNING if os.environ.get("KUBERNETES_SERVICE_HOST") else logging.INFO
+
+
 class PodAttribution(Extension):
     """Pod attribution (see the module docstring)."""
 
@@ -215,7 +222,7 @@ class PodAttribution(Extension):
         if reason is not None:
             self.up = False
             host.set_feature_state(gf.FeatureState(self.feature, False, gf.Reason.UNSUPPORTED, reason))
-            log.warning("pod_attribution unsupported: %s", reason)
+            log.log(_level(), "pod_attribution unsupported: %s", reason)
             host.changed()
             return
         client = PodResourcesClient(self.config.pod_resources_socket, timeout_s=min(5.0, self.config.pod_refresh_s))
@@ -229,7 +236,9 @@ class PodAttribution(Extension):
                     self.up, self._last_error = True, None
                 except PodResourcesError as exc:
                     if self._last_error != str(exc):
-                        log.warning("pod_attribution: %s; nvgpu_pod_attribution_up is 0, nothing else changes", exc)
+                        # Outside Kubernetes there is no kubelet to ask: expected, said at INFO.
+                        level = _level() if exc.reason == "socket_missing" else logging.WARNING
+                        log.log(level, "pod_attribution: %s; nvgpu_pod_attribution_up is 0, nothing else changes", exc)
                     self.up, self._last_error = False, str(exc)
                     self.assignments = {}
                 if (self.up, self.assignments) != before:

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from exporter import collectors
+from exporter import collectors, logs
 from exporter.gpuslot import GpuPass, GpuSlot, merge_stats
 from exporter.nvml import errors
 from exporter.nvml.client import NvmlClient, NvmlFatal, Stopping
@@ -295,7 +295,8 @@ class Sampler:
             )
             detail = f"no GPU supports it ({', '.join(missing)})"
             self.states[feature] = gf.FeatureState(feature, False, gf.Reason.UNSUPPORTED, detail)
-            log.info("feature %s is unsupported on every GPU (%s): off until a re-probe finds it", feature, detail)
+            answers = {why for d in devices for (f, why) in d.unsupported.values() if f == feature}
+            _log_unsupported(feature, detail, answers)
 
     def calls(self) -> tuple[int, int]:
         """(calls, calls that answered) over the main thread and every GPU thread."""
@@ -334,3 +335,22 @@ class Sampler:
                     pass
             slot.close()
         return clean
+
+
+def _log_unsupported(feature: str, detail: str, answers: set[str]) -> None:
+    """The hardware saying no (no fan on an H200, no NVLink on a single GPU) is not a fault: INFO,
+    once (the supervisor keeps it once across workers too; issue 16). A missing symbol or a refused
+    permission is worth a WARNING: a newer binding or driver, or the container's device access,
+    would change it."""
+    logs.log_once(
+        log,
+        logging.WARNING if answers & _NOT_HARDWARE else logging.INFO,
+        ("unsupported-feature", feature, detail),
+        "feature %s is unsupported on every GPU (%s): off until a re-probe finds it",
+        feature,
+        detail,
+        extra={"feature": feature},
+    )
+
+
+_NOT_HARDWARE = {"FUNCTION_NOT_FOUND", "ARGUMENT_VERSION_MISMATCH", "NO_PERMISSION"}  # binding, driver, container

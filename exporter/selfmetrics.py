@@ -1,8 +1,9 @@
 """The exporter's own metrics (no ``gpu``/``uuid``), in the node_exporter pattern.
 
 Whether NVML is up, versions, the age and cost of the last sample, per-feature success, duration
-and effective state, NVML errors and calls, worker restarts and crashes, and what each process
-imported (the self-check). Built fresh from the :class:`~exporter.served.ServedState` on every
+and effective state, NVML errors and calls, worker restarts and crashes, what each process
+imported (the self-check), and the ``process_*`` series of both processes
+(:mod:`exporter.procmetrics`). Built fresh from the :class:`~exporter.served.ServedState` on every
 rendering; extensions add their own exporter-level families after these.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from exporter import __version__
+from exporter import __version__, procmetrics
 from exporter.metric import MetricDef, single
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ def families(state: ServedState, render_failed: Collection[str]) -> list[Metric]
     out += _worker(state)
     out += _selfcheck(state)
     out += _nvml_health(state)
+    out += procmetrics.families(state.worker.pid)
     return out
 
 

@@ -328,12 +328,13 @@ def render(state: ServedState) -> str:
     """The whole page as HTML text (reads in-memory state only)."""
     ready, why = state.ready()
     ready_badge = _badge("ready", "ok") if ready else _badge(f"not ready: {why}", "bad")
+    metrics = _e(state.config.telemetry_path)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
 <title>nvgpu-exporter</title><style>{CSS}</style></head>
 <body>
 <header><h1>nvgpu-exporter {_e(__version__)}</h1>
-<nav><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></nav>
+<nav><a href="{metrics}">{metrics}</a> · <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></nav>
 <span id="ready">{ready_badge}</span>
 <span class="meta">driver {_e(state.system.driver_version or "?")}
  · page rendered {_e(_utc(time.time()))}</span></header>

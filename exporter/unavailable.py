@@ -64,6 +64,6 @@ def explain(state: ServedState, msg: InitFailed, unhealthy_after_s: float) -> st
     if no_device:
         return (
             f"{state.last_init_error}; this machine has no NVIDIA driver or device. Without a GPU, try the "
-            "demo: nvgpu-exporter --nvml-backend fake:examples/scenarios/h200x2.json"
+            "demo: nvgpu-exporter --nvml-backend fake:h200x2"
         )
     return f"{state.last_init_error}; retrying with backoff"

@@ -1,28 +1,69 @@
 """HTTP side (aiohttp): ``/metrics``, ``/healthz``, ``/readyz`` and the status page ``/``.
 
-Nothing here waits on NVML. ``/metrics`` returns bytes rendered once per change of state;
-``/healthz`` says the supervisor is alive (never fails because NVML or a GPU is in trouble:
-restarting the container does not cure those and a crash loop hides them); ``/readyz`` says a
-snapshot younger than the stale bound exists ("serving fresh GPU data"). Other paths answer 404,
-methods other than GET and HEAD 405 (aiohttp's router does both).
+Nothing here waits on NVML. ``/metrics`` (``--web.telemetry-path``) returns bytes rendered once
+per change of state, and at least every :data:`REFRESH_S` on request (the ``process_*`` series
+move on their own); ``/healthz`` says the supervisor is alive (never fails because NVML or a GPU
+is in trouble: restarting the container does not cure those and a crash loop hides them);
+``/readyz`` says a snapshot younger than the stale bound exists ("serving fresh GPU data").
+Other paths answer 404, methods other than GET and HEAD 405 (aiohttp's router does both).
+
+With a web config file (:mod:`exporter.webconfig`) the :func:`edge_middleware` refuses, in this
+order, requests over the rate limit (429), requests without a verified client certificate when
+``client_auth_type`` is ``RequireAndVerifyClientCert`` (403) and requests without valid basic-auth
+credentials (401); ``/healthz`` and ``/readyz`` are exempt unless ``NVGPU_WEB_PROBES_WITHOUT_AUTH``
+is false, so the kubelet can probe them. Every response names the server ``nvgpu-exporter``,
+without versions, and carries the configured security headers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
+import aiohttp.web_response
 from aiohttp import web
 
 from exporter import exposition, statuspage
+from exporter.config import PROBE_PATHS
+from exporter.httpedge import HttpEdge, Listener
 from exporter.served import ServedState
 from exporter.supervisor import Supervisor
+from exporter.webconfig import BasicAuth, RateLimiter, WebConfigWatcher
 
 log = logging.getLogger(__name__)
+
+SERVER_NAME = "nvgpu-exporter"
+# aiohttp's default Server header names the Python and aiohttp versions (issue 12); responses
+# aiohttp makes itself (400 for a request line it cannot parse) take this module default.
+aiohttp.web_response.SERVER_SOFTWARE = SERVER_NAME  # type: ignore[attr-defined]
+REFRESH_S = 5.0  # a rendering older than this is redone on request (process_* series age)
 
 SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor", Supervisor)
 RENDERER: web.AppKey[Renderer] = web.AppKey("renderer")
 SUPERVISOR_TASK: web.AppKey[asyncio.Task[None]] = web.AppKey("supervisor_task")
+EDGE: web.AppKey[Edge] = web.AppKey("edge")
+
+
+@dataclass
+class Edge:
+    """What the middleware needs from the HTTP edge.
+
+    Attributes:
+        stats: the counters (:class:`exporter.httpedge.HttpEdge`).
+        listener: the listening side, to pause its header timer while a request is served.
+        watcher: the web config, None without a web config file.
+        probes_without_auth: ``/healthz`` and ``/readyz`` skip auth, client certificates and rate limit.
+    """
+
+    stats: HttpEdge = field(default_factory=HttpEdge)
+    listener: Listener | None = None
+    watcher: WebConfigWatcher | None = None
+    probes_without_auth: bool = True
+    auth: BasicAuth = field(default_factory=BasicAuth)
+    limiter: RateLimiter = field(default_factory=RateLimiter)
 
 
 class Renderer:
@@ -31,8 +72,15 @@ class Renderer:
     def __init__(self, state: ServedState) -> None:
         self.state = state
         self.current = exposition.render(state)
+        self.rendered_mono = time.monotonic()
         self._pending = False
         self.renders = 0
+
+    def fresh(self) -> exposition.Rendered:
+        """The current rendering, redone first when it is older than :data:`REFRESH_S`."""
+        if time.monotonic() - self.rendered_mono > REFRESH_S:
+            self._render()
+        return self.current
 
     def changed(self) -> None:
         """Schedule one render on the loop, however many changes arrive before it runs."""
@@ -46,6 +94,7 @@ class Renderer:
 
     def _render(self) -> None:
         self._pending = False
+        self.rendered_mono = time.monotonic()  # a failing render is not retried on every request
         try:
             self.current = exposition.render(self.state)
             self.renders += 1
@@ -74,7 +123,7 @@ def accepts_gzip(header: str) -> bool:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    rendered = request.app[RENDERER].current
+    rendered = request.app[RENDERER].fresh()
     openmetrics = exposition.negotiate(request.headers.get("Accept"))
     gz = accepts_gzip(request.headers.get("Accept-Encoding", ""))
     body = rendered.body(openmetrics, gz)
@@ -105,12 +154,68 @@ async def index(request: web.Request) -> web.Response:
     return web.Response(text=html, content_type="text/html", charset="utf-8")
 
 
-def make_app(supervisor: Supervisor, renderer: Renderer) -> web.Application:
-    """The aiohttp application; the caller owns the supervisor's lifecycle."""
-    app = web.Application()
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Rate limit, client certificate and basic auth from the web config (see the module docstring)."""
+    edge = request.app[EDGE]
+    transport = request.transport
+    if edge.listener is not None:
+        edge.listener.request_started(transport)
+    try:
+        watcher = edge.watcher
+        if watcher is not None and not (edge.probes_without_auth and request.path in PROBE_PATHS):
+            cfg = watcher.refresh()
+            if cfg.rate_interval_s and not edge.limiter.allow(cfg.rate_interval_s, cfg.rate_burst):
+                edge.stats.denied["rate_limit"] += 1
+                return web.Response(status=429, text="too many requests\n", headers={"Retry-After": "1"})
+            if cfg.tls is not None and cfg.tls.requires_client_cert:
+                peercert = transport.get_extra_info("peercert") if transport is not None else None
+                if not peercert:
+                    edge.stats.denied["client_certificate"] += 1
+                    return web.Response(status=403, text="a verified client certificate is required\n")
+            if cfg.users:
+                user = await edge.auth.check(cfg.users, request.headers.get("Authorization"))
+                if user is None:
+                    edge.stats.denied["unauthorized"] += 1
+                    return web.Response(
+                        status=401,
+                        text="401 Unauthorized\n",
+                        headers={"WWW-Authenticate": 'Basic realm="nvgpu-exporter", charset="UTF-8"'},
+                    )
+        return await handler(request)
+    finally:
+        if edge.listener is not None:
+            edge.listener.request_finished(transport)
+
+
+async def _response_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = SERVER_NAME
+    edge = request.app.get(EDGE)
+    if edge is not None and edge.watcher is not None:
+        for name, value in edge.watcher.current.headers.items():
+            response.headers[name] = value
+
+
+def make_app(
+    supervisor: Supervisor, renderer: Renderer, telemetry_path: str = "/metrics", edge: Edge | None = None
+) -> web.Application:
+    """The aiohttp application; the caller owns the supervisor's lifecycle.
+
+    Args:
+        supervisor: the supervisor whose state is served.
+        renderer: the coalescing renderer.
+        telemetry_path: where the exposition is served.
+        edge: the HTTP edge (web config, connection guard); None: no auth, no guard.
+    """
+    app = web.Application(middlewares=[edge_middleware])
     app[SUPERVISOR] = supervisor
     app[RENDERER] = renderer
-    app.router.add_get("/metrics", metrics)
+    app[EDGE] = edge or Edge()
+    app.on_response_prepare.append(_response_headers)
+    app.router.add_get(telemetry_path, metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/", index)

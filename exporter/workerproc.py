@@ -26,7 +26,7 @@ from typing import Any
 
 from exporter import protocol
 from exporter.breadcrumb import Breadcrumb, BreadcrumbReader
-from exporter.logs import log_once
+from exporter.logs import WorkerLogRelay, log_once
 from exporter.policy import Outcome
 from exporter.snapshot import Hello, Message, Progress, Snapshot, decode_message
 
@@ -37,6 +37,11 @@ REAP_WAIT_S = 5.0  # SIGKILL -> "cannot be reaped"
 STDERR_LINES = 400
 POLL_S = 0.25
 _CURRENT_THREAD = re.compile(r"Current thread (0x[0-9a-fA-F]+)")
+STDERR_CHUNK = 64 << 10  # bytes read from the worker's stderr at a time
+MAX_LINE = 8 << 10  # bytes of one stderr line kept; the rest is dropped and counted
+BLOCK_QUIET_S = 0.25  # non-log text is one record once the worker is quiet this long
+BLOCK_MAX_LINES = 200  # ... or once it is this long
+RELAY = WorkerLogRelay()  # shared by every worker: "once" INFO records stay once per exporter
 
 
 def proc_state(pid: int) -> str | None:
@@ -188,15 +193,51 @@ class WorkerProcess:
             self.on_message(msg)
 
     async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
-        out = sys.stderr
-        while True:
-            line = await stream.readline()
-            if not line:
+        """Drain the worker's stderr in bounded chunks and turn it into log records.
+
+        The worker logs JSON lines (``Config.worker_config``); each is written again through the
+        supervisor's logging (:class:`exporter.logs.WorkerLogRelay`), so with ``--log.format json``
+        every stderr line of the exporter is one JSON object and in text mode every line is text.
+        Anything else the worker writes (faulthandler's ``Fatal Python error`` report, a Python
+        traceback, a C library's message) is kept in :attr:`stderr_tail` and gathered into one
+        record: a fatal report is not written at all, because the death record carries it
+        (``stack``, from :meth:`dead_stack`: one traceback per crash); other text becomes one record
+        once the worker has been quiet for :data:`BLOCK_QUIET_S` or writes a log line again.
+
+        Reading never waits for a newline: a line longer than :data:`MAX_LINE` bytes (a very long
+        driver string) is cut there and marked with the number of bytes dropped, and the rest is
+        still read, so the worker never blocks on a full pipe and nothing later is lost (issue 12).
+        """
+        splitter = LineSplitter(MAX_LINE)
+        block = _StderrBlock(self)
+        try:
+            while True:
+                chunk = await stream.read(STDERR_CHUNK)
+                if not chunk:
+                    break
+                for line in splitter.feed(chunk):
+                    self._stderr_line(line, block)
+            for line in splitter.close():
+                self._stderr_line(line, block)
+        finally:
+            block.flush(at_exit=True)
+
+    def _stderr_line(self, text: str, block: _StderrBlock) -> None:
+        stripped = text.strip()
+        if stripped.startswith("{"):
+            try:
+                data = json.loads(stripped)
+            except ValueError:
+                data = None
+            if isinstance(data, dict) and "msg" in data:
+                block.flush()
+                try:
+                    RELAY.relay(data, self.pid)
+                except Exception:  # noqa: BLE001 - an odd record must not stop the drain
+                    log_once(log, logging.ERROR, ("relay",), "a worker log record could not be written", exc_info=True)
                 return
-            text = line.decode("utf-8", "replace")
-            self.stderr_tail.append(text)
-            out.write(text)
-            out.flush()
+        self.stderr_tail.append(text + "\n")
+        block.add(text)
 
     def blame(self, stack: str) -> Breadcrumb | None:
         """The NVML call that ended the worker, from the breadcrumbs of its threads.
@@ -272,6 +313,106 @@ class WorkerProcess:
             return True
         log.warning("worker %d did not stop within %.1f s; killing it", proc.pid, drain_s)
         return await self.kill(wait_task)
+
+
+class LineSplitter:
+    """Bytes in, text lines out, with a bound on the length of one line.
+
+    Args:
+        max_line: bytes kept of one line; the rest is dropped and the line marked with how many.
+    """
+
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
+        self._buf = bytearray()
+        self._dropped = 0
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The complete lines ``chunk`` finishes (without their newline)."""
+        out: list[str] = []
+        self._buf += chunk
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                if len(self._buf) > self.max_line:
+                    self._dropped += len(self._buf) - self.max_line
+                    del self._buf[self.max_line :]
+                return out
+            line = bytes(self._buf[:nl])
+            del self._buf[: nl + 1]
+            if len(line) > self.max_line:
+                self._dropped += len(line) - self.max_line
+                line = line[: self.max_line]
+            out.append(self._text(line))
+
+    def close(self) -> list[str]:
+        """The last line, if the stream did not end with a newline."""
+        if not self._buf and not self._dropped:
+            return []
+        line, self._buf = bytes(self._buf), bytearray()
+        return [self._text(line)]
+
+    def _text(self, line: bytes) -> str:
+        text = line.decode("utf-8", "replace").rstrip("\r")
+        if self._dropped:
+            text += f" [... {self._dropped} more bytes dropped: a stderr line is kept up to {self.max_line} bytes]"
+            self._dropped = 0
+        return text
+
+
+class _StderrBlock:
+    """Consecutive non-log lines of a worker's stderr, written as one record (see ``_read_stderr``)."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+        self.lines: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def fatal(self) -> bool:
+        return bool(self.lines) and self.lines[0].startswith("Fatal Python error")
+
+    def add(self, text: str) -> None:
+        if not self.lines and not text.strip():
+            return
+        if self.lines and not self.fatal and text.startswith("Fatal Python error"):
+            self.flush()
+        self.lines.append(text)
+        if self.fatal:
+            return  # the process is dying: the death record carries it
+        if len(self.lines) >= BLOCK_MAX_LINES:
+            self.flush()
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(BLOCK_QUIET_S, self.flush)
+
+    def flush(self, at_exit: bool = False) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        lines, self.lines = self.lines, []
+        if not lines:
+            return
+        if lines[0].startswith("Fatal Python error"):
+            if not at_exit:
+                self.lines = lines  # keep gathering until the worker is gone
+            return
+        text = "\n".join(lines).rstrip()
+        last = lines[-1].strip()
+        pid = self.worker.pid
+        if last == "KeyboardInterrupt":
+            log.info(
+                "worker %s interrupted by SIGINT (Ctrl-C reaches the whole process group)",
+                pid,
+                extra={"worker_pid": pid},
+            )
+        elif any(line.startswith("Traceback (most recent call last)") for line in lines):
+            log.error("worker %s: %s", pid, last[:500], extra={"worker_pid": pid, "stack": text})
+        elif len(lines) == 1:
+            log.warning("worker %s wrote to stderr: %s", pid, text, extra={"worker_pid": pid})
+        else:
+            log.warning("worker %s wrote to stderr: %s", pid, last, extra={"worker_pid": pid, "stderr": text})
 
 
 def worker_env(config_json: Mapping[str, Any], epoch: float) -> dict[str, str]:

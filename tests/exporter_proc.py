@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ROOT / "examples" / "scenarios"
+SCENARIOS = ROOT / "exporter" / "scenarios"
 
 
 def load_scenario(name: str) -> dict[str, Any]:
@@ -79,6 +79,8 @@ class Exporter:
         scenario: scenario file path (fake backend).
         env: extra NVGPU_* variables.
         cwd: working directory.
+        command_prefix: run the exporter under this (e.g. ``prlimit --nofile=128:128``).
+        https: an ``ssl.SSLContext``: :meth:`get` and :meth:`scrape` speak HTTPS with it.
     """
 
     def __init__(
@@ -89,6 +91,8 @@ class Exporter:
         interval: float = 0.5,
         cwd: Path | None = None,
         args: list[str] | None = None,
+        command_prefix: list[str] | None = None,
+        https: Any = None,
     ) -> None:
         self.port = free_port()
         self.log_path = tmp_path / f"exporter-{self.port}.log"
@@ -109,14 +113,15 @@ class Exporter:
         full_env.update(env or {})
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", *(args or [])],
+            [*(command_prefix or []), sys.executable, "-m", "exporter", *(args or [])],
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=str(cwd or tmp_path),
             start_new_session=True,
         )
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.https = https  # an ssl.SSLContext: get() speaks HTTPS with it
+        self.base = f"{'https' if https is not None else 'http'}://127.0.0.1:{self.port}"
         self.started = time.monotonic()
         self.wait_listening()
 
@@ -137,7 +142,7 @@ class Exporter:
     ) -> tuple[int, dict[str, str], bytes]:
         req = urllib.request.Request(self.base + path, headers=dict(headers or {}), method=method)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.https) as resp:
                 return resp.status, dict(resp.headers), resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), exc.read()
@@ -156,7 +161,8 @@ class Exporter:
                 return last
             time.sleep(0.1)
         raise AssertionError(
-            f"timed out waiting for {what}; last scrape:\n{last.text[-4000:] if last else ''}\nlogs:\n{self.logs()[-4000:]}"
+            f"timed out waiting for {what}; last scrape:\n{last.text[-4000:] if last else ''}"
+            f"\nlogs:\n{self.logs()[-4000:]}"
         )
 
     def logs(self) -> str:

@@ -9,11 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import DEFAULT_PORT, SETTINGS, Config, ConfigError, parse_listen_address
+from exporter.config import (
+    DEFAULT_PORT,
+    SETTINGS,
+    Config,
+    ConfigError,
+    environment_problems,
+    parse_listen_address,
+    state_file_problem,
+)
 from guards import features as gf
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO = ROOT / "examples" / "scenarios" / "h200x2.json"
+SCENARIO = ROOT / "exporter" / "scenarios" / "h200x2.json"
 
 
 def problems(environ: dict[str, str], flags: dict[str, str] | None = None) -> list[str]:
@@ -75,6 +83,19 @@ def test_derived_bounds_follow_the_interval() -> None:
         ("NVGPU_PROCESS_SERIES_PER_GPU", "1001"),
         ("NVGPU_PROCESS_SERIES_PER_GPU", "sixteen"),
         ("NVGPU_FEATURE_PROCESS_USAGE", "yes"),
+        ("NVGPU_NVML_BACKEND", "fake:h200x3"),
+        ("NVGPU_WEB_TELEMETRY_PATH", "metrics"),
+        ("NVGPU_WEB_TELEMETRY_PATH", "/"),
+        ("NVGPU_WEB_TELEMETRY_PATH", "/healthz"),
+        ("NVGPU_WEB_TELEMETRY_PATH", "/a b"),
+        ("NVGPU_WEB_TELEMETRY_PATH", "/metrics?x=1"),
+        ("NVGPU_WEB_TELEMETRY_PATH", "//metrics"),
+        ("NVGPU_WEB_MAX_CONNECTIONS", "0"),
+        ("NVGPU_WEB_KEEPALIVE_TIMEOUT_SECONDS", "0"),
+        ("NVGPU_WEB_KEEPALIVE_TIMEOUT_SECONDS", "1e9"),
+        ("NVGPU_WEB_HEADER_TIMEOUT_SECONDS", "nan"),
+        ("NVGPU_WEB_PROBES_WITHOUT_AUTH", "maybe"),
+        ("NVGPU_WEB_CONFIG_FILE", "/no/such/web.yml"),
     ],
 )
 def test_strict_values_are_errors_naming_variable_and_value(var: str, value: str) -> None:
@@ -163,7 +184,12 @@ def test_feature_prefix_typo_reported_once(typo: str) -> None:
 
 
 def test_internal_variables_are_not_unknown() -> None:
-    internal = {"NVGPU_FAKE_EPOCH": "1", "NVGPU_WORKER_CONFIG": "{}", "NVGPU_WORKER_FD": "3", "NVGPU_BREADCRUMB_FD": "4"}
+    internal = {
+        "NVGPU_FAKE_EPOCH": "1",
+        "NVGPU_WORKER_CONFIG": "{}",
+        "NVGPU_WORKER_FD": "3",
+        "NVGPU_BREADCRUMB_FD": "4",
+    }
     assert Config.from_env(internal) == Config.from_env({})
 
 
@@ -202,7 +228,7 @@ def test_every_setting_has_env_flag_and_help() -> None:
         (":9400", ("", 9400)),
         ("127.0.0.1:9400", ("127.0.0.1", 9400)),
         ("0.0.0.0:1", ("0.0.0.0", 1)),
-        ("localhost:65535", ("localhost", 65535)),
+        ("127.0.0.1:65535", ("127.0.0.1", 65535)),
         ("[::1]:9400", ("::1", 9400)),
         ("[::]:19400", ("::", 19400)),
         ("[fe80::1%eth0]:9400", ("fe80::1%eth0", 9400)),
@@ -223,11 +249,17 @@ def test_listen_address_forms(text: str, want: tuple[str, int]) -> None:
         ("::1", "in brackets"),
         ("[zz]:9400", "not an IPv6 address"),
         ("[127.0.0.1]:9400", "not an IPv6 address"),
-        ("host:0", "port must be 1-65535"),
-        ("host:65536", "port must be 1-65535"),
-        ("host:", "port must be 1-65535"),
-        ("host:http", "port must be 1-65535"),
-        ("host:-1", "port must be 1-65535"),
+        ("127.0.0.1:0", "port must be 1-65535"),
+        ("127.0.0.1:65536", "port must be 1-65535"),
+        ("127.0.0.1:", "port must be 1-65535"),
+        ("127.0.0.1:http", "port must be 1-65535"),
+        ("[::1]:-1", "port must be 1-65535"),
+        # issue 12: these passed the parser and failed at bind (exit 1); host names are not resolved
+        ("256.1.1.1:19400", "not an IP address"),
+        ("localhost:19400", "host names are not resolved"),
+        ("gpu-node-1.example:19400", "host names are not resolved"),
+        ("1.2.3:19400", "not an IP address"),
+        ("01.2.3.4:19400", "not an IP address"),
     ],
 )
 def test_listen_address_errors(text: str, says: str) -> None:
@@ -344,3 +376,118 @@ def test_a_fake_backend_does_not_resolve_its_pids_in_this_machines_proc(tmp_path
     chosen = Config.from_env({"NVGPU_NVML_BACKEND": f"fake:{tmp_path / 's.json'}", "NVGPU_PROC_PATH": "/tmp/p"})
     assert chosen.proc_path == "/tmp/p" and chosen.container_log_dir == ""
     assert Config.from_env({}).proc_path == "/proc"
+# -- issue 16 and the HTTP edge of issue 12 ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["h200x1", "h200x2", "h200x8", "h200x2-nvlink-crash", "h200x2-xid79"])
+def test_shipped_scenario_by_name(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fake:<name>`` resolves to package data from any working directory (the no-GPU hint)."""
+    monkeypatch.chdir(tmp_path)
+    backend = Config.from_env({"NVGPU_NVML_BACKEND": f"fake:{name}"}).nvml_backend
+    assert backend == f"fake:{ROOT / 'exporter' / 'scenarios' / name}.json"
+
+
+def test_unknown_scenario_name_lists_the_shipped_ones() -> None:
+    (found,) = problems({"NVGPU_NVML_BACKEND": "fake:h200"})
+    assert "no shipped scenario named 'h200'" in found and "h200x2-nvlink-crash" in found
+
+
+def test_a_file_named_like_a_scenario_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "h200x2").write_text('{"gpus": []}')
+    monkeypatch.chdir(tmp_path)
+    assert Config.from_env({"NVGPU_NVML_BACKEND": "fake:h200x2"}).nvml_backend == f"fake:{tmp_path / 'h200x2'}"
+
+
+def test_exporter_toolkit_flag_names_and_the_old_ones_agree() -> None:
+    spelled = {s.attr: (s.flag, *s.aliases) for s in SETTINGS}
+    assert spelled["listen_address"] == ("--web.listen-address", "--listen-address")
+    assert spelled["log_level"] == ("--log.level", "--log-level")
+    assert spelled["log_format"] == ("--log.format", "--log-format")
+    assert spelled["web_config_file"][0] == "--web.config.file"
+    assert spelled["telemetry_path"][0] == "--web.telemetry-path"
+
+
+def test_new_web_defaults() -> None:
+    config = Config.from_env({})
+    assert config.web_config_file == "" and config.telemetry_path == "/metrics"
+    assert config.web_probes_without_auth is True
+    assert config.web_max_connections == 1024
+    assert config.web_keepalive_s == 120.0 and config.web_header_timeout_s == 10.0
+
+
+def test_worker_always_logs_json() -> None:
+    """The supervisor parses the worker's stderr: JSON whatever NVGPU_LOG_FORMAT says."""
+    assert Config.from_env({"NVGPU_LOG_FORMAT": "text"}).worker_config({})["log_format"] == "json"
+
+
+def test_environment_problems_name_the_variable(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        config = Config.from_env(
+            {"NVGPU_LISTEN_ADDRESS": "192.0.2.77:19400", "NVGPU_STATE_FILE": str(locked / "sub" / "state.json")}
+        )
+        found = environment_problems(config)
+    finally:
+        locked.chmod(0o700)
+    if os.geteuid() == 0:  # root writes anywhere: only the address problem remains
+        found.append("NVGPU_STATE_FILE=(root)")
+    assert len(found) == 2, found
+    assert found[0].startswith("NVGPU_LISTEN_ADDRESS=192.0.2.77:19400: 192.0.2.77 is not an address of this machine")
+    assert found[1].startswith("NVGPU_STATE_FILE=")
+
+
+def test_environment_is_fine_for_a_normal_setup(tmp_path: Path) -> None:
+    config = Config.from_env({"NVGPU_LISTEN_ADDRESS": "127.0.0.1:19400", "NVGPU_STATE_FILE": str(tmp_path / "d" / "s")})
+    assert environment_problems(config) == []
+    assert not (tmp_path / "d").exists(), "the check must not create the directory"
+    assert list(tmp_path.iterdir()) == [], "the probe file must be removed"
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [("directory", "is a directory"), ("parent-is-a-file", "is not a directory"), ("proc", "does not take new files")],
+)
+def test_state_file_problem(tmp_path: Path, case: str, says: str) -> None:
+    path = tmp_path / "x"
+    if case == "directory":
+        path.mkdir()
+    elif case == "parent-is-a-file":
+        path.write_text("x")
+        path = path / "state.json"
+    else:
+        path = Path("/proc/1/nonexistent/state.json")
+    why = state_file_problem(str(path))
+    assert why is not None and says in why, why
+
+
+def test_help_shows_every_default_and_variable() -> None:
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for s in SETTINGS:
+        assert f"env {s.env}]" in text, s.env
+        if s.default and "(default:" not in s.help:
+            assert f"default: {s.default};" in text, s.attr
+    assert "--web.listen-address HOST:PORT, --listen-address HOST:PORT" in text
+    assert "fake:h200x2" in text
+
+
+def test_old_flag_spelling_is_named_in_its_error() -> None:
+    proc = run_cli("--check-config", "--listen-address", "localhost:1")
+    assert proc.returncode == 2 and "--listen-address='localhost:1'" in proc.stderr
+    proc = run_cli("--check-config", "--web.listen-address", "localhost:1")
+    assert proc.returncode == 2 and "--web.listen-address='localhost:1'" in proc.stderr
+
+
+def test_check_config_rejects_an_address_of_another_machine_and_an_unwritable_state_file(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    proc = run_cli(
+        "--check-config",
+        env={"NVGPU_LISTEN_ADDRESS": "192.0.2.77:19400", "NVGPU_STATE_FILE": str(blocker / "state.json")},
+    )
+    assert proc.returncode == 2, proc
+    assert "NVGPU_LISTEN_ADDRESS=192.0.2.77:19400" in proc.stderr and "not an address of this machine" in proc.stderr
+    assert f"NVGPU_STATE_FILE={blocker / 'state.json'}" in proc.stderr and "is not a directory" in proc.stderr

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from exporter_proc import SCENARIOS, Exporter, load_scenario, write_scenario
+
 
 UUID0 = "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6"
 UUID1 = "GPU-094221fd-19f9-1561-7ef8-949bb0d57826"
@@ -176,7 +176,7 @@ def test_scrapers_do_not_change_nvml_load(tmp_path: Path) -> None:
                 seen[ts] = calls or 0.0
             time.sleep(0.05)
         values = [seen[k] for k in sorted(seen)]
-        return {b - a for a, b in zip(values, values[1:])}
+        return {b - a for a, b in zip(values, values[1:], strict=False)}
 
     with Exporter(SCENARIOS / "h200x2.json", tmp_path, interval=0.5) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0)

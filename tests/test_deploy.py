@@ -96,7 +96,12 @@ RENDERINGS = {
     ),
     "canary+podmonitor+pod-attribution-root": lambda: _overlay("podmonitor", "pod-attribution-root"),
     "canary+pod-attribution-root+process-attribution": lambda: _overlay("pod-attribution-root", "process-attribution"),
+    "canary+servicemonitor+web-tls+networkpolicy+dcgm-compat": lambda: _overlay(
+        "servicemonitor", "web-tls", "networkpolicy", "dcgm-compat"
+    ),
 }
+SECURED = "canary+servicemonitor+web-tls+networkpolicy+dcgm-compat"
+DCGM_RULE = REPO / "deploy" / "prometheus" / "dcgm-compat" / "prometheusrule.yaml"
 
 
 @functools.cache
@@ -240,8 +245,10 @@ def test_crd_model_validation_rejects_typos() -> None:
 
 
 def _app_routes() -> set[str]:
+    from exporter.config import Config
+
     text = (REPO / "exporter" / "web.py").read_text(encoding="utf-8")
-    return set(re.findall(r"add_get\(\s*\"([^\"]+)\"", text))
+    return set(re.findall(r"add_get\(\s*\"([^\"]+)\"", text)) | {Config().telemetry_path}  # --web.telemetry-path
 
 
 def _default_port() -> int:
@@ -287,7 +294,17 @@ def test_daemonset_env_is_accepted_by_the_exporters_config_parser(rendering: str
 
     for ds in _daemonsets(rendering):
         env = _env(ds)
-        cfg = Config.from_env(env)  # raises ConfigError listing every problem
+        if "NVGPU_WEB_CONFIG_FILE" in env:  # the Secret's file exists in the pod only: a stand-in here
+            assert env["NVGPU_WEB_CONFIG_FILE"].startswith("/etc/nvgpu-exporter/web/")
+            stand_in = tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False)  # noqa: SIM115
+            stand_in.write("http_server_config: {http2: false}\n")
+            stand_in.close()
+            env["NVGPU_WEB_CONFIG_FILE"] = stand_in.name
+        try:
+            cfg = Config.from_env(env)  # raises ConfigError listing every problem
+        finally:
+            if "NVGPU_WEB_CONFIG_FILE" in env and env["NVGPU_WEB_CONFIG_FILE"].startswith(tempfile.gettempdir()):
+                os.unlink(env["NVGPU_WEB_CONFIG_FILE"])
         state_dir = posixpath.dirname(env["NVGPU_STATE_FILE"])
         socket_dir = posixpath.dirname(env["NVGPU_POD_RESOURCES_SOCKET"])
         assert cfg.state_file == env["NVGPU_STATE_FILE"]
@@ -476,6 +493,44 @@ def test_prometheusrule_component_carries_the_generated_rules() -> None:
     assert doc["metadata"]["namespace"] == NAMESPACE
     assert doc["spec"] == rule["spec"]
     assert "PrometheusRule" not in [d["kind"] for d in rendered("canary")]
+
+
+def test_web_tls_component_mounts_the_secret_and_probes_over_https() -> None:
+    for ds in _daemonsets(SECURED):
+        c = _container(ds)
+        assert _env(ds)["NVGPU_WEB_CONFIG_FILE"] == "/etc/nvgpu-exporter/web/web-config.yml"
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/etc/nvgpu-exporter/web")
+        assert mount["readOnly"] is True
+        volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+        assert volume["secret"]["secretName"] == "nvgpu-exporter-web"
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"]["scheme"] == "HTTPS", probe
+    sm = _one(SECURED, "ServiceMonitor")
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "nvgpu-exporter-scrape", "key": "ca.crt"}
+    assert endpoint["tlsConfig"]["keySecret"]["name"] == "nvgpu-exporter-scrape"
+    assert endpoint["basicAuth"]["password"] == {"name": "nvgpu-exporter-scrape", "key": "password"}
+    for name in ("base", "canary+servicemonitor+runtime-class-nvidia+prometheusrule"):
+        assert "scheme" not in _container(_daemonsets(name)[0])["livenessProbe"]["httpGet"]
+
+
+def test_networkpolicy_admits_only_the_prometheus_namespace_to_the_metrics_port() -> None:
+    (policy,) = _all(SECURED, "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    for ds in _daemonsets(SECURED):
+        assert spec["podSelector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert "NetworkPolicy" not in [d["kind"] for d in rendered("canary")], "opt-in only"
+
+
+def test_dcgm_compat_component_carries_the_generated_rules() -> None:
+    rule = yaml.safe_load(DCGM_RULE.read_text())
+    docs = {d["metadata"]["name"]: d for d in _all(SECURED, "PrometheusRule")}
+    assert docs["nvgpu-exporter-dcgm-compat"]["spec"] == rule["spec"]
 
 
 # -- plain Prometheus ----------------------------------------------------------------------------

@@ -238,3 +238,44 @@ def test_dockerfile_install_steps_in_a_fresh_venv(tmp_path: Path) -> None:
     out = run([str(py), "-c", probe], Path("/")).stdout.splitlines()
     assert out[0].startswith(str(venv_dir)), out
     assert out[1] == "None", "pod attribution's grpc/protobuf did not load from the extra"
+
+
+# -- multi-arch (issue 16) -------------------------------------------------------------------------
+
+
+def test_multi_arch_recipe_keeps_the_self_check_on_each_platform() -> None:
+    """Both stages build on the target platform (no FROM --platform=$BUILDPLATFORM): the strict
+    self-check runs inside the arm64 image too, and the recipe names both platforms."""
+    text = DOCKERFILE.read_text()
+    froms = [a for i, a in _instructions(text) if i == "FROM"]
+    assert froms and not any("--platform" in f for f in froms), froms
+    assert "--platform linux/amd64,linux/arm64" in text and "tonistiigi/binfmt" in text
+    assert SELFCHECK in text
+
+
+def _runtime_requirements() -> list[str]:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    return [*project["dependencies"], *extras["kubernetes"], *extras["fast"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("machine", ["aarch64", "x86_64"])
+def test_every_runtime_dependency_has_a_wheel_for_both_platforms(tmp_path: Path, machine: str) -> None:
+    """The image builds without a compiler on amd64 and arm64: pip finds a CPython 3.12 manylinux
+    wheel of every runtime dependency (and of theirs) for the platform. Needs PyPI."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
+        "--implementation", "cp", "--python-version", "3.12",
+        "--platform", f"manylinux2014_{machine}", "--platform", f"manylinux_2_28_{machine}",
+        "--platform", f"manylinux_2_17_{machine}", "--dest", str(tmp_path), *_runtime_requirements(),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0 and "Could not find a version" not in proc.stderr and "No matching" not in proc.stderr:
+        pytest.skip(f"no package index reachable: {proc.stderr.strip()[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    wheels = [p.name for p in tmp_path.glob("*.whl")]
+    native = [w for w in wheels if not w.endswith("-none-any.whl")]
+    assert native and all(machine in w for w in native), native

@@ -37,12 +37,13 @@ from unittest import mock
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import exposition, selfmetrics
+from exporter import exposition, procmetrics, selfmetrics
 from exporter.breadcrumb import Breadcrumb
 from exporter.config import Config
+from exporter.httpedge import HttpEdge
 from exporter.kernel_xid import KernelXid
-from exporter.policy import Outcome
 from exporter.pods import PodAttribution
+from exporter.policy import Outcome
 from exporter.snapshot import InitFailed, decode_message
 from exporter.supervisor import Supervisor
 from guards import features as gf
@@ -51,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
 METRICS_MD = ROOT / "docs" / "metrics.md"
 UPDATE = os.environ.get("UPDATE_GOLDEN", "") not in ("", "0")
+NAMESPACES = ("nvgpu_", "process_")  # ours, and the standard process collector's (exporter/procmetrics.py)
 PLACEHOLDER_VERSION = "0.0.0"
 
 # Documented metrics no golden shows yet, each with the reason. Keep this short.
@@ -102,6 +104,12 @@ def _supervisor_side_faults(sup: Supervisor, fixture: dict[str, Any]) -> None:
         raise OSError(24, "Too many open files")  # what a failed spawn looks like
     except OSError:
         sup.state.count_error("lifecycle", "starting a worker")
+    edge = _extension(sup, HttpEdge)  # a web config in force, a few refusals
+    edge.open, edge.max_connections = 3, 1024
+    edge.dropped.update({"header_timeout": 1, "tls_handshake": 2})
+    edge.denied.update({"unauthorized": 4})
+    edge.watcher = SimpleNamespace(last_reload_ok=False, last_reload_time=1_699_999_000.0)
+    sup.state.worker.pid = 4242  # the worker's process_* series
 
 
 def _supervisor_side_pods(sup: Supervisor, fixture: dict[str, Any]) -> None:
@@ -118,6 +126,13 @@ def _supervisor_side_pods(sup: Supervisor, fixture: dict[str, Any]) -> None:
         uuid[0]: (ref("ml", "notebook-1", "jupyter"), ref("research", "notebook-2", "jupyter")),
         uuid[1]: (ref("batch", "infer-0", "server"), ref("batch", "infer-1", "server")),
     }
+
+
+def _fixed_process_stats(pid: int) -> procmetrics.ProcStats:
+    """Stand-in numbers for the process_* families (real ones change every run)."""
+    if pid == 4242:
+        return procmetrics.ProcStats(12.5, 95_000_000, 900_000_000, 1_699_999_940.0, 21, 1_048_576)
+    return procmetrics.ProcStats(3.25, 52_000_000, 600_000_000, 1_699_999_900.0, 17, 1_048_576)
 
 
 def render_golden(name: str, openmetrics: bool = False) -> str:
@@ -150,7 +165,10 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
                 _supervisor_side_faults(sup, fixture)
             if name == "processes":
                 _supervisor_side_pods(sup, fixture)
-            with mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION):
+            with (
+                mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION),
+                mock.patch.object(procmetrics, "read", _fixed_process_stats),
+            ):
                 exposition.render(state)  # the first rendering counts what it had to drop
                 rendered = exposition.render(state)
                 return (rendered.openmetrics if openmetrics else rendered.text).decode()
@@ -226,7 +244,7 @@ def parse_docs() -> dict[str, Doc]:
         if line.startswith("## "):
             per_gpu = line.startswith("## Per GPU")
             continue
-        if not line.startswith("| `nvgpu_"):
+        if not line.startswith(("| `nvgpu_", "| `process_")):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         name = cells[0].strip("`")
@@ -264,8 +282,8 @@ def lint_problems(fam: Family, docs: dict[str, Doc]) -> list[str]:
     """Everything wrong with one family by DESIGN.md "Names" and docs/metrics.md; empty if fine."""
     name = fam.name
     out = []
-    if not name.startswith("nvgpu_"):
-        out.append(f"{name}: not in the nvgpu_ namespace")
+    if not name.startswith(NAMESPACES):
+        out.append(f"{name}: not in the nvgpu_ namespace (or the standard process_ names)")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         out.append(f"{name}: not snake_case")
     if not fam.help.strip():
@@ -360,6 +378,8 @@ def test_label_values_documented(name: str) -> None:
     for fams in GOLDENS.values():
         for _, labels, _ in fams[name].samples if name in fams else []:
             for label, allowed in doc.values.items():
+                if label not in labels and name.startswith("process_"):
+                    continue  # the supervisor's process_* series carry no label (docs/metrics.md)
                 assert labels[label] in allowed, f"{name}{{{label}={labels[label]!r}}} not in {sorted(allowed)}"
 
 

@@ -16,6 +16,7 @@ from exporter import collectors
 from exporter.metric import MetricDef
 
 ROOT = Path(__file__).resolve().parent.parent
+NAMESPACES = ("nvgpu_", "process_")  # ours, and the standard process collector's names
 METRICS_MD = ROOT / "docs" / "metrics.md"
 
 
@@ -40,7 +41,7 @@ def documented() -> dict[str, str]:
     """Name -> module path from the last column of docs/metrics.md."""
     out = {}
     for line in METRICS_MD.read_text().splitlines():
-        if line.startswith("| `nvgpu_"):
+        if line.startswith(("| `nvgpu_", "| `process_")):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             out[cells[0].strip("`")] = cells[-1].strip("`")
     return out
@@ -80,7 +81,7 @@ def test_grep_of_the_exported_name_finds_the_definition(name: str) -> None:
 def test_counters_and_only_counters_end_in_total(name: str) -> None:
     (_, spec), *_ = DECLARED[name]
     assert spec.counter == name.endswith("_total")
-    assert spec.help.strip() and name.startswith("nvgpu_")
+    assert spec.help.strip() and name.startswith(NAMESPACES)
 
 
 def test_every_emitted_family_is_declared() -> None:

@@ -3,10 +3,12 @@
 
 rules.yaml is the source: a plain Prometheus rule file that ``promtool check rules`` and
 ``promtool test rules`` read. The PrometheusRule carries the same ``groups`` under ``spec``.
+``--set dcgm-compat`` does the same for deploy/prometheus/dcgm-compat/ (dcgm-exporter's names).
 
 Usage:
     python deploy/prometheus/gen_prometheusrule.py          # rewrite prometheusrule.yaml
     python deploy/prometheus/gen_prometheusrule.py --check  # exit 1 if it is out of date
+    python deploy/prometheus/gen_prometheusrule.py --set dcgm-compat [--check]
 
 Needs PyYAML.
 """
@@ -23,10 +25,21 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 HERE = Path(__file__).resolve().parent
 RULES = HERE / "rules.yaml"
 OUTPUT = HERE / "prometheusrule.yaml"
+# name -> (rule file, output, PrometheusRule name, app.kubernetes.io/component, the test that checks it)
+SETS = {
+    "alerts": (RULES, OUTPUT, "nvgpu-exporter", "alerting-rules", "tests/test_alert_rules.py"),
+    "dcgm-compat": (
+        HERE / "dcgm-compat" / "rules.yaml",
+        HERE / "dcgm-compat" / "prometheusrule.yaml",
+        "nvgpu-exporter-dcgm-compat",
+        "recording-rules",
+        "tests/test_dcgm_compat.py",
+    ),
+}
 
 HEADER = """\
-# Generated from deploy/prometheus/rules.yaml by deploy/prometheus/gen_prometheusrule.py.
-# Do not edit: change rules.yaml and run the script (tests/test_alert_rules.py checks this file).
+# Generated from deploy/prometheus/{source} by deploy/prometheus/gen_prometheusrule.py{flag}.
+# Do not edit: change {rules} and run the script ({test} checks this file).
 #
 # The Prometheus Operator selects rules with its ruleSelector (and ruleNamespaceSelector): add the
 # label your Prometheus expects, e.g. `release: <name>`, in your overlay.
@@ -45,11 +58,13 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def build(rules: dict[str, Any]) -> dict[str, Any]:
+def build(rules: dict[str, Any], name: str = "nvgpu-exporter", component: str = "alerting-rules") -> dict[str, Any]:
     """Wraps a rule file's content in a PrometheusRule object.
 
     Args:
         rules: the parsed rule file (``{"groups": [...]}``).
+        name: the object's name.
+        component: its ``app.kubernetes.io/component`` label.
 
     Returns:
         The PrometheusRule as a plain mapping.
@@ -63,43 +78,48 @@ def build(rules: dict[str, Any]) -> dict[str, Any]:
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {
-            "name": "nvgpu-exporter",
+            "name": name,
             "namespace": "nvgpu-exporter",
             "labels": {
                 "app.kubernetes.io/name": "nvgpu-exporter",
-                "app.kubernetes.io/component": "alerting-rules",
+                "app.kubernetes.io/component": component,
             },
         },
         "spec": {"groups": rules["groups"]},
     }
 
 
-def render(rules_text: str) -> str:
-    """Renders the PrometheusRule YAML for the given rules.yaml text."""
+def render(rules_text: str, rule_set: str = "alerts") -> str:
+    """Renders the PrometheusRule YAML for the given rule file text of ``rule_set`` (see :data:`SETS`)."""
+    rules, _output, name, component, test = SETS[rule_set]
     body: str = yaml.dump(
-        build(yaml.safe_load(rules_text)),
+        build(yaml.safe_load(rules_text), name, component),
         Dumper=_Dumper,
         sort_keys=False,
         width=4096,  # never fold long annotation strings
         allow_unicode=True,
         default_flow_style=False,
     )
-    return HEADER + body
+    source = str(rules.relative_to(HERE))
+    flag = "" if rule_set == "alerts" else f" --set {rule_set}"
+    return HEADER.format(source=source, flag=flag, rules=Path(source).name, test=test) + body
 
 
 def main(argv: list[str] | None = None) -> int:
     """Writes or checks prometheusrule.yaml; returns the process exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the output is out of date")
+    parser.add_argument("--set", dest="rule_set", choices=sorted(SETS), default="alerts", help="which rule file")
     args = parser.parse_args(argv)
-    text = render(RULES.read_text(encoding="utf-8"))
+    rules, output, *_ = SETS[args.rule_set]
+    text = render(rules.read_text(encoding="utf-8"), args.rule_set)
     if args.check:
-        current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else ""
+        current = output.read_text(encoding="utf-8") if output.exists() else ""
         if current != text:
-            print(f"{OUTPUT} is out of date: run {Path(__file__).name}", file=sys.stderr)
+            print(f"{output} is out of date: run {Path(__file__).name} --set {args.rule_set}", file=sys.stderr)
             return 1
         return 0
-    OUTPUT.write_text(text, encoding="utf-8")
+    output.write_text(text, encoding="utf-8")
     return 0
 
 

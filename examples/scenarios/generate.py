@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Generate the H200 fake-NVML scenarios in this folder (h200x1.json, h200x2.json, h200x8.json).
+"""Generate the H200 fake-NVML scenarios (h200x1.json, h200x2.json, h200x8.json) in exporter/scenarios/.
+
+They ship inside the package (so ``--nvml-backend fake:h200x2`` works after any install and in the
+image); the files next to this script are links to them, kept for paths in older notes.
 
 Standard library only and deterministic: running it twice gives byte-identical files.
 
@@ -27,6 +30,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+OUT = HERE.parent.parent / "exporter" / "scenarios"  # package data: selectable by name
 PHASE_S = 5
 
 # --- system-wide, nvml_probe_*.json "driver", "nvml_version", "cuda_driver" -----------------------
@@ -524,7 +528,7 @@ def main(argv):
         validate(fname, doc)
         text = render(doc)
         validate(fname, json.loads(text))
-        path = HERE / fname
+        path = OUT / fname
         if check:
             if not path.exists() or path.read_text() != text:
                 stale.append(fname)

@@ -109,9 +109,8 @@ def _load_api() -> _Api:
         except ImportError as exc:
             _api_error = f"pod attribution needs grpcio and protobuf ({exc}); {_INSTALL_HINT}"
         except Exception as exc:
-            # The generated modules check the installed runtimes: protobuf raises VersionError
-            # when its runtime is older than the gencode, the gRPC module a RuntimeError when
-            # grpcio is older than the grpcio-tools that generated it.
+            # The generated modules carry no version guard (regenerate.py: grpcio-tools 1.62.3), but
+            # a protobuf or grpcio outside the tested range may still fail to load them.
             _api_error = (
                 f"pod attribution cannot load its generated gRPC modules: {type(exc).__name__}: {exc}; {_INSTALL_HINT}"
             )

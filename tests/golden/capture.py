@@ -49,7 +49,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SCENARIOS = ROOT / "examples" / "scenarios"
+SCENARIOS = ROOT / "exporter" / "scenarios"
 
 T0 = 1_700_000_000.0  # Unix time of scenario time 0 in every fixture
 INTERVAL_S = 0.5
