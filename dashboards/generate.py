@@ -408,10 +408,11 @@ def gpu_fleet() -> dict[str, Any]:
         )
         .with_panel(
             stat_panel(
-                "GPUs lost",
-                "GPUs whose handle NVML no longer returns (nvgpu_device_up 0): drained "
-                "from sampling, others unaffected.",
-                f"sum(1 - nvgpu_device_up{{{GPU}}})",
+                "GPUs lost, hung or crashed",
+                "GPUs with a fault of their own (nvgpu_device_state lost, hung or crashed): left out "
+                "of sampling and probed, the others unaffected. A worker that is not sampling at all "
+                "(state unknown) is not counted here.",
+                f'sum(nvgpu_device_state{{{GPU}, state=~"lost|hung|crashed"}}) or vector(0)',
                 "none",
                 OK_RED,
             )
