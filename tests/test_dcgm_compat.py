@@ -80,11 +80,6 @@ PANELS = (
     Panel("$Hostname", "count by (Hostname) (DCGM_FI_DEV_FB_FREE)"),
     Panel("$gpu", f"count by (gpu) (DCGM_FI_DEV_FB_FREE{{{HOST}}})"),
 )
-# Panels that wait for the GPM metrics (issue "semantics", in progress): they parse, no data yet.
-PENDING_GPM = {
-    "GPU Utilization (DCP)": "DCGM_FI_PROF_GR_ENGINE_ACTIVE needs GPM metric 1 (GRAPHICS_UTIL)",
-    "Tensor Core Utilization": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE needs GPM metric 5 (ANY_TENSOR_UTIL)",
-}
 
 
 def recorded_names() -> list[str]:
@@ -142,19 +137,18 @@ def test_migration_doc_maps_every_default_field_and_every_recorded_name() -> Non
     assert not missing, f"docs/migrating-from-dcgm.md does not map: {missing}"
     for name in recorded_names():
         assert name in rows, f"{name} is recorded but not in docs/migrating-from-dcgm.md"
+        assert rows[name].rstrip(" |").rsplit("|", 1)[-1].strip().startswith("yes"), (name, rows[name])
+    assert not [f for f, rest in rows.items() if "pending" in rest.lower() or "not yet" in rest], "a field waits"
     for field, rest in rows.items():
         assert rest.strip(" |"), f"{field}: empty row"
 
 
-def test_dashboard_panels_only_wait_for_gpm() -> None:
+def test_every_dashboard_panel_reads_recorded_names() -> None:
     recorded = set(recorded_names())
     for panel in PANELS:
         names = set(re.findall(r"\b(DCGM_FI_[A-Z0-9_]+)\b", panel.expr))
-        if panel.title in PENDING_GPM:
-            assert all(n.startswith("DCGM_FI_PROF_") for n in names)
-            assert "PENDING" in RULES.read_text() and all(n in RULES.read_text() for n in names)
-        else:
-            assert names <= recorded, names - recorded
+        assert names and names <= recorded, (panel.title, names - recorded)
+    assert "PENDING" not in RULES.read_text()
 
 
 # -- a real Prometheus over TLS + basic auth ------------------------------------------------------
@@ -216,7 +210,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     (tmp / "password").write_text(PASSWORD)
     data = load_scenario("h200x2")
     data["events"] = [{"at_s": 2, "gpu": 1, "event_type": "XidCriticalError", "data": 79}]
-    exporter = Exporter(write_scenario(tmp, data), tmp, env={"NVGPU_WEB_CONFIG_FILE": str(web)}, interval=0.5)
+    # gpm_pipes on: the DCGM_FI_PROF_PIPE_FP*_ACTIVE rules read it (off by default)
+    env = {"NVGPU_WEB_CONFIG_FILE": str(web), "NVGPU_FEATURE_GPM_PIPES": "on"}
+    exporter = Exporter(write_scenario(tmp, data), tmp, env=env, interval=0.5)
     prom: subprocess.Popen[bytes] | None = None
     try:
         config = {
@@ -295,7 +291,7 @@ def test_every_dashboard_panel_query_returns_data(stack: Stack) -> None:
         f"{p.title}: {stack.query(p.expr).get('error')}" for p in PANELS if stack.query(p.expr)["status"] != "success"
     ]
     assert not rejected, rejected
-    waiting = {p for p in PANELS if p.title not in PENDING_GPM}
+    waiting = set(PANELS)
     deadline = time.monotonic() + DATA_TIMEOUT_S
     while waiting and time.monotonic() < deadline:
         waiting = {p for p in waiting if not stack.query(p.expr)["data"]["result"]}
@@ -344,3 +340,39 @@ def test_the_rules_evaluate_without_errors(stack: Stack) -> None:
 
     rules = _wait(evaluated, 30, f"{expected} rules evaluated", stack)
     assert [f"{r['name']}: {r.get('lastError')}" for r in rules if r.get("health") != "ok"] == []
+
+
+def test_profiling_names_have_dcgm_units(stack: Stack) -> None:
+    """The DCGM_FI_PROF_* rules on the real exporter's GPM series: activity a ratio 0-1 (not percent),
+    traffic in bytes/s (not MiB/s). The h200x2 scenario cycles idle and loaded every 5 s: graphics
+    activity 0 and 0.936, PCIe transmit 0.2 and 6.5 MiB/s, receive 0.07 and 18.8 MiB/s (GPM values
+    from ../shared/reference/h200/2026-11-30/gpm*.json)."""
+    busiest = _wait(
+        lambda: [
+            r
+            for r in stack.query("max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[1m]) > 0.5")["data"]["result"]
+            if r["metric"].get("Hostname") == "gpu-node-1"
+        ],
+        DATA_TIMEOUT_S,
+        "a loaded phase in DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        stack,
+    )
+    assert all(float(r["value"][1]) == pytest.approx(0.936) for r in busiest), busiest
+    for name in ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                 "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PIPE_FP32_ACTIVE"):  # fmt: skip
+        values = [float(r["value"][1]) for r in stack.query(f"max_over_time({name}[5m])")["data"]["result"]]
+        assert len(values) == 2 and all(0 <= v <= 1 for v in values), (name, values)
+    # rate() over a minute the series only partly covers reads low: wait for a whole minute of scrapes
+    _wait(
+        lambda: (
+            len(stack.query("count_over_time(nvgpu_gpm_pcie_transmit_bytes_total[1m]) >= 50")["data"]["result"]) == 2
+        ),
+        DATA_TIMEOUT_S + 30,
+        "a minute of GPM PCIe counters",
+        stack,
+    )
+    mib = 1 << 20
+    for name, low, high in (("DCGM_FI_PROF_PCIE_TX_BYTES", 0.2, 6.5), ("DCGM_FI_PROF_PCIE_RX_BYTES", 0.07, 18.8)):
+        values = [float(r["value"][1]) for r in stack.query(name)["data"]["result"]]
+        assert len(values) == 2, (name, values)
+        assert all(0.9 * low * mib <= v <= 1.1 * high * mib for v in values), (name, values)
