@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -35,6 +36,8 @@ log = logging.getLogger("exporter.supervisor")
 KILL_GRACE_S = 2.0  # SIGTERM -> SIGKILL
 REAP_WAIT_S = 5.0  # SIGKILL -> "cannot be reaped"
 STDERR_LINES = 400
+STDERR_LINE_MAX = 8192  # bytes of one worker stderr line kept (a very long driver string); the rest is dropped
+STDERR_CHUNK = 65536  # stderr is read in chunks of this size, never a line at a time: always drained
 POLL_S = 0.25
 _CURRENT_THREAD = re.compile(r"Current thread (0x[0-9a-fA-F]+)")
 
@@ -59,6 +62,9 @@ class WorkerProcess:
         deadlines: ``(init_deadline_s, sample_deadline_s)``: until the worker's ``hello``, then from
             each snapshot (events come from another thread and prove nothing about sampling).
         proc_state_fn: reads a process state letter (tests inject ``D``).
+        on_error: called from an ``except`` block with what was being done when reading or handling
+            the worker's messages raised something other than a protocol error (the supervisor
+            counts it as component ``worker_io``); reading goes on with the next line.
     """
 
     def __init__(
@@ -68,8 +74,10 @@ class WorkerProcess:
         on_message: Callable[[Message], None],
         deadlines: tuple[float, float],
         proc_state_fn: Callable[[int], str | None] = proc_state,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self.env = env
+        self.on_error = on_error or _log_error
         self.crumbs = crumbs
         self.on_message = on_message
         self.init_deadline_s, self.sample_deadline_s = deadlines
@@ -87,7 +95,12 @@ class WorkerProcess:
         return self.proc.pid if self.proc else None
 
     async def spawn(self) -> asyncio.StreamReader:
-        """Start the process; returns the message stream."""
+        """Start the process; returns the message stream.
+
+        Raises:
+            OSError: no descriptors or processes left (EMFILE, EAGAIN): nothing is left behind, no
+                descriptor and no half-started worker; the caller retries later.
+        """
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
         env.update(self.env, NVGPU_WORKER_FD=str(write_fd), NVGPU_BREADCRUMB_FD=str(self.crumbs.fd))
@@ -101,12 +114,26 @@ class WorkerProcess:
                 pass_fds=(write_fd, self.crumbs.fd),
                 env=env,
             )
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
         self.spawned_mono = time.monotonic()
         reader = asyncio.StreamReader(limit=64 << 20)
         loop = asyncio.get_running_loop()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0))
+        pipe = None
+        try:
+            pipe = os.fdopen(read_fd, "rb", 0)
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        except BaseException:  # a worker nobody listens to must not live on as an NVML client
+            if pipe is None:
+                os.close(read_fd)
+            else:
+                pipe.close()
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            raise
         return reader
 
     async def run(self, reader: asyncio.StreamReader, stopping: Callable[[], bool], drain_s: float) -> Outcome:
@@ -171,8 +198,16 @@ class WorkerProcess:
         return Outcome(reason, rc, sig, crumb, time.monotonic() - self.spawned_mono, reaped, self.dead_stack())
 
     async def _read_messages(self, reader: asyncio.StreamReader) -> None:
+        """Decode and hand on each message line; nothing a line holds ends the reading."""
         while True:
-            line = await reader.readline()
+            try:
+                line = await reader.readline()
+            except ValueError:  # longer than the reader's limit: asyncio drops it up to its newline
+                self.on_error("reading a worker message longer than the stream limit")
+                continue
+            except Exception:  # noqa: BLE001 - the pipe itself failed: nothing more will come
+                self.on_error("reading the worker's message pipe")
+                return
             if not line:
                 return
             try:
@@ -180,23 +215,56 @@ class WorkerProcess:
             except protocol.ProtocolError as exc:
                 log_once(log, logging.ERROR, ("protocol", str(exc)[:80]), "%s", exc)
                 continue
+            except Exception:  # noqa: BLE001 - e.g. RecursionError on a deeply nested line
+                self.on_error("decoding a worker message")
+                continue
             if isinstance(msg, (Hello, Snapshot)):  # sampling runs; events come from another thread
                 self.last_message_mono = time.monotonic()
                 self.hello = True
             elif isinstance(msg, Progress):  # an init step finished: the init deadline starts again
                 self.last_message_mono = time.monotonic()
-            self.on_message(msg)
+            try:
+                self.on_message(msg)
+            except Exception:  # noqa: BLE001 - the supervisor's own bug: the next message still counts
+                self.on_error(f"handling a {type(msg).__name__} message")
 
     async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
-        out = sys.stderr
+        """Echo the worker's stderr line by line and keep its tail, reading in bounded chunks: a line
+        longer than :data:`STDERR_LINE_MAX` is cut and marked, never fatal, and the pipe is always
+        drained (a worker blocked writing to it would look hung)."""
+        line = bytearray()
+        dropped = 0
         while True:
-            line = await stream.readline()
-            if not line:
+            chunk = await stream.read(STDERR_CHUNK)
+            if not chunk:
+                if line or dropped:
+                    self._stderr_line(bytes(line), dropped)
                 return
-            text = line.decode("utf-8", "replace")
-            self.stderr_tail.append(text)
-            out.write(text)
-            out.flush()
+            start = 0
+            while True:
+                end = chunk.find(b"\n", start)
+                piece = chunk[start : len(chunk) if end < 0 else end]
+                room = max(0, STDERR_LINE_MAX - len(line))
+                line += piece[:room]
+                dropped += max(0, len(piece) - room)
+                if end < 0:
+                    break
+                self._stderr_line(bytes(line), dropped)
+                line.clear()
+                dropped = 0
+                start = end + 1
+
+    def _stderr_line(self, raw: bytes, dropped: int) -> None:
+        text = raw.decode("utf-8", "replace")
+        if dropped:
+            text += f" ... [line cut: {dropped} more bytes dropped]"
+        text += "\n"
+        self.stderr_tail.append(text)
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except (OSError, ValueError):  # our own stderr is gone or full: keep draining the worker's
+            pass
 
     def blame(self, stack: str) -> Breadcrumb | None:
         """The NVML call that ended the worker, from the breadcrumbs of its threads.
@@ -272,6 +340,11 @@ class WorkerProcess:
             return True
         log.warning("worker %d did not stop within %.1f s; killing it", proc.pid, drain_s)
         return await self.kill(wait_task)
+
+
+def _log_error(doing: str) -> None:
+    exc = sys.exc_info()[1]
+    log_once(log, logging.ERROR, ("worker_io", type(exc).__name__), "failed while %s", doing, exc_info=True)
 
 
 def worker_env(config_json: Mapping[str, Any], epoch: float) -> dict[str, str]:

@@ -79,6 +79,7 @@ class Exporter:
         scenario: scenario file path (fake backend).
         env: extra NVGPU_* variables.
         cwd: working directory.
+        fault: a fault of tests/faultinject.py to inject into the supervisor process.
     """
 
     def __init__(
@@ -89,6 +90,7 @@ class Exporter:
         interval: float = 0.5,
         cwd: Path | None = None,
         args: list[str] | None = None,
+        fault: str | None = None,
     ) -> None:
         self.port = free_port()
         self.log_path = tmp_path / f"exporter-{self.port}.log"
@@ -108,8 +110,10 @@ class Exporter:
             full_env["NVGPU_NVML_BACKEND"] = f"fake:{scenario}"
         full_env.update(env or {})
         self._log = open(self.log_path, "wb")
+        # fault: run through tests/faultinject.py, which patches one supervisor component first
+        entry = ["-m", "exporter"] if fault is None else [str(ROOT / "tests" / "faultinject.py"), fault]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", *(args or [])],
+            [sys.executable, *entry, *(args or [])],
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

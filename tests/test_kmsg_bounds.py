@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_kmsg import FIXTURES, FakeKmsg, device_reader, kmsg_records, xids
 
 from exporter.xid import kmsg
 from exporter.xid.kmsg import KernelLogUnavailable, KmsgReader
-from test_kmsg import FIXTURES, FakeKmsg, device_reader, kmsg_records, xids
 
 XID = b"[ 5.0] NVRM: Xid (PCI:0000:00:06): 13, pid=7, name=x, Graphics SM Warp Exception\n"
 
