@@ -226,3 +226,29 @@ def test_symlink_at_the_cursor_path_is_replaced_not_written_through(tmp_path: Pa
         assert xids(reader.poll()) == [13]  # the link is not read either (O_NOFOLLOW)
     assert victim.read_text() == "precious"
     assert not cursor.is_symlink() and json.loads(cursor.read_text())["seq"] == 1
+
+
+def test_dev_zero_on_the_real_exporter_costs_no_core_and_sigterm_works(tmp_path: Path) -> None:
+    """The issue: NVGPU_KMSG_PATH=/dev/zero burnt a core and the exporter was alive 4 minutes after
+    SIGTERM. Now the feature goes unsupported after one bounded poll; nothing else changes."""
+    import time
+
+    import psutil
+    from exporter_proc import SCENARIOS, Exporter
+
+    env = {"NVGPU_FEATURE_KERNEL_XID": "on", "NVGPU_KMSG_PATH": "/dev/zero"}
+    with Exporter(SCENARIOS / "h200x1.json", tmp_path, env=env) as exp:
+        scrape = exp.wait_for(
+            lambda s: s.value("nvgpu_kernel_log_up") == 0.0 and s.value("nvgpu_up") == 1.0, what="kernel log off"
+        )
+        assert scrape.value("nvgpu_feature_enabled", feature="kernel_xid", reason="unsupported") == 0.0
+        supervisor = psutil.Process(exp.proc.pid)
+        before = supervisor.cpu_times()
+        time.sleep(3)
+        after = supervisor.cpu_times()
+        used = (after.user - before.user) + (after.system - before.system)
+        assert used < 1.0, f"supervisor used {used:.2f} CPU-s in 3 s"
+        assert "not a kernel log" in exp.logs()
+        t0 = time.monotonic()
+        assert exp.terminate(timeout=20) == 0
+        assert time.monotonic() - t0 < 15

@@ -157,9 +157,8 @@ def load_scenario(path: str) -> dict[str, Any]:
         raise ScenarioError(f"scenario {path}: nested too deeply (expected at most {MAX_DEPTH} levels)") from None
     except ValueError as exc:
         raise ScenarioError(f"scenario {path}: not valid JSON: {exc}") from exc
-    depth = _depth(data)
-    if depth > MAX_DEPTH:
-        raise ScenarioError(f"scenario {path}: nested {depth} levels deep; expected at most {MAX_DEPTH}")
+    if _depth(data) > MAX_DEPTH:  # _depth stops counting one level past the bound
+        raise ScenarioError(f"scenario {path}: nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
     validate(path, data)
     return data  # type: ignore[no-any-return]
 
