@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -34,17 +35,36 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+# Line breaks and other control characters (tab excepted), C1 controls and the Unicode line and
+# paragraph separators: what could end or disguise a line of a text log.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 256 else f"\\u{ord(char):04x}")
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that could break a log line escaped (``\\n``, ``\\r``,
+    ``\\xNN``, ``\\uNNNN``), so a driver string holding a newline cannot split a record or
+    forge the next one. Tabs are kept; backslashes are not escaped (the text stays readable)."""
+    return _CONTROL.sub(_escape, text)
+
+
 class TextFormatter(logging.Formatter):
-    """``time level logger: message key=value …``."""
+    """``time level logger: message key=value …`` on one line (:func:`one_line`); only a traceback
+    or a worker's stack (the ``stack`` extra) follows on the next lines."""
 
     def format(self, record: logging.LogRecord) -> str:
         extras = " ".join(
-            f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}"
+            one_line(f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}")
             for k, v in vars(record).items()
             if k not in _STD_ATTRS and not k.startswith("_") and k != "stack"
         )
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        line = f"{ts}Z {record.levelname:<7} {record.name}: {record.getMessage()}"
+        line = f"{ts}Z {record.levelname:<7} {record.name}: {one_line(record.getMessage())}"
         if extras:
             line += f" {extras}"
         stack = getattr(record, "stack", None)
