@@ -139,14 +139,17 @@ def load_scenario(path: str) -> dict[str, Any]:
         The scenario as parsed JSON.
 
     Raises:
-        ScenarioError: unreadable, not UTF-8, not JSON (NaN and Infinity included), or not a
-            valid scenario; the message says where and what was expected.
+        ScenarioError: unreadable, larger than :data:`MAX_BYTES`, not UTF-8, not JSON (NaN and
+            Infinity included), nested deeper than :data:`MAX_DEPTH`, or not a valid scenario; the
+            message says where and what was expected.
     """
     try:
         with open(path, "rb") as fh:
-            raw = fh.read()
+            raw = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ScenarioError(f"scenario {path}: cannot read: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_BYTES:
+        raise ScenarioError(f"scenario {path}: larger than {MAX_BYTES >> 20} MiB; a scenario is a few KiB to a few MiB")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -163,6 +166,7 @@ def load_scenario(path: str) -> dict[str, Any]:
     return data  # type: ignore[no-any-return]
 
 
+MAX_BYTES = 16 << 20  # the largest shipped scenario (8 GPUs) is 66 KB; memory is bounded by this
 MAX_DEPTH = 32  # the deepest real spec (a struct in a cycle in a sequence) is under 10
 
 

@@ -443,13 +443,15 @@ class _LineBuffer:
 
     A partial line at the end of a chunk waits for the next chunk (at most `_MAX_LINE` bytes are
     held); a longer line is dropped whole: its bytes are consumed as they come, never buffered and
-    never read again. `feed` says how many bytes are done with (complete or dropped lines), so the
-    reader's saved offset never points into a line it still holds.
+    never read again. `feed` says how many bytes are done with (lines ended by a newline), so the
+    saved offset always points at the start of a line: a restart reads an unfinished line again
+    from its start, and drops an overlong one again, exactly as an uninterrupted reader does.
     """
 
     def __init__(self) -> None:
         self.carry = bytearray()
-        self.skipping = False  # inside a line that is being dropped
+        self.pending = 0  # bytes of the unfinished line (held in carry, or skipped)
+        self.skipping = False  # the unfinished line is longer than _MAX_LINE: being dropped
         self.dropped = 0
         """Lines dropped for being longer than `_MAX_LINE`."""
 
@@ -458,26 +460,25 @@ class _LineBuffer:
         lines: list[bytes | None] = []
         done = start = 0
         while (end := chunk.find(b"\n", start)) >= 0:
+            size = self.pending + end - start
             if self.skipping:  # the end of a line already counted as dropped
                 lines.append(None)
-            elif len(self.carry) + end - start <= _MAX_LINE:
+            elif size <= _MAX_LINE:
                 lines.append(bytes(self.carry) + chunk[start:end])
             else:
                 lines.append(None)
                 self._dropped_one()
-            done += len(self.carry) + end + 1 - start
+            done += size + 1
             self.carry.clear()
+            self.pending = 0
             self.skipping = False
             start = end + 1
-        rest = len(chunk) - start
-        if not self.skipping and len(self.carry) + rest > _MAX_LINE:
-            done += len(self.carry)
+        self.pending += len(chunk) - start
+        if not self.skipping and self.pending > _MAX_LINE:
             self.carry.clear()
             self.skipping = True
             self._dropped_one()
-        if self.skipping:
-            done += rest
-        else:
+        elif not self.skipping:
             self.carry += chunk[start:]
         return lines, done
 
