@@ -128,3 +128,44 @@ def test_issue_state_files_never_stop_the_exporter(tmp_path: Path) -> None:
         dropped = [r for r in exp.log_records() if "dropped" in r.get("msg", "") and "state file" in r.get("msg", "")]
         assert len(dropped) == 1 and "2 invalid entries" in dropped[0]["msg"], dropped
         assert exp.terminate() == 0
+
+
+def test_ttl_beyond_ten_years_is_capped_and_the_third_crash_survives(tmp_path: Path) -> None:
+    """The issue: NVGPU_QUARANTINE_TTL_SECONDS=1e17 crashed the supervisor at the third crash
+    (gmtime overflow) after writing until 1e17, and every start after that exited 1. Config refuses
+    the value (tests/test_check_config_bounds.py); the store caps it too, whoever builds one."""
+    path = tmp_path / "state.json"
+    store = QuarantineStore(str(path), 3, 600.0, 1e17, clock=lambda: NOW)
+    for _ in range(3):
+        new = store.record("nvlink_throughput", "nvmlDeviceGetFieldValues")
+    assert new is not None and new.until == NOW + MAX_TTL_S
+    assert new.detail().endswith("expires 2037-01-12T08:00:00Z")
+    assert _store(path).active == store.active
+
+
+@pytest.mark.parametrize("how", ["target is a directory", "writer raises"])
+def test_failed_save_leaves_no_temporary_file(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "state.json"
+    if how == "target is a directory":
+        path.mkdir()  # os.replace fails with IsADirectoryError after the temporary file was written
+    store = _store(path)
+    errors: list[str] = []
+    store.on_error = lambda component, doing: errors.append(component)
+    if how == "writer raises":
+        import exporter.quarantine as q
+
+        real = q.json
+        q.json = type("J", (), {"dump": staticmethod(lambda *a, **k: 1 / 0), "loads": json.loads})  # type: ignore[assignment]
+        try:
+            for _ in range(5):
+                store.record("fan", "f")
+        finally:
+            q.json = real
+        assert errors == ["state"] * 5
+    else:
+        for _ in range(5):
+            store.record("fan", "f")
+        assert errors == []  # an OSError is the environment's: logged once, not a bug
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == (["state.json"] if how == "target is a directory" else [])  # no .state-* file
+    assert len(store.history) == 5
