@@ -170,9 +170,11 @@ def test_rendering_family_that_raises_and_value_that_cannot_be_encoded(tmp_path:
     }
     with Exporter(SCENARIOS / "h200x2.json", tmp_path, env=env, fault="render") as exp:
         scrape = exp.wait_for(
-            lambda s: s.value("nvgpu_up") == 1.0
-            and (s.value("nvgpu_render_errors_total", family="nvgpu_gpu_pod_info") or 0) >= 1
-            and (s.value("nvgpu_render_errors_total", family="nvgpu_gpu_temperature_celsius") or 0) >= 2,
+            lambda s: (
+                s.value("nvgpu_up") == 1.0
+                and (s.value("nvgpu_render_errors_total", family="nvgpu_gpu_pod_info") or 0) >= 1
+                and (s.value("nvgpu_render_errors_total", family="nvgpu_gpu_temperature_celsius") or 0) >= 2
+            ),
             what="render errors counted",
         )
         assert [s.labels["pod"] for s in scrape.find("nvgpu_gpu_pod_info")] == ["train-0"]
@@ -246,3 +248,23 @@ def test_count_error_is_counted_and_logged_once_per_type(component: str, caplog:
     assert state.component_errors[f"{component}-unit"] == 3
     logged = [r for r in caplog.records if getattr(r, "component", None) == f"{component}-unit"]
     assert [r.exc_info[0] for r in logged if r.exc_info] == [RuntimeError, KeyError]
+
+
+def test_failed_listen_socket_is_the_one_start_failure(tmp_path: Path) -> None:
+    """The other way the process may end: its listen socket cannot be had. Exit 1, said why."""
+    import socket
+    import subprocess
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
+        env.update(NVGPU_LISTEN_ADDRESS=f"127.0.0.1:{port}", NVGPU_STATE_FILE="", NVGPU_LOG_FORMAT="json")
+        env["NVGPU_NVML_BACKEND"] = f"fake:{SCENARIOS / 'h200x1.json'}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "exporter"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
