@@ -268,3 +268,23 @@ def test_failed_listen_socket_is_the_one_start_failure(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_extension_that_raises_on_a_snapshot_is_counted_and_the_snapshot_kept() -> None:
+    from exporter.config import Config
+    from exporter.extensions import Extension
+    from exporter.quarantine import QuarantineStore
+    from exporter.served import ServedState
+    from exporter.snapshot import Snapshot, SystemInfo
+
+    class Broken(Extension):
+        feature = "broken_unit"
+
+        def on_snapshot(self, snapshot: Snapshot) -> None:
+            raise RuntimeError("injected")
+
+    state = ServedState(Config(state_file=""), QuarantineStore("", 3, 600, 86400), [Broken()])
+    snap = Snapshot(time.time(), 0.1, SystemInfo(), (), {}, {}, {}, 0, {})
+    for _ in range(3):
+        state.apply_snapshot(snap)
+    assert state.last is snap and state.component_errors["extension:broken_unit"] == 3
