@@ -177,7 +177,7 @@ def kmsg_streams(draw: st.DrawFn) -> list[bytes]:
             st.one_of(
                 st.just("NVRM: Xid (PCI:0000:00:06): 13, pid=1, name=a, x"),
                 st.just("NVRM: Xid (PCI:0000:00:07): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."),
-                st.text(st.characters(blacklist_characters="\n"), max_size=40),
+                st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=40),
             )
         )
         records.append(f"{facility * 8 + 4},{seq},{seq * 1000},-;{body}\n".encode())
