@@ -93,16 +93,23 @@ def test_long_worker_stderr_line_is_cut_and_never_fatal(tmp_path: Path) -> None:
     with Exporter(
         SCENARIOS / "h200x1.json", tmp_path, fault="long_stderr", env={"FAULT_WORKER_PYTHON": str(wrapper)}
     ) as exp:
-        exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="first worker up")
+        before = exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="first worker up").value(
+            "nvgpu_worker_start_time_seconds"
+        )
         first = _worker(exp)
         first.send_signal(signal.SIGKILL)
-        scrape = exp.wait_for(
-            lambda s: s.value("nvgpu_worker_restarts_total", reason="crash") == 1.0 and s.value("nvgpu_up") == 1.0,
-            what="the death accounted and a new worker up",
+        marker = f"[line cut: {70000 - 8192} more bytes dropped]"
+        exp.wait_for(
+            lambda s: (
+                s.value("nvgpu_worker_restarts_total", reason="crash") == 1.0
+                and exp.logs().count(marker) >= 2
+                and s.value("nvgpu_worker_start_time_seconds") != before
+            ),
+            what="the death accounted and a second worker started (its long line read)",
         )
         assert _worker(exp).pid != first.pid
+        scrape = exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="the second worker samples")
         assert _errors(scrape, "worker_io") == 0 and _errors(scrape, "lifecycle") == 0
-        assert exp.logs().count(f"[line cut: {70000 - 8192} more bytes dropped]") >= 2
         assert exp.terminate() == 0
 
 
