@@ -58,25 +58,23 @@ MAX_DURATION_S = 10 * 365 * 86400.0  # ten years: beyond it time arithmetic stop
 
 
 def _interval(name: str, text: str) -> float:
-    value = _duration(name, text)
+    value = _duration(name, text, MAX_INTERVAL_S, "an hour between samples")
     if value < MIN_INTERVAL_S:
         raise ValueError(
             f"{name}={text!r}: expected at least {MIN_INTERVAL_S} s (NVML's own sampling periods are 1/6 s to 1 s)"
         )
-    if value > MAX_INTERVAL_S:
-        raise ValueError(f"{name}={text!r}: expected at most {MAX_INTERVAL_S:g} s (an hour between samples)")
     return value
 
 
-def _duration(name: str, text: str) -> float:
+def _duration(name: str, text: str, most: float = MAX_DURATION_S, why: str = "ten years") -> float:
     try:
         value = float(text)
     except ValueError:
         raise ValueError(f"{name}={text!r}: expected seconds as a number, e.g. 5 or 0.5") from None
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}={text!r}: expected a positive, finite number of seconds")
-    if value > MAX_DURATION_S:
-        raise ValueError(f"{name}={text!r}: expected at most {MAX_DURATION_S:g} s (ten years)")
+    if value > most:
+        raise ValueError(f"{name}={text!r}: expected at most {most:g} s ({why})")
     return value
 
 

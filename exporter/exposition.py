@@ -6,7 +6,9 @@ supervisor-owned ``device_up`` and Xid/event counters, then extensions), and the
 survive worker restarts (:mod:`exporter.selfmetrics`, then extensions). It encodes them as
 Prometheus text 0.0.4 at once; OpenMetrics 1.0.0 and gzip bodies are made on first request and
 kept with the rendering. A collector whose ``families()`` raises loses only the GPU that made it
-raise; that feature's ``nvgpu_feature_success`` becomes 0.
+raise; that feature's ``nvgpu_feature_success`` becomes 0. A family dropped because building it
+raised, like a series that cannot be encoded, is counted in ``nvgpu_render_errors_total{family}``
+and logged once.
 """
 
 from __future__ import annotations
@@ -200,13 +202,14 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
                 if g.index in fresh or feature == "identity":  # identity is static: never dropped
                     by_feature.setdefault(feature, []).append((key, reading))
         for feature, samples in by_feature.items():
-            if not _render_feature(bag, feature, samples, snap):
+            if not _render_feature(bag, feature, samples, snap, state.render_errors):
                 failed.add(feature)
     live = [g.uuid for g in state.fresh_gpus() if g.up]
     bag.add(state.xids.families(live, state.gpu_index))
     for ext in state.extensions:
         if snap is not None:
-            bag.add(_guarded(ext, "gpu_families", functools.partial(ext.gpu_families, snap)))
+            call = functools.partial(ext.gpu_families, snap)
+            bag.add(_guarded(ext, "gpu_families", call, state.render_errors))
     metrics = list(bag.collect())
     labelers = [e for e in state.extensions if e.relabels_gpus]
     for ext in labelers:
@@ -214,8 +217,15 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
     return metrics, failed
 
 
-def _render_feature(bag: _Families, feature: str, samples: list[tuple[GpuKey, Any]], snap: Snapshot) -> bool:
-    """Add one collector's families; on an exception retry per GPU. False if any GPU failed."""
+def _render_feature(
+    bag: _Families,
+    feature: str,
+    samples: list[tuple[GpuKey, Any]],
+    snap: Snapshot,
+    dropped: collections.Counter[str],
+) -> bool:
+    """Add one collector's families; on an exception retry per GPU. False if any GPU failed; each
+    failed GPU counts one drop of each of the collector's families in ``dropped``."""
     collector = collectors.COLLECTORS[feature]
     try:
         bag.add(list(collector.families(samples, snap.system)))
@@ -233,16 +243,31 @@ def _render_feature(bag: _Families, feature: str, samples: list[tuple[GpuKey, An
         try:
             bag.add(list(collector.families([sample], snap.system)))
         except Exception:  # noqa: BLE001 - that GPU's series of this feature are omitted
-            continue
+            for metric in collector.METRICS:
+                dropped[metric.name] += 1
     return False
 
 
-def _guarded(ext: Extension, hook: str, call: Callable[[], Iterable[Metric]]) -> Iterable[Metric]:
-    """An extension's families; an extension that raises costs only its own families."""
+def _guarded(
+    ext: Extension, hook: str, call: Callable[[], Iterable[Metric]], dropped: collections.Counter[str]
+) -> Iterable[Metric]:
+    """An extension's families; an extension that raises costs only its own families, each counted
+    in ``dropped`` (its per-GPU families for ``gpu_families``, the others for ``self_families``)."""
     try:
         return list(call())
     except Exception:  # noqa: BLE001
-        log_once(log, logging.ERROR, ("extension", type(ext).__name__, hook), "%s failed", hook, exc_info=True)
+        log_once(
+            log,
+            logging.ERROR,
+            ("extension", type(ext).__name__, hook),
+            "%s.%s failed; its families are dropped from this rendering",
+            type(ext).__name__,
+            hook,
+            exc_info=True,
+        )
+        names = [m.name for m in ext.metrics if m.per_gpu == (hook == "gpu_families")]
+        for name in names or [f"{type(ext).__name__}.{hook}"]:
+            dropped[name] += 1
         return []
 
 
@@ -270,7 +295,7 @@ def render(state: ServedState) -> Rendered:
     bag.add(gpu)
     bag.add(selfmetrics.families(state, failed))
     for ext in state.extensions:
-        bag.add(_guarded(ext, "self_families", ext.self_families))
+        bag.add(_guarded(ext, "self_families", ext.self_families, state.render_errors))
     errors = RENDER_ERRORS.family()
     for family, count in sorted(state.render_errors.items()):
         errors.add_labels([family], count)

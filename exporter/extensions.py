@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
     from exporter.config import Config
+    from exporter.metric import MetricDef
     from exporter.quarantine import QuarantineStore
     from exporter.snapshot import Snapshot
     from guards.features import FeatureState
@@ -46,10 +47,13 @@ class Extension:
         feature: the feature (``guards.features.FEATURES``) this extension serves, or "" when it
             is always on (the stuck signature).
         relabels_gpus: True when :meth:`gpu_labels` adds labels to every per-GPU series.
+        metrics: the families it may emit; when building them raises, these are counted as
+            dropped (``nvgpu_render_errors_total``).
     """
 
     feature = ""
     relabels_gpus = False
+    metrics: tuple[MetricDef, ...] = ()
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """A snapshot arrived from the worker (called before rendering)."""

@@ -56,6 +56,7 @@ class KernelXid(Extension):
     """Kernel-log Xids (see the module docstring)."""
 
     feature = "kernel_xid"
+    metrics = METRICS
 
     def __init__(self, config: Config) -> None:
         from exporter.xid.kmsg import KmsgReader, XidDeduplicator

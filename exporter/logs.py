@@ -19,6 +19,7 @@ import collections
 import datetime
 import json
 import logging
+import re
 import sys
 import threading
 from collections.abc import Mapping
@@ -68,22 +69,37 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)  # ASCII: safe on any stderr encoding
 
 
-def _one_line(value: Any) -> str:
-    return str(value).replace("\r", "\\r").replace("\n", "\\n")
+# Line breaks and other control characters (tab excepted), C1 controls and the Unicode line and
+# paragraph separators: what could end or disguise a line of a text log.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 256 else f"\\u{ord(char):04x}")
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that could break a log line escaped (``\\n``, ``\\r``,
+    ``\\xNN``, ``\\uNNNN``), so a driver string holding a newline cannot split a record or
+    forge the next one. Tabs are kept; backslashes are not escaped (the text stays readable)."""
+    return _CONTROL.sub(_escape, text)
 
 
 class TextFormatter(logging.Formatter):
-    """``time level logger: message key=value …``."""
+    """``time level logger: message key=value …`` on one line (:func:`one_line`); only a traceback
+    or a worker's stack (the ``stack`` extra) follows on the next lines."""
 
     def format(self, record: logging.LogRecord) -> str:
         parts = []
         for k, v in _extras(record).items():
             if k in MULTILINE or k == ONCE_FIELD:
                 continue
-            text = _one_line(v)
-            parts.append(f"{k}={text!r}" if isinstance(v, str) and (" " in text or not text) else f"{k}={text}")
+            quoted = isinstance(v, str) and (" " in v or not v)
+            parts.append(f"{k}={one_line(repr(v) if quoted else str(v))}")
         ts = rfc3339(record.created)
-        line = f"{ts} {record.levelname:<7} {record.name}: {_one_line(record.getMessage())}"
+        line = f"{ts} {record.levelname:<7} {record.name}: {one_line(record.getMessage())}"
         if parts:
             line += " " + " ".join(parts)
         for key in MULTILINE:

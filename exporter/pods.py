@@ -134,6 +134,7 @@ class PodAttribution(Extension):
     """Pod attribution (see the module docstring)."""
 
     feature = "pod_attribution"
+    metrics = METRICS
 
     def __init__(self, config: Config) -> None:
         self.config = config

@@ -96,6 +96,7 @@ class Prober:
             on_message,
             (self.config.init_deadline_s, self.config.interval_s + self.config.sample_deadline_s),
             self.proc_state_fn,
+            on_error=lambda doing: self.state.count_error("probe", doing),
         )
         self.probe = probe
         out = await probe.run(await probe.spawn(), self.stopped, 1.0)

@@ -73,7 +73,12 @@ class Quarantine:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond any float (JSON allows 400 digits)
+        return False
 
 
 class QuarantineStore:
@@ -110,6 +115,9 @@ class QuarantineStore:
         self.load_error: str | None = None  # why an existing state file could not be read at all
         self.dropped: list[str] = []  # entries of the file that were not valid
         self._save_warned = False
+        # Called from an except block when a save raised something unexpected (the supervisor
+        # counts it as component "state"); the quarantine stays in memory either way.
+        self.on_error: Callable[[str, str], None] | None = None
         self._load()
 
     # -- file ------------------------------------------------------------------------------------
@@ -127,7 +135,7 @@ class QuarantineStore:
                 raise ValueError("not a JSON object")
             if data.get("version") != STATE_VERSION:
                 raise ValueError(f"version {data.get('version')!r}, expected {STATE_VERSION}")
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
             log.error("state file %s unreadable (%s); starting with no quarantine", self.path, exc)
             self.load_error = str(exc)
             return
@@ -195,6 +203,12 @@ class QuarantineStore:
         except (OSError, ValueError) as exc:
             if not self._save_warned:
                 log.warning("cannot write state file %s (%s); quarantine will not survive a restart", self.path, exc)
+                self._save_warned = True
+        except Exception:  # noqa: BLE001 - our own bug: the quarantine holds in memory, counted
+            if self.on_error is not None:
+                self.on_error("state", "writing the state file")
+            elif not self._save_warned:
+                log.exception("cannot write state file %s; quarantine will not survive a restart", self.path)
                 self._save_warned = True
         finally:
             if tmp is not None:

@@ -199,7 +199,7 @@ class ServedState:
             try:
                 ext.on_snapshot(snap)
             except Exception:  # noqa: BLE001 - one extension's bug must not cost the snapshot
-                log_once(log, logging.ERROR, ("on_snapshot", type(ext).__name__), "extension failed", exc_info=True)
+                self.count_error(f"extension:{ext.feature or type(ext).__name__}", "handing it a snapshot")
         return list(self.health.on_snapshot(snap))
 
     def worker_started(self, pid: int) -> None:

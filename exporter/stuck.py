@@ -67,6 +67,8 @@ class StuckDetector(Extension):
         sm_activity: GPM SM activity ratio at or below which no SM counts as working (0..1).
     """
 
+    metrics = METRICS
+
     def __init__(self, utilization: float, memory_bytes: int, after_s: float, sm_activity: float = 0.01) -> None:
         self.utilization = utilization
         self.memory_bytes = memory_bytes

@@ -65,6 +65,7 @@ class Supervisor:
         if extensions is None:
             extensions = default_extensions(config, self.quarantine)
         self.state = ServedState(config, self.quarantine, extensions)
+        self.quarantine.on_error = self.state.count_error  # a failed save is counted as component "state"
         self.policy = RestartPolicy(
             config.backoff_initial_s,
             config.backoff_max_s,
@@ -252,9 +253,10 @@ class Supervisor:
             self.handle,
             (self.config.init_deadline_s, self.config.interval_s + self.config.sample_deadline_s),
             self.proc_state_fn,
+            on_error=lambda doing: self.state.count_error("worker_io", doing),
         )
+        self.current = worker  # before spawning: a shutdown that runs out of time kills what it finds here
         reader = await worker.spawn()
-        self.current = worker
         self.state.worker_started(worker.pid or 0)
         self.state.changed()
         outcome = await worker.run(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -64,6 +65,9 @@ class WorkerProcess:
         deadlines: ``(init_deadline_s, sample_deadline_s)``: until the worker's ``hello``, then from
             each snapshot (events come from another thread and prove nothing about sampling).
         proc_state_fn: reads a process state letter (tests inject ``D``).
+        on_error: called from an ``except`` block with what was being done when reading or handling
+            the worker's messages raised something other than a protocol error (the supervisor
+            counts it as component ``worker_io``); reading goes on with the next line.
     """
 
     def __init__(
@@ -73,8 +77,10 @@ class WorkerProcess:
         on_message: Callable[[Message], None],
         deadlines: tuple[float, float],
         proc_state_fn: Callable[[int], str | None] = proc_state,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self.env = env
+        self.on_error = on_error or _log_error
         self.crumbs = crumbs
         self.on_message = on_message
         self.init_deadline_s, self.sample_deadline_s = deadlines
@@ -92,7 +98,12 @@ class WorkerProcess:
         return self.proc.pid if self.proc else None
 
     async def spawn(self) -> asyncio.StreamReader:
-        """Start the process; returns the message stream."""
+        """Start the process; returns the message stream.
+
+        Raises:
+            OSError: no descriptors or processes left (EMFILE, EAGAIN): nothing is left behind, no
+                descriptor and no half-started worker; the caller retries later.
+        """
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
         env.update(self.env, NVGPU_WORKER_FD=str(write_fd), NVGPU_BREADCRUMB_FD=str(self.crumbs.fd))
@@ -106,12 +117,26 @@ class WorkerProcess:
                 pass_fds=(write_fd, self.crumbs.fd),
                 env=env,
             )
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
         self.spawned_mono = time.monotonic()
         reader = asyncio.StreamReader(limit=64 << 20)
         loop = asyncio.get_running_loop()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0))
+        pipe = None
+        try:
+            pipe = os.fdopen(read_fd, "rb", 0)
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        except BaseException:  # a worker nobody listens to must not live on as an NVML client
+            if pipe is None:
+                os.close(read_fd)
+            else:
+                pipe.close()
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            raise
         return reader
 
     async def run(self, reader: asyncio.StreamReader, stopping: Callable[[], bool], drain_s: float) -> Outcome:
@@ -176,8 +201,16 @@ class WorkerProcess:
         return Outcome(reason, rc, sig, crumb, time.monotonic() - self.spawned_mono, reaped, self.dead_stack())
 
     async def _read_messages(self, reader: asyncio.StreamReader) -> None:
+        """Decode and hand on each message line; nothing a line holds ends the reading."""
         while True:
-            line = await reader.readline()
+            try:
+                line = await reader.readline()
+            except ValueError:  # longer than the reader's limit: asyncio drops it up to its newline
+                self.on_error("reading a worker message longer than the stream limit")
+                continue
+            except Exception:  # noqa: BLE001 - the pipe itself failed: nothing more will come
+                self.on_error("reading the worker's message pipe")
+                return
             if not line:
                 return
             try:
@@ -185,12 +218,18 @@ class WorkerProcess:
             except protocol.ProtocolError as exc:
                 log_once(log, logging.ERROR, ("protocol", str(exc)[:80]), "%s", exc)
                 continue
+            except Exception:  # noqa: BLE001 - e.g. RecursionError on a deeply nested line
+                self.on_error("decoding a worker message")
+                continue
             if isinstance(msg, (Hello, Snapshot)):  # sampling runs; events come from another thread
                 self.last_message_mono = time.monotonic()
                 self.hello = True
             elif isinstance(msg, Progress):  # an init step finished: the init deadline starts again
                 self.last_message_mono = time.monotonic()
-            self.on_message(msg)
+            try:
+                self.on_message(msg)
+            except Exception:  # noqa: BLE001 - the supervisor's own bug: the next message still counts
+                self.on_error(f"handling a {type(msg).__name__} message")
 
     async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
         """Drain the worker's stderr in bounded chunks and turn it into log records.
@@ -413,6 +452,11 @@ class _StderrBlock:
             log.warning("worker %s wrote to stderr: %s", pid, text, extra={"worker_pid": pid})
         else:
             log.warning("worker %s wrote to stderr: %s", pid, last, extra={"worker_pid": pid, "stderr": text})
+
+
+def _log_error(doing: str) -> None:
+    exc = sys.exc_info()[1]
+    log_once(log, logging.ERROR, ("worker_io", type(exc).__name__), "failed while %s", doing, exc_info=True)
 
 
 def worker_env(config_json: Mapping[str, Any], epoch: float) -> dict[str, str]:

@@ -81,6 +81,7 @@ class Exporter:
         cwd: working directory.
         command_prefix: run the exporter under this (e.g. ``prlimit --nofile=128:128``).
         https: an ``ssl.SSLContext``: :meth:`get` and :meth:`scrape` speak HTTPS with it.
+        fault: a fault of tests/faultinject.py to inject into the supervisor process.
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class Exporter:
         args: list[str] | None = None,
         command_prefix: list[str] | None = None,
         https: Any = None,
+        fault: str | None = None,
     ) -> None:
         self.port = free_port()
         self.log_path = tmp_path / f"exporter-{self.port}.log"
@@ -112,8 +114,10 @@ class Exporter:
             full_env["NVGPU_NVML_BACKEND"] = f"fake:{scenario}"
         full_env.update(env or {})
         self._log = open(self.log_path, "wb")
+        # fault: run through tests/faultinject.py, which patches one supervisor component first
+        entry = ["-m", "exporter"] if fault is None else [str(ROOT / "tests" / "faultinject.py"), fault]
         self.proc = subprocess.Popen(
-            [*(command_prefix or []), sys.executable, "-m", "exporter", *(args or [])],
+            [*(command_prefix or []), sys.executable, *entry, *(args or [])],
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -139,14 +139,17 @@ def load_scenario(path: str) -> dict[str, Any]:
         The scenario as parsed JSON.
 
     Raises:
-        ScenarioError: unreadable, not UTF-8, not JSON (NaN and Infinity included), or not a
-            valid scenario; the message says where and what was expected.
+        ScenarioError: unreadable, larger than :data:`MAX_BYTES`, not UTF-8, not JSON (NaN and
+            Infinity included), nested deeper than :data:`MAX_DEPTH`, or not a valid scenario; the
+            message says where and what was expected.
     """
     try:
         with open(path, "rb") as fh:
-            raw = fh.read()
+            raw = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ScenarioError(f"scenario {path}: cannot read: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_BYTES:
+        raise ScenarioError(f"scenario {path}: larger than {MAX_BYTES >> 20} MiB; a scenario is a few KiB to a few MiB")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -157,13 +160,13 @@ def load_scenario(path: str) -> dict[str, Any]:
         raise ScenarioError(f"scenario {path}: nested too deeply (expected at most {MAX_DEPTH} levels)") from None
     except ValueError as exc:
         raise ScenarioError(f"scenario {path}: not valid JSON: {exc}") from exc
-    depth = _depth(data)
-    if depth > MAX_DEPTH:
-        raise ScenarioError(f"scenario {path}: nested {depth} levels deep; expected at most {MAX_DEPTH}")
+    if _depth(data) > MAX_DEPTH:  # _depth stops counting one level past the bound
+        raise ScenarioError(f"scenario {path}: nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
     validate(path, data)
     return data  # type: ignore[no-any-return]
 
 
+MAX_BYTES = 16 << 20  # the largest shipped scenario (8 GPUs) is 66 KB; memory is bounded by this
 MAX_DEPTH = 32  # the deepest real spec (a struct in a cycle in a sequence) is under 10
 
 

@@ -113,7 +113,7 @@ class Cursor:
             if len(raw) > MAX_BYTES:
                 raise ValueError(f"larger than {MAX_BYTES} bytes")
             data = json.loads(raw.decode("utf-8"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
             log.warning("ignoring unreadable kernel-log cursor %s: %s", self.path, exc)
             return None
         if not isinstance(data, dict) or data.get("version") != VERSION:

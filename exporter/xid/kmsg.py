@@ -73,6 +73,10 @@ FALLEN_OFF_DEDUPE_S: Final = 10.0
 _FALLEN_OFF_DEDUPE_RECORDS: Final = 50  # same, by record distance, when a line has no time
 _MULTILINE_SPAN: Final = 5  # records between "The NVIDIA GPU <bdf>" and "... fallen off the bus"
 _READ_SIZE: Final = 16384  # larger than any printk record (the kernel caps a line near 1 KiB)
+_MAX_LINE: Final = 16384  # a text-log line longer than this is not a kernel message: dropped unread
+_FILE_CHUNK: Final = 1 << 20  # text logs are read in chunks of this size ...
+_POLL_BYTES: Final = 4 << 20  # ... and at most this much per poll (the rest waits for the next poll)
+_POLL_READS: Final = 16384  # /dev/kmsg: at most this many read() calls per poll
 
 _EMPTY: Final[Mapping[str, str]] = types.MappingProxyType({})
 
@@ -434,6 +438,56 @@ def _read_uptime(path: str) -> float | None:
         return None
 
 
+class _LineBuffer:
+    """Complete lines out of consecutive chunks of a text log, each at most `_MAX_LINE` bytes.
+
+    A partial line at the end of a chunk waits for the next chunk (at most `_MAX_LINE` bytes are
+    held); a longer line is dropped whole: its bytes are consumed as they come, never buffered and
+    never read again. `feed` says how many bytes are done with (lines ended by a newline), so the
+    saved offset always points at the start of a line: a restart reads an unfinished line again
+    from its start, and drops an overlong one again, exactly as an uninterrupted reader does.
+    """
+
+    def __init__(self) -> None:
+        self.carry = bytearray()
+        self.pending = 0  # bytes of the unfinished line (held in carry, or skipped)
+        self.skipping = False  # the unfinished line is longer than _MAX_LINE: being dropped
+        self.dropped = 0
+        """Lines dropped for being longer than `_MAX_LINE`."""
+
+    def feed(self, chunk: bytes) -> tuple[list[bytes | None], int]:
+        """Returns the lines completed by ``chunk`` (None for a dropped one) and the bytes done with."""
+        lines: list[bytes | None] = []
+        done = start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            size = self.pending + end - start
+            if self.skipping:  # the end of a line already counted as dropped
+                lines.append(None)
+            elif size <= _MAX_LINE:
+                lines.append(bytes(self.carry) + chunk[start:end])
+            else:
+                lines.append(None)
+                self._dropped_one()
+            done += size + 1
+            self.carry.clear()
+            self.pending = 0
+            self.skipping = False
+            start = end + 1
+        self.pending += len(chunk) - start
+        if not self.skipping and self.pending > _MAX_LINE:
+            self.carry.clear()
+            self.skipping = True
+            self._dropped_one()
+        elif not self.skipping:
+            self.carry += chunk[start:]
+        return lines, done
+
+    def _dropped_one(self) -> None:
+        if not self.dropped:
+            log.warning("kernel-log line longer than %d bytes dropped (not a kernel message)", _MAX_LINE)
+        self.dropped += 1
+
+
 class KmsgReader:
     """Reads Xid events from ``/dev/kmsg`` (or a text log) from where the last run stopped.
 
@@ -488,7 +542,11 @@ class KmsgReader:
         self._boot_id: str | None = None
         self._identity: tuple[int, int] | None = None
         self._seq: int | None = None  # last record/line consumed
-        self._offset = 0  # text files: byte offset after the last consumed line
+        self._offset = 0  # text files: byte offset after the last line done with (the cursor's)
+        self._saved_offset = 0
+        self._pos = 0  # text files: where the next read starts (past a partial line held in _lines)
+        self._lines = _LineBuffer()
+        self._held: list[KernelXidEvent] = []  # device: parsed while skipping to the cursor
         self._skip_through: int | None = None  # device: cursor seq not yet reached
         self._cursor_dirty = False
         self.records_read = 0
@@ -605,12 +663,14 @@ class KmsgReader:
     def _poll_device(self) -> list[KernelXidEvent]:
         assert self._fd is not None
         events: list[KernelXidEvent] = []
-        held: list[KernelXidEvent] = []  # parsed while skipping to the cursor (see below)
         highest: int | None = None
-        while True:
+        caught_up = False
+        budget, valid = _POLL_BYTES, False
+        for _ in range(_POLL_READS):  # bounded: a device that never runs dry cannot hold the thread
             try:
                 raw = self._read(self._fd, _READ_SIZE)
             except BlockingIOError:
+                caught_up = True
                 break
             except BrokenPipeError:
                 # EPIPE: records we had not read yet were overwritten; the next read returns the
@@ -620,10 +680,15 @@ class KmsgReader:
             except OSError as exc:  # EPERM (dmesg_restrict), EINVAL (record > buffer), EIO ...
                 raise KernelLogUnavailable(self.path, f"read failed: {exc.strerror or exc}") from exc
             if not raw:
+                caught_up = True
                 break
+            budget -= len(raw)
             record = parse_kmsg_record(raw)
             if record is None:
+                if budget <= 0:
+                    break
                 continue
+            valid = True
             highest = record.seq if highest is None else max(highest, record.seq)
             self.records_read += 1
             if self._seq is not None and record.seq > self._seq + 1:
@@ -631,13 +696,17 @@ class KmsgReader:
             event = self._consume_record(record)
             if self._skip_through is not None and record.seq <= self._skip_through:
                 if event is not None:
-                    held.append(event)
-                continue
-            self._skip_through = None
-            if event is not None:
-                events.append(event)
-        if self._skip_through is not None and highest is not None:
-            if highest < self._skip_through:
+                    self._held.append(event)
+            else:
+                self._skip_through = None
+                if event is not None:
+                    events.append(event)
+            if budget <= 0:
+                break
+        if not caught_up and not valid:
+            raise KernelLogUnavailable(self.path, f"no kmsg record in {_POLL_BYTES - budget} bytes: not a kernel log")
+        if self._skip_through is not None and caught_up:
+            if highest is not None and highest < self._skip_through:
                 # The newest record is older than the cursor: sequence numbers started over, so
                 # this is another boot whose boot id we could not read. Count what we skipped.
                 log.info(
@@ -645,8 +714,10 @@ class KmsgReader:
                     self._skip_through,
                     highest,
                 )
-                events = held + events
+                events = self._held + events
             self._skip_through = None  # caught up (same boot) or started over (new boot)
+        if self._skip_through is None:
+            self._held = []
         return events
 
     def _consume_record(self, record: KmsgRecord) -> KernelXidEvent | None:
@@ -663,44 +734,39 @@ class KmsgReader:
 
     def _poll_file(self) -> list[KernelXidEvent]:
         assert self._fd is not None
-        try:
-            st = os.fstat(self._fd)
-            if st.st_size < self._offset:  # truncated in place: start over
-                log.info("kernel-log file %s shrank; reading it from the start", self.path)
-                self._offset, self._seq = 0, None
-            os.lseek(self._fd, self._offset, os.SEEK_SET)
-            chunks: list[bytes] = []
-            while True:
-                chunk = os.read(self._fd, 1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        except OSError as exc:
-            raise KernelLogUnavailable(self.path, f"read failed: {exc.strerror or exc}") from exc
-        data = b"".join(chunks)
-        end = data.rfind(b"\n") + 1  # only complete lines; a partial one waits for the next poll
         events: list[KernelXidEvent] = []
         line_no = self._seq or 0
-        for raw_line in data[:end].splitlines():
-            line_no += 1
-            self.records_read += 1
-            line = raw_line.decode("utf-8", "replace")
-            message, boot_us, wall, kernel = _split_text_line(line)
-            if (self._kernel_only and not kernel) or "NVRM:" not in message:
-                continue
-            event = self._parser.feed(
-                message,
-                seq=line_no,
-                boot_time_us=boot_us,
-                wall_time=wall if wall is not None else self._wall(boot_us),
-            )
-            if event is not None:
-                events.append(event)
-        if end:
-            self._offset += end
-            self._seq = line_no
+        try:
+            if os.fstat(self._fd).st_size < self._pos:  # truncated in place: start over
+                log.info("kernel-log file %s shrank; reading it from the start", self.path)
+                self._offset = self._pos = line_no = 0
+                self._lines = _LineBuffer()
+            budget = _POLL_BYTES  # bounded per poll; reading resumes where it stopped, never re-reads
+            while budget > 0 and (chunk := os.pread(self._fd, min(_FILE_CHUNK, budget), self._pos)):
+                self._pos += len(chunk)
+                budget -= len(chunk)
+                lines, done = self._lines.feed(chunk)
+                self._offset += done
+                for raw_line in lines:
+                    line_no += 1
+                    self.records_read += 1
+                    event = None if raw_line is None else self._text_event(raw_line, line_no)
+                    if event is not None:
+                        events.append(event)
+        except OSError as exc:
+            raise KernelLogUnavailable(self.path, f"read failed: {exc.strerror or exc}") from exc
+        if line_no != (self._seq or 0) or self._offset != self._saved_offset:
+            self._seq, self._saved_offset = line_no, self._offset
             self._cursor_dirty = True
         return events
+
+    def _text_event(self, raw_line: bytes, line_no: int) -> KernelXidEvent | None:
+        message, boot_us, wall, kernel = _split_text_line(raw_line.decode("utf-8", "replace"))
+        if (self._kernel_only and not kernel) or "NVRM:" not in message:
+            return None
+        return self._parser.feed(
+            message, seq=line_no, boot_time_us=boot_us, wall_time=wall if wall is not None else self._wall(boot_us)
+        )
 
     def _load_cursor(self, size: int) -> None:
         pos = self._cursor.load(device=self._is_device, boot_id=self._boot_id, identity=self._identity, size=size)
@@ -710,7 +776,7 @@ class KmsgReader:
         if self._is_device:
             self._skip_through = pos.seq
         else:
-            self._offset = pos.offset
+            self._offset = self._saved_offset = self._pos = pos.offset
 
 
 class XidSighting(NamedTuple):

@@ -1,0 +1,173 @@
+"""Run the real exporter with one fault injected into the supervisor's own work (tests only).
+
+``python tests/faultinject.py FAULT [exporter arguments]`` patches one component of the supervisor
+process, then runs ``exporter.cli.main`` exactly as ``python -m exporter`` does: the HTTP server,
+the supervisor loop and real worker subprocesses (which are not patched). Each fault stands for a
+class of bug or environment failure that the component must contain (issue 12):
+
+- ``dispatch``: applying every second snapshot raises (a bug in the supervisor's message handling);
+- ``decode``: decoding every third message raises RecursionError (what a deeply nested line does);
+- ``state``: every state-file save raises RuntimeError (not an OSError: a bug in the writer);
+- ``kernel_log``: the kernel-log reader's first poll raises RuntimeError (not KernelLogUnavailable);
+- ``pods``: the kubelet client's first List raises RuntimeError, later ones answer;
+- ``render``: temperature's ``families()`` raises for GPU 1, the stuck detector's for every GPU, and
+  the kubelet names a pod with a lone surrogate (a value no UTF-8 encoder takes);
+- ``long_stderr``: workers are started through ``$FAULT_WORKER_PYTHON``, a wrapper that writes a
+  70 KB line to the worker's stderr before it execs Python;
+- ``fd_hog``: SIGUSR1 takes every free file descriptor (RLIMIT_NOFILE lowered to 256 first),
+  SIGUSR2 gives them back, so a worker respawn meets EMFILE for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sys
+import types
+from typing import Any
+
+
+def _dispatch() -> None:
+    from exporter.snapshot import Snapshot
+    from exporter.supervisor import Supervisor
+
+    real = Supervisor._dispatch
+    seen = [0]
+
+    def dispatch(self: Supervisor, msg: Any) -> None:
+        if isinstance(msg, Snapshot):
+            seen[0] += 1
+            if seen[0] % 2 == 0:
+                raise RuntimeError("injected: applying a snapshot failed")
+        real(self, msg)
+
+    Supervisor._dispatch = dispatch  # type: ignore[method-assign]
+
+
+def _decode() -> None:
+    from exporter import workerproc
+
+    real = workerproc.decode_message
+    seen = [0]
+
+    def decode(msg: dict[str, Any]) -> Any:
+        seen[0] += 1
+        if msg.get("type") == "snapshot" and seen[0] % 3 == 0:
+            raise RecursionError("injected: maximum recursion depth exceeded while decoding")
+        return real(msg)
+
+    workerproc.decode_message = decode
+
+
+def _state() -> None:
+    from exporter import quarantine
+
+    def dump(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("injected: the state writer failed")
+
+    quarantine.json = types.SimpleNamespace(dump=dump, loads=json.loads)  # type: ignore[assignment]
+
+
+def _kernel_log() -> None:
+    from exporter.xid.kmsg import KmsgReader
+
+    real = KmsgReader.poll
+    seen = [0]
+
+    def poll(self: KmsgReader, **kwargs: Any) -> Any:
+        seen[0] += 1
+        if seen[0] == 1:
+            raise RuntimeError("injected: the kernel-log reader failed")
+        return real(self, **kwargs)
+
+    KmsgReader.poll = poll  # type: ignore[method-assign]
+
+
+def _pods() -> None:
+    from exporter.podresources import PodRef, PodResourcesClient
+
+    seen = [0]
+    uuid = os.environ["FAULT_POD_UUID"]
+
+    def list_gpu_assignments(self: PodResourcesClient) -> dict[str, tuple[PodRef, ...]]:
+        seen[0] += 1
+        if seen[0] == 1:
+            raise RuntimeError("injected: the kubelet client failed")
+        return {uuid: (PodRef("ml", "train-0", "trainer"),)}
+
+    PodResourcesClient.list_gpu_assignments = list_gpu_assignments  # type: ignore[method-assign]
+
+
+def _render() -> None:
+    from exporter.collectors import temperature
+    from exporter.podresources import PodRef, PodResourcesClient
+    from exporter.stuck import StuckDetector
+
+    uuid = os.environ["FAULT_POD_UUID"]
+
+    def list_gpu_assignments(self: PodResourcesClient) -> dict[str, tuple[PodRef, ...]]:
+        return {uuid: (PodRef("ml", "bad-\udc80", "trainer"), PodRef("ml", "train-0", "trainer"))}
+
+    PodResourcesClient.list_gpu_assignments = list_gpu_assignments  # type: ignore[method-assign]
+
+    real = temperature.families
+
+    def families(samples: Any, system: Any) -> Any:
+        if any(key.gpu == "1" for key, _ in samples):
+            raise RuntimeError("injected: temperature families failed for GPU 1")
+        return real(samples, system)
+
+    def gpu_families(self: StuckDetector, snapshot: Any) -> Any:
+        raise RuntimeError("injected: the stuck detector's families failed")
+
+    temperature.families = families
+    StuckDetector.gpu_families = gpu_families  # type: ignore[method-assign]
+
+
+def _long_stderr() -> None:
+    sys.executable = os.environ["FAULT_WORKER_PYTHON"]  # a wrapper that writes a 70 KB stderr line first
+
+
+def _fd_hog() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held: list[int] = []
+
+    def take(*_: object) -> None:
+        while True:
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                return
+
+    def give_back(*_: object) -> None:
+        while held:
+            os.close(held.pop())
+
+    signal.signal(signal.SIGUSR1, take)
+    signal.signal(signal.SIGUSR2, give_back)
+
+
+FAULTS = {
+    "dispatch": _dispatch,
+    "decode": _decode,
+    "state": _state,
+    "kernel_log": _kernel_log,
+    "pods": _pods,
+    "render": _render,
+    "long_stderr": _long_stderr,
+    "fd_hog": _fd_hog,
+}
+
+
+def main() -> int:
+    fault = sys.argv.pop(1)
+    FAULTS[fault]()
+    from exporter.cli import main as exporter_main
+
+    return exporter_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Shared by the property tests (``tests/test_fuzz_*.py``, issue 12): Hypothesis profiles, a memory
+bound, and JSON strategies that reach the corners parsers trip on.
+
+Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (default) keeps each property test to a few seconds on a
+2-core machine, derandomized so a CI run is reproducible; ``long`` tries many more examples with
+random seeds, for a soak run (``HYPOTHESIS_PROFILE=long python -m pytest -q tests/test_fuzz_*.py``,
+recorded in docs/reliability.md). Neither writes an example database into the checkout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+settings.register_profile(
+    "ci",
+    max_examples=150,
+    deadline=None,  # no timed tests: a loaded CI machine must not fail a correct parser
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "long",
+    max_examples=20_000,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+MEMORY_LIMIT = 32 << 20
+
+
+@contextlib.contextmanager
+def bounded_memory(limit: int = MEMORY_LIMIT) -> Iterator[None]:
+    """Fails when the Python allocations made inside exceed ``limit`` bytes at their peak."""
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    try:
+        yield
+        peak = tracemalloc.get_traced_memory()[1] - base
+        assert peak < limit, f"peak allocation {peak} bytes, bound {limit}"
+    finally:
+        if started:
+            tracemalloc.stop()
+
+
+# Numbers where parsers break: huge integers (no float holds them), non-finite floats (JSON's
+# NaN/Infinity extensions), negative zero, the 2**63 boundary, booleans (ints in Python).
+NUMBERS = st.one_of(
+    st.integers(),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.sampled_from([0, -1, 2**63 - 1, 2**63, 2**64, 10**308, 10**400, True, False]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e300, -1e300, 1e17, 5e-324, -0.0]),
+)
+TEXT = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(["", "\x00", "\udc80", "\n", "NaN", "Infinity", "1e400", "null", "../../etc/passwd"]),
+)
+SCALARS = st.one_of(st.none(), NUMBERS, TEXT)
+JSON_VALUES: st.SearchStrategy[Any] = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(TEXT, inner, max_size=5)),
+    max_leaves=25,
+)
+# Files that are not JSON at all, or JSON past the decoder's recursion limit.
+HOSTILE_TEXT = st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda n: b"[" * n, st.integers(min_value=900, max_value=50_000)),
+    st.builds(lambda n: b'{"a":' * n, st.integers(min_value=900, max_value=20_000)),
+    st.sampled_from([b"", b"\xff\xfe{}", b"{", b"NaN", b'{"version": 1, "history": [[1e400, "fan", "f"]]}']),
+)
