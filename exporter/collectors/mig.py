@@ -283,10 +283,9 @@ def _gpu_instance(dev: DeviceClient, gi: int, handle: Any) -> GpuInstance:
             FEATURE, "nvmlGpuInstanceGetInfo", gi_handle, key=("nvmlGpuInstanceGetInfo",), handle=False, context=_MIG
         )
     profile_id = int(info.profileId) if info is not None else None
-    mem = None
-    if ("mig", "nvmlDeviceGetMemoryInfo", NVML_MEMORY_V2) not in dev.unsupported:
-        mem = _on(dev, "nvmlDeviceGetMemoryInfo", handle, NVML_MEMORY_V2)
-    if mem is None:
+    v2 = ("mig", "nvmlDeviceGetMemoryInfo", NVML_MEMORY_V2)
+    mem = _on(dev, "nvmlDeviceGetMemoryInfo", handle, NVML_MEMORY_V2) if v2 not in dev.unsupported else None
+    if mem is None and v2 in dev.unsupported:  # v1 only where v2 is missing, not after a transient error
         mem = _on(dev, "nvmlDeviceGetMemoryInfo", handle)
     return GpuInstance(
         gi,
