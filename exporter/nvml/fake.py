@@ -739,6 +739,9 @@ class _FakeMig(_FakeGpm):
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:  # noqa: N802
         gpu = self._parent("nvmlDeviceGetMaxMigDeviceCount", handle)
         if gpu is None:
+            values = self._gpu(handle).get("values", {})
+            if "nvmlDeviceGetMaxMigDeviceCount" not in values and "nvmlDeviceGetMigMode" in values:
+                return 0  # a MIG-capable GPU with MIG off answers 0 (nvml-notes §2.2, measured on the H200)
             return int(self._value(self._gpu(handle), "nvmlDeviceGetMaxMigDeviceCount", ()))
         return self._mig.max_devices(gpu)
 
