@@ -17,12 +17,11 @@ duplicates), and for stale instances next to new ones; the worker must never res
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from exporter_proc import ROOT, Exporter, Scrape, write_scenario
+from exporter_proc import Exporter, Scrape, load_scenario, write_scenario
 from test_mig import duplicate_series, instance_problems
 
 REPROBE_S = 3.0
@@ -55,7 +54,7 @@ GPU1_AFTER = {_uuid(1, 0, 0)}
 
 
 def scenario(events: bool) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((ROOT / "examples" / "scenarios" / "h200x2.json").read_text())
+    data: dict[str, Any] = load_scenario("h200x2")
     data["description"] = "tests/test_integration_mig.py: MIG layouts and modes changing at 8 s and 16 s"
     g0, g1 = data["gpus"]
     for g in (g0, g1):

@@ -8,12 +8,12 @@ a series that appears twice in one exposition (Prometheus rejects such a scrape)
 from __future__ import annotations
 
 import copy
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from exporter_proc import load_scenario
 from fake_device import Clock, device, fake_of, render, wire
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -378,7 +378,7 @@ def test_golden_mig_gpu_has_no_device_wide_utilization_and_says_why() -> None:
 
 
 def test_scenario_h200x2_mig_is_one_mig_gpu_with_mixed_profiles_and_one_not() -> None:
-    data = json.loads((ROOT / "examples" / "scenarios" / "h200x2-mig.json").read_text())
+    data = load_scenario("h200x2-mig")
     g0, g1 = data["gpus"]
     assert "mig" in g0 and "mig" not in g1 and g1["values"]["nvmlDeviceGetMigMode"] == [0, 0]
     profiles = {i["profile_id"] for i in g0["mig"]["layouts"][0]["instances"]}

@@ -91,7 +91,7 @@ def _scenario() -> dict[str, Any]:
     gpu1["nvmlDeviceGetComputeRunningProcesses_v3"] = gpu1["nvmlDeviceGetComputeRunningProcesses_v2"] = swapped
     # Issue 15: GPU 2 is h200x2-mig's GPU 0 (MIG mode, mixed profiles) under its own identity, so the
     # MIG panels have data and the GPU panels show a MIG GPU next to ordinary ones.
-    mig_gpu = json.loads((ROOT / "examples" / "scenarios" / "h200x2-mig.json").read_text())["gpus"][0]
+    mig_gpu = load_scenario("h200x2-mig")["gpus"][0]
     mig_gpu.update(uuid=UUID2, serial="1654524012999", pci_bus_id="00000000:00:08.0", minor_number=2)
     data["gpus"].append(mig_gpu)
     # Xid 43 through NVML events, after the restarted worker registered (scenario time).
@@ -163,7 +163,7 @@ def _fake_kubelet(directory: Path) -> Any:
             namespace=namespace, name=name, containers=[api_pb2.ContainerResources(name=container, devices=[devices])]
         )
 
-    mig_gpu = json.loads((ROOT / "examples" / "scenarios" / "h200x2-mig.json").read_text())["gpus"][0]
+    mig_gpu = load_scenario("h200x2-mig")["gpus"][0]
     mig_device = mig_gpu["mig"]["layouts"][0]["instances"][0]["uuid"]  # GPU 2's 3g.71gb
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     api_pb2_grpc.add_PodResourcesListerServicer_to_server(
