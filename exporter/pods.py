@@ -161,7 +161,7 @@ class Layout:
                 labels = (
                     str(d.gpu_instance_id),
                     str(d.compute_instance_id),
-                    state.profile_of(d.gpu_instance_id),
+                    state.device_profile(d),
                     d.uuid,
                 )
                 self.devices[d.uuid] = (key, labels)

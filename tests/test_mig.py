@@ -100,11 +100,10 @@ def test_enumeration_ids_profiles_uuids_memory_once_per_gpu_instance(tmp_path: P
         (2, 3, 1),
         (3, 9, 0),
     ]
-    assert [(g.gpu_instance_id, g.profile_id, g.profile) for g in r.gpu_instances] == [
-        (2, 9, "3g.71gb"),  # "MIG 3g.71gb" without the prefix
-        (3, 14, "2g.35gb"),
-        (9, 19, "1g.18gb"),
-    ]
+    # profiles from the MIG devices' names ("NVIDIA H200 MIG 3g.71gb"): no privileged call needed
+    assert [(g.gpu_instance_id, g.profile) for g in r.gpu_instances] == [(2, "3g.71gb"), (3, "2g.35gb"), (9, "1g.18gb")]
+    assert calls(dev, "nvmlDeviceGetGpuInstanceById") == 0
+    assert [d.profile for d in r.devices] == ["3g.71gb", "2g.35gb", "2g.35gb", "1g.18gb"]
     assert {g.gpu_instance_id: g.memory_used_bytes for g in r.gpu_instances} == {2: 2 * GIB, 3: 3 * GIB, 9: 9 * GIB}
     by_ci = {(d.gpu_instance_id, d.compute_instance_id): d for d in r.devices}
     assert (by_ci[(2, 0)].processes, by_ci[(2, 0)].processes_memory_bytes) == (1, 3 * GIB)
@@ -154,13 +153,59 @@ def test_a_gpu_without_mig_has_no_reading_and_the_feature_unsupported(tmp_path: 
     assert "mig" in dev.feature_unsupported and "mig" not in dev.feature_ok
 
 
+def nameless() -> list[dict[str, Any]]:
+    """LAYOUT with MIG device names that say no profile (the profile must be asked for)."""
+    layout = copy.deepcopy(LAYOUT)
+    for i in layout:
+        i["values"]["nvmlDeviceGetName"] = "NVIDIA H200"
+    return layout
+
+
+def test_a_compute_instance_names_its_own_profile_and_its_gpu_instance_the_gi_profile(tmp_path: Path) -> None:
+    layout = copy.deepcopy(LAYOUT)
+    for i in layout[1:3]:  # GI 3 split into two compute instances of one slice each
+        i["values"]["nvmlDeviceGetName"] = "NVIDIA H200 MIG 1c.2g.35gb"
+    dev = device(tmp_path, mig_gpu(layouts=[{"instances": layout}]), Clock())
+    r = mig.read(dev)
+    assert r is not None and [d.profile for d in r.devices] == ["3g.71gb", "1c.2g.35gb", "1c.2g.35gb", "1g.18gb"]
+    assert r.profile_of(3) == "2g.35gb"
+    fams = render("mig", [(dev, r)])
+    assert {k[4] for k in fams["nvgpu_mig_instance_info"] if k[2] == "3"} == {"1c.2g.35gb"}
+    assert ("0", dev.uuid, "3", "2g.35gb") in fams["nvgpu_mig_memory_used_bytes"]
+
+
+def test_profile_by_id_when_the_names_say_nothing(tmp_path: Path) -> None:
+    dev = device(tmp_path, mig_gpu(layouts=[{"instances": nameless()}]), Clock())
+    r = mig.read(dev)
+    assert r is not None and [(g.profile_id, g.profile) for g in r.gpu_instances] == [
+        (9, "3g.71gb"),  # nvmlGpuInstanceProfileInfo_v2_t.name "MIG 3g.71gb" without the prefix
+        (14, "2g.35gb"),
+        (19, "1g.18gb"),
+    ]
+    assert r.device_profile(r.devices[0]) == "3g.71gb"
+
+
 def test_profile_names_by_index_when_the_by_id_call_is_missing(tmp_path: Path) -> None:
-    dev = device(tmp_path, mig_gpu(), Clock(), missing_functions=["nvmlDeviceGetGpuInstanceProfileInfoById"])
+    missing = ["nvmlDeviceGetGpuInstanceProfileInfoById"]
+    dev = device(tmp_path, mig_gpu(layouts=[{"instances": nameless()}]), Clock(), missing_functions=missing)
     r = mig.read(dev)
     assert r is not None and [g.profile for g in r.gpu_instances] == ["3g.71gb", "2g.35gb", "1g.18gb"]
     mig.read(dev)
     assert calls(dev, "nvmlDeviceGetGpuInstanceProfileInfo") == mig.PROFILE_COUNT  # every index once
     assert ("nvmlDeviceGetGpuInstanceProfileInfoById",) in dev.unsupported
+
+
+def test_an_unprivileged_exporter_without_profile_names_still_lists_its_instances(tmp_path: Path) -> None:
+    """nvmlDeviceGetGpuInstanceById "Requires privileged user": NO_PERMISSION is cached, the profile
+    label stays empty, everything else is read, and the call is not repeated every sample."""
+    gpu = mig_gpu(layouts=[{"instances": nameless()}], nvmlDeviceGetGpuInstanceById={"error": "NO_PERMISSION"})
+    dev = device(tmp_path, gpu, Clock())
+    for _ in range(3):
+        r = mig.read(dev)
+    assert r is not None and [g.profile for g in r.gpu_instances] == ["", "", ""]
+    assert len(r.devices) == 4 and r.gpu_instances[0].memory_used_bytes == 2 * GIB
+    assert calls(dev, "nvmlDeviceGetGpuInstanceById") == 1
+    assert not dev.client.errors
 
 
 # -- 5. per-instance errors ---------------------------------------------------------------------------

@@ -554,6 +554,8 @@ def mig_gpu0(g0):
         mig_instance(9, 0, 19, 6, used=(0, 0, 0, 0), gpm=idle_gpm),
         mig_instance(10, 0, 19, 7, used=(2 << 30,) * 4, gpm=mig_gpm(MIG_INFERENCE, MIG_INFERENCE), procs=[(3301, 2 << 30)]),
     ]
+    for split in instances[1:3]:  # the MIG devices of a split GPU instance name their compute profile
+        split["values"]["nvmlDeviceGetName"] = "NVIDIA H200 MIG 1c.2g.35gb"
     # GI 10's inference server runs in every phase: its process list is not a load-phase cycle
     instances[4]["values"]["nvmlDeviceGetComputeRunningProcesses_v3"] = instances[4]["values"][
         "nvmlDeviceGetComputeRunningProcesses_v2"

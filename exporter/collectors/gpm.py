@@ -31,7 +31,7 @@ device client and two new buffers: two small allocations per loss).
 
 MIG (issue 15): on a MIG-enabled GPU (the layout the ``mig`` feature read earlier in the same
 pass, :func:`exporter.collectors.mig.layout`) the five activity metrics are read per GPU instance
-instead: :func:`take` with a window per GPU instance (key ``gpm:mig:<id>:<profile id>``, so a GPU
+instead: :func:`take` with a window per GPU instance (key ``gpm:mig:<id>:<profile>``, so a GPU
 instance destroyed and created again with another profile under the same id starts a new window)
 and ``nvmlGpmMigSampleGet(device, gpuInstanceId, buffer)`` as the sampling call (NVML API
 reference, GPM Functions: "Read a sample of GPM metrics into the provided gpmSample buffer for a
@@ -395,7 +395,7 @@ def _read_instances(dev: DeviceClient, state: mig.Reading) -> Reading | None:
     out: list[InstanceActivity] = []
     live: set[str] = set()
     for gi in state.gpu_instances:
-        key = f"{MIG_WINDOW_PREFIX}{gi.gpu_instance_id}:{gi.profile_id}"
+        key = f"{MIG_WINDOW_PREFIX}{gi.gpu_instance_id}:{gi.profile}:{gi.profile_id}"
         live.add(key)
         got = take(
             dev,

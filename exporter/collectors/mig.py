@@ -27,14 +27,19 @@ Instance GPU Management" and "Device Queries"), Ampere and newer, Linux only:
   (``errors.Context.MIG_DEVICE``).
 - ``nvmlDeviceGetGpuInstanceId(migDevice)``, ``nvmlDeviceGetComputeInstanceId(migDevice)``,
   ``nvmlDeviceGetUUID(migDevice)`` (``MIG-…``).
-- The GPU instance profile: ``nvmlDeviceGetGpuInstanceById(device, id)`` and
-  ``nvmlGpuInstanceGetInfo(gpuInstance)`` (``profileId``), then
-  ``nvmlDeviceGetGpuInstanceProfileInfoByIdV(device, profileId)`` (pynvml
+- The profile: ``nvmlDeviceGetName(migDevice)`` names a MIG device after its profile
+  (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``; ``… MIG 1c.3g.40gb`` for a compute instance smaller than
+  its GPU instance, as nvidia-smi -L prints it) and needs no privilege: a MIG device's
+  ``mig_profile`` is the part after `` MIG ``, its GPU instance's the same without a leading
+  ``<n>c.`` (``3g.40gb``). Only where the name says nothing is the GPU instance profile asked:
+  ``nvmlDeviceGetGpuInstanceById(device, id)`` ("Requires privileged user": NO_PERMISSION for the
+  unprivileged exporter, cached like any unsupported answer) and ``nvmlGpuInstanceGetInfo``
+  (``profileId``), then ``nvmlDeviceGetGpuInstanceProfileInfoByIdV(device, profileId)`` (pynvml
   ``nvmlDeviceGetGpuInstanceProfileInfoById``; ``nvmlGpuInstanceProfileInfo_v2_t.name``, e.g.
-  ``MIG 1g.18gb``, exported without the ``MIG `` prefix as ``mig_profile="1g.18gb"``). Where the
-  by-id call is missing (older binding or driver) every profile index is asked once through
-  ``nvmlDeviceGetGpuInstanceProfileInfoV(device, profile)``. Profile names are kept until the
-  next re-probe.
+  ``MIG 1g.18gb``, without the ``MIG `` prefix), or, where the by-id call is missing (older
+  binding or driver), every profile index once through
+  ``nvmlDeviceGetGpuInstanceProfileInfoV(device, profile)``; those names are kept until the next
+  re-probe.
 - Per GPU instance, on its first MIG device: ``nvmlDeviceGetMemoryInfo`` (v2, v1 fallback).
   "In MIG mode ... Per-instance information can be queried by using specific MIG device handles";
   the framebuffer belongs to the GPU instance, shared by its compute instances, so memory is
@@ -56,6 +61,7 @@ H200s as shipped) gets none, not even ``nvgpu_mig_mode 0``.
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -97,9 +103,9 @@ MODE_PENDING = MetricDef(
 )
 INSTANCE_INFO = MetricDef(
     "nvgpu_mig_instance_info",
-    "One MIG device (a compute instance) of the GPU: GPU and compute instance ids, the GPU instance's profile "
-    "and the MIG device's UUID (nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetGpuInstanceId, "
-    "nvmlDeviceGetComputeInstanceId, nvmlDeviceGetUUID, nvmlDeviceGetGpuInstanceProfileInfoByIdV); value is always 1",
+    "One MIG device (a compute instance) of the GPU: GPU and compute instance ids, its profile and its UUID "
+    "(nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId, "
+    "nvmlDeviceGetName, nvmlDeviceGetUUID); value is always 1",
     DEVICE_LABELS,
 )
 MEMORY_USED = MetricDef(
@@ -155,6 +161,7 @@ class MigDevice:
         gpu_instance_id: its GPU instance.
         compute_instance_id: its compute instance within the GPU instance.
         uuid: ``MIG-…`` (what the kubelet hands out).
+        profile: its profile (``1g.18gb``, ``1c.2g.35gb``); "" when unknown.
         processes: validated compute processes; None when the list gave no answer.
         processes_memory_bytes: their summed usedGpuMemory where known; None when none is known.
     """
@@ -163,6 +170,7 @@ class MigDevice:
     gpu_instance_id: int
     compute_instance_id: int
     uuid: str
+    profile: str = ""
     processes: int | None = None
     processes_memory_bytes: int | None = None
 
@@ -191,6 +199,10 @@ class Reading:
     def profile_of(self, gpu_instance_id: int) -> str:
         """The profile name of a GPU instance ("" when unknown)."""
         return next((g.profile for g in self.gpu_instances if g.gpu_instance_id == gpu_instance_id), "")
+
+    def device_profile(self, device: MigDevice) -> str:
+        """A MIG device's profile, else its GPU instance's ("" when neither is known)."""
+        return device.profile or self.profile_of(device.gpu_instance_id)
 
 
 def layout(dev: DeviceClient) -> Reading | None:
@@ -256,12 +268,13 @@ def _enumerate(dev: DeviceClient, current: int, pending: int) -> Reading:
         uuid = _on(dev, "nvmlDeviceGetUUID", handle)
         if ids[0] is None or ids[1] is None or uuid is None:
             continue  # this MIG device is left out of this sample
-        text = uuid.decode("utf-8", "replace") if isinstance(uuid, bytes) else str(uuid)
-        handles[index] = (handle, MigDevice(index, int(ids[0]), int(ids[1]), text.strip()))
+        name = _on(dev, "nvmlDeviceGetName", handle)
+        profile = _profile_in_name(name) if name is not None else ""
+        handles[index] = (handle, MigDevice(index, int(ids[0]), int(ids[1]), _text(uuid), profile))
     instances: list[GpuInstance] = []
     for gi in sorted({d.gpu_instance_id for _, d in handles.values()}):
-        first = next(h for h, d in handles.values() if d.gpu_instance_id == gi)
-        instances.append(_gpu_instance(dev, gi, first))
+        first, device = next((h, d) for h, d in handles.values() if d.gpu_instance_id == gi)
+        instances.append(_gpu_instance(dev, gi, first, _COMPUTE_SLICES.sub("", device.profile)))
     totals = {g.gpu_instance_id: g.memory_total_bytes for g in instances}
     devices = tuple(_with_processes(dev, h, d, totals.get(d.gpu_instance_id)) for h, d in handles.values())
     return Reading(current, pending, tuple(instances), devices)
@@ -273,15 +286,37 @@ def _on(dev: DeviceClient, function: str, handle: Any, *args: Any) -> Any:
     return dev.call(FEATURE, function, handle, *args, key=("mig", function, *args), handle=False, context=_MIG)
 
 
-def _gpu_instance(dev: DeviceClient, gi: int, handle: Any) -> GpuInstance:
-    gi_handle = dev.call(
-        FEATURE, "nvmlDeviceGetGpuInstanceById", gi, key=("nvmlDeviceGetGpuInstanceById",), context=_MIG
-    )
+_COMPUTE_SLICES = re.compile(r"^\d+c\.(?=\d+g\.)")  # "1c.3g.40gb": a compute instance of a 3g.40gb
+
+
+def _text(raw: Any) -> str:
+    """A driver string as text: bytes decoded, printable characters only."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    return "".join(ch for ch in text if ch.isprintable()).strip()
+
+
+def _profile_in_name(raw: Any) -> str:
+    """``NVIDIA H200 MIG 1g.18gb`` -> ``1g.18gb``; "" for a name that names no MIG profile."""
+    _, sep, rest = f" {_text(raw)}".partition(" MIG ")
+    profile = rest.strip()
+    return profile if sep and profile and " " not in profile else ""
+
+
+def _gpu_instance(dev: DeviceClient, gi: int, handle: Any, profile: str) -> GpuInstance:
     info = None
-    if gi_handle is not None:
-        info = dev.call(
-            FEATURE, "nvmlGpuInstanceGetInfo", gi_handle, key=("nvmlGpuInstanceGetInfo",), handle=False, context=_MIG
+    if not profile:  # the MIG device's name said nothing: ask for the profile (a privileged call)
+        gi_handle = dev.call(
+            FEATURE, "nvmlDeviceGetGpuInstanceById", gi, key=("nvmlDeviceGetGpuInstanceById",), context=_MIG
         )
+        if gi_handle is not None:
+            info = dev.call(
+                FEATURE,
+                "nvmlGpuInstanceGetInfo",
+                gi_handle,
+                key=("nvmlGpuInstanceGetInfo",),
+                handle=False,
+                context=_MIG,
+            )
     profile_id = int(info.profileId) if info is not None else None
     v2 = ("mig", "nvmlDeviceGetMemoryInfo", NVML_MEMORY_V2)
     mem = _on(dev, "nvmlDeviceGetMemoryInfo", handle, NVML_MEMORY_V2) if v2 not in dev.unsupported else None
@@ -290,7 +325,7 @@ def _gpu_instance(dev: DeviceClient, gi: int, handle: Any) -> GpuInstance:
     return GpuInstance(
         gi,
         profile_id,
-        _profile_name(dev, profile_id),
+        profile or _profile_name(dev, profile_id),
         int(mem.total) if mem is not None else None,
         int(mem.used) if mem is not None else None,
     )
@@ -328,8 +363,7 @@ def _profile_name(dev: DeviceClient, profile_id: int | None) -> str:
 
 def _name(raw: Any) -> str:
     """``MIG 1g.18gb`` (bytes or text) as ``1g.18gb``; printable characters only."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-    text = "".join(ch for ch in text if ch.isprintable()).strip()
+    text = _text(raw)
     return text[4:].strip() if text.upper().startswith("MIG ") else text
 
 
@@ -368,6 +402,7 @@ def _with_processes(dev: DeviceClient, handle: Any, device: MigDevice, memory_to
             device.gpu_instance_id,
             device.compute_instance_id,
             device.uuid,
+            device.profile,
             len(mine),
             sum(known) if known or not mine else None,
         )
@@ -390,7 +425,7 @@ def _log_layout(dev: DeviceClient, reading: Reading) -> None:
         what = "MIG disabled" + (" (enabled at the next GPU reset)" if reading.pending_mode == MIG_ENABLE else "")
     else:
         parts = [
-            f"GI {d.gpu_instance_id} CI {d.compute_instance_id} {reading.profile_of(d.gpu_instance_id) or '?'} {d.uuid}"
+            f"GI {d.gpu_instance_id} CI {d.compute_instance_id} {reading.device_profile(d) or '?'} {d.uuid}"
             for d in reading.devices
         ]
         what = "MIG enabled" + (" (disabled at the next GPU reset)" if reading.pending_mode != MIG_ENABLE else "")
@@ -414,7 +449,7 @@ def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> I
             used.add(key, g.memory_used_bytes, str(g.gpu_instance_id), g.profile)
             total.add(key, g.memory_total_bytes, str(g.gpu_instance_id), g.profile)
         for d in r.devices:
-            labels = (str(d.gpu_instance_id), str(d.compute_instance_id), r.profile_of(d.gpu_instance_id), d.uuid)
+            labels = (str(d.gpu_instance_id), str(d.compute_instance_id), r.device_profile(d), d.uuid)
             info.add(key, 1, *labels)
             procs.add(key, d.processes, *labels)
             procs_mem.add(key, d.processes_memory_bytes, *labels)

@@ -755,6 +755,9 @@ class _FakeMig(_FakeGpm):
         gpu = self._parent("nvmlDeviceGetGpuInstanceById", handle)
         if gpu is None or not self._mig.enabled(gpu):
             raise _err(errors.NOT_SUPPORTED)
+        spec = self._gpus[gpu].get("values", {}).get("nvmlDeviceGetGpuInstanceById")
+        if spec is not None:
+            self._resolve(spec, self.now())  # e.g. {"error": "NO_PERMISSION"}: an unprivileged caller
         self._mig.gpu_instance(gpu, int(gpu_instance_id))
         return FakeGpuInstance(gpu, int(gpu_instance_id))
 
@@ -781,6 +784,13 @@ class _FakeMig(_FakeGpm):
             self._enter("nvmlDeviceGetUUID", handle.gpu)
             return str(self._mig.instance(handle)["uuid"])
         return super().nvmlDeviceGetUUID(handle)
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
+        if isinstance(handle, FakeMigHandle):
+            self._enter("nvmlDeviceGetName", handle.gpu)
+            gpu = self._gpus[handle.gpu]
+            return self._mig.name(handle, str(gpu.get("name", "NVIDIA H200")))
+        return super().nvmlDeviceGetName(handle)
 
     def _mig_id(self, fn: str, handle: Any, key: str) -> int:
         self._enter(fn, getattr(handle, "gpu", getattr(handle, "index", None)))

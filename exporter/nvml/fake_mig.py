@@ -17,7 +17,8 @@ A GPU of a scenario may carry a ``"mig"`` object (docs/scenarios.md, "MIG"; vali
 
 An instance exists only while MIG mode is on (current 1). Its position in the layout is its MIG
 device index unless it says ``"index"``. Its ``values`` answer the calls made with its MIG device
-handle (any value spec; an error spec is a per-instance error), ``nvmlGpmMetricsGet:<id>`` for its
+handle (any value spec; an error spec is a per-instance error; ``nvmlDeviceGetName`` defaults to
+``<GPU name> MIG <profile>``), ``nvmlGpmMetricsGet:<id>`` for its
 GPU instance's GPM samples, and ``nvmlDeviceGetMigDeviceHandleByIndex`` / ``nvmlGpmMigSampleGet``
 (an error spec makes that call fail for this instance only).
 
@@ -185,6 +186,17 @@ class MigModel:
                     name=str(p.get("name", "")).encode(),
                 )
         raise _err(errors.INVALID_ARGUMENT if profile_id is not None else errors.NOT_SUPPORTED)
+
+    def name(self, handle: FakeMigHandle, gpu_name: str) -> str:
+        """``nvmlDeviceGetName`` of a MIG device: its ``values`` entry, else ``<GPU name> MIG <profile>``
+        from its GPU instance profile's name (just the GPU's name when the profile is not listed)."""
+        inst = self.instance(handle)
+        if "nvmlDeviceGetName" in inst.get("values", {}):
+            return str(self.value_spec(inst, "nvmlDeviceGetName"))
+        spec = self.spec(handle.gpu) or {}
+        profile = spec.get("profiles", {}).get(str(inst.get("profile_id")), {}).get("name", "")
+        profile = profile[4:] if profile.startswith("MIG ") else profile
+        return f"{gpu_name} MIG {profile}" if profile else gpu_name
 
     def value_spec(self, inst: Mapping[str, Any], key: str, t: float | None = None) -> Any:
         """The instance's value for ``key`` now (raises its error spec); KeyError when unlisted."""
