@@ -430,7 +430,8 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             stat_panel(
                 "Mean GPU utilization",
-                "Mean of nvgpu_gpu_utilization_ratio over the selected GPUs.",
+                "Mean of nvgpu_gpu_utilization_ratio over the selected GPUs. GPUs in MIG mode have no "
+                "device-wide utilization and are not in this mean: see the MIG instances row.",
                 f"avg(nvgpu_gpu_utilization_ratio{{{GPU}}})",
                 "percentunit",
                 ALWAYS_BLUE,
@@ -473,7 +474,8 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             timeseries_panel(
                 "GPU utilization",
-                "Share of time a kernel ran (nvmlDeviceGetUtilizationRates().gpu).",
+                "Share of time a kernel ran (nvmlDeviceGetUtilizationRates().gpu). Absent for GPUs in MIG mode "
+                "(NVML does not support it there): their GPU instances' GPM activity is in the MIG instances row.",
                 [(f"nvgpu_gpu_utilization_ratio{{{GPU}}}", GPU_LEGEND)],
                 "percentunit",
                 max_val=1,
@@ -511,6 +513,8 @@ def gpu_fleet() -> dict[str, Any]:
             )
         )
     )
+
+    d = _mig_instances(d)
 
     d = (
         d.with_row(dashboard.Row("Power, energy and temperature"))
@@ -917,6 +921,99 @@ def gpu_fleet() -> dict[str, Any]:
     )
     d = _per_pod_usage(d)
     return to_json(d)
+
+
+# MIG (issue 15): instances under their GPU. Every MIG series carries the parent's gpu/uuid, so the GPU
+# variable selects a GPU with its instances; legends and the table order put each instance after its GPU.
+MIG_LEGEND = GPU_LEGEND + " / GI {{gpu_instance_id}} {{mig_profile}}"
+GI_BY = GPU_BY + ", gpu_instance_id, mig_profile"
+
+
+def _mig_instances(d: dashboard.Dashboard) -> dashboard.Dashboard:
+    about = (
+        "Only GPUs in MIG mode have these series (feature mig). Memory and GPM activity belong to the GPU "
+        "instance (GI), shared by its compute instances; MIG devices (what pods get) are compute instances."
+    )
+    table = table_panel(
+        "MIG devices",
+        "One row per MIG device, under its GPU (gpu, uuid): GPU and compute instance ids, the GPU instance "
+        "profile, the MIG device's UUID (what the kubelet hands out) and its compute processes "
+        "(nvgpu_mig_instance_info, nvgpu_mig_compute_processes). " + about,
+        [
+            (f"nvgpu_mig_instance_info{{{GPU}}}", None),
+            (f"nvgpu_mig_compute_processes{{{GPU}}}", None),
+        ],
+        w=24,
+        h=7,
+        hide=("Value #A",),
+        rename={"Value #B": "processes", "gpu": "GPU index", "gpu_instance_id": "GI", "compute_instance_id": "CI"},
+    ).with_transformation(
+        dm.DataTransformerConfig(
+            id_val="sortBy", options={"fields": {}, "sort": [{"field": "GPU index"}, {"field": "GI"}, {"field": "CI"}]}
+        )
+    )
+    return (
+        d.with_row(dashboard.Row("MIG instances"))
+        .with_panel(
+            stat_panel(
+                "GPUs in MIG mode",
+                "GPUs whose MIG mode is enabled now (nvgpu_mig_mode); a pending change waits for a GPU reset "
+                "(alert NvgpuMigModeChangePending).",
+                f"count(nvgpu_mig_mode{{{GPU}}} == 1) or vector(0)",
+                "none",
+                ALWAYS_BLUE,
+                w=8,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "MIG mode changes pending",
+                "GPUs whose MIG mode changes at their next reset (nvgpu_mig_mode_pending != nvgpu_mig_mode). "
+                "The reset fails while the exporter holds the GPU: docs/runbook.md, pause-label procedure.",
+                f"count(nvgpu_mig_mode_pending{{{GPU}}} != nvgpu_mig_mode{{{GPU}}}) or vector(0)",
+                "none",
+                OK_RED,
+                w=8,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "MIG devices in all",
+                "MIG devices of the selected GPUs (nvgpu_mig_instance_info).",
+                f"count(nvgpu_mig_instance_info{{{GPU}}}) or vector(0)",
+                "none",
+                ALWAYS_BLUE,
+                w=8,
+            )
+        )
+        .with_panel(table)
+        .with_panel(
+            timeseries_panel(
+                "MIG memory used per GPU instance",
+                "Framebuffer used and total of each GPU instance (nvgpu_mig_memory_used_bytes, "
+                "nvgpu_mig_memory_total_bytes). " + about,
+                [
+                    (f"sum by ({GI_BY}) (nvgpu_mig_memory_used_bytes{{{GPU}}})", MIG_LEGEND + " used"),
+                    (f"sum by ({GI_BY}) (nvgpu_mig_memory_total_bytes{{{GPU}}})", MIG_LEGEND + " total"),
+                ],
+                "bytes",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "MIG SM activity per GPU instance",
+                "GPM SM activity (share of the GPU instance's SMs busy) and tensor activity over the last sample "
+                "interval (nvgpu_mig_gpm_sm_activity_ratio, nvgpu_mig_gpm_tensor_activity_ratio; "
+                "nvmlGpmMigSampleGet, Hopper and newer): what stands in for utilization on a MIG GPU. " + about,
+                [
+                    (f"sum by ({GI_BY}) (nvgpu_mig_gpm_sm_activity_ratio{{{GPU}}})", MIG_LEGEND + " SM"),
+                    (f"sum by ({GI_BY}) (nvgpu_mig_gpm_tensor_activity_ratio{{{GPU}}})", MIG_LEGEND + " tensor"),
+                ],
+                "percentunit",
+                max_val=1,
+            )
+        )
+    )
 
 
 # Per-pod usage (issue 18): who uses a shared GPU, from the processes' cgroups joined with the kubelet.

@@ -275,14 +275,16 @@ def _with_pod_labels(metric: Metric, ext: Extension) -> Metric:
     """Add namespace/pod/container labels to every sample of a per-GPU family (NVGPU_POD_LABELS).
 
     A GPU held by exactly one container gets its names; an unassigned or shared GPU (time-slicing:
-    several pods on one UUID) gets empty values — join ``nvgpu_gpu_pod_info`` for those.
+    several pods on one UUID) gets empty values — join ``nvgpu_gpu_pod_info`` for those. A series of
+    one MIG device (``mig_uuid``) gets the container holding that MIG device; the parent GPU's own
+    series get none (MIG pods hold instances, not the GPU).
     """
     first = metric.samples[0].labels if metric.samples else {}
     if "uuid" not in first or "pod" in first:  # not per GPU, or already per pod (pod info, per-pod/process usage)
         return metric
     samples = []
     for s in metric.samples:
-        ns, pod, container = ext.gpu_labels(s.labels["uuid"])
+        ns, pod, container = ext.gpu_labels(s.labels.get("mig_uuid") or s.labels["uuid"])
         samples.append(s._replace(labels={**s.labels, "namespace": ns, "pod": pod, "container": container}))
     metric.samples = samples
     return metric

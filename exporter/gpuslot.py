@@ -11,8 +11,10 @@ does not attach cannot attach one GPU later, so a fresh NVML client cannot avoid
 init; keeping this worker alive is what keeps the healthy GPUs sampled.
 
 A GPU whose calls answer NOT_SUPPORTED is re-probed every ``reprobe_s`` seconds and at once after a
-MIG configuration change, a recovery-action event or a readmission (:meth:`GpuSlot.request_reprobe`):
-the device client forgets what it cached as unsupported and every static reading.
+MIG configuration change, a recovery-action event or a readmission (:meth:`GpuSlot.request_reprobe`),
+or when a collector saw the GPU change under it (``DeviceClient.reprobe_requested``: the MIG
+collector reading a new MIG mode): the device client forgets what it cached as unsupported and
+every static reading.
 """
 
 from __future__ import annotations
@@ -231,9 +233,9 @@ class GpuSlot:
 
     def _maybe_reprobe(self, dev: DeviceClient) -> None:
         now = time.monotonic()
-        if not self._reprobe_now and now < self.next_reprobe:
+        if not self._reprobe_now and not dev.reprobe_requested and now < self.next_reprobe:
             return
-        self._reprobe_now = False
+        self._reprobe_now = dev.reprobe_requested = False
         self.next_reprobe = now + self.reprobe_s
         if dev.unsupported or dev.cache:
             log.debug("GPU %d: asking unsupported calls and static readings again", self.index)

@@ -7,6 +7,16 @@ containers hold which GPU, and re-renders only when the answer changed. It expor
 ``namespace``/``pod``/``container`` to every per-GPU series of a GPU held by exactly one container
 (empty values for a shared or free GPU: join ``nvgpu_gpu_pod_info`` for those).
 
+MIG devices (issue 15): the kubelet names a MIG device by its ``MIG-…`` UUID (or, from drivers
+before R470, ``MIG-GPU-<parent UUID>/<GPU instance>/<compute instance>``). It is mapped to its
+parent GPU and instance through the MIG layout the worker reported (:mod:`exporter.collectors.mig`):
+``nvgpu_gpu_pod_info`` carries the parent's ``gpu``/``uuid`` and the instance labels
+(``gpu_instance_id``, ``compute_instance_id``, ``mig_profile``, ``mig_uuid``; empty for a whole
+or shared GPU). A device id that cannot be mapped (not a UUID: the device plugin's
+``deviceIDStrategy=index``; a GPU this exporter does not see; a MIG device in no GPU's layout) is
+never dropped silently: ``nvgpu_pod_attribution_unmapped_devices{reason}`` counts them (distinct
+ids in the kubelet's last answer) and each is logged once.
+
 Per-pod usage (``nvgpu_pod_memory_used_bytes``, ``nvgpu_pod_sm_utilization_ratio``): the kubelet
 says which pods hold a GPU, not how much of it each uses (time-slicing and MPS share one GPU
 between pods). The worker's processes collector sums memory and SM utilization of each GPU's
@@ -27,9 +37,10 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from exporter.collectors import processes
+from exporter.collectors import mig, processes
 from exporter.collectors.base import percent_to_ratio
 from exporter.extensions import Extension, Host
+from exporter.logs import log_once
 from exporter.metric import GpuKey, MetricDef, single
 from guards import features as gf
 
@@ -44,9 +55,19 @@ log = logging.getLogger(__name__)
 
 GPU_POD_INFO = MetricDef(
     "nvgpu_gpu_pod_info",
-    "Pods holding the GPU (kubelet PodResources List); one series per container; value is always 1",
-    ("namespace", "pod", "container"),
+    "Pods holding the GPU or one of its MIG devices (kubelet PodResources List); one series per container and "
+    "device; the instance labels are empty for a whole or shared GPU; value is always 1",
+    ("namespace", "pod", "container", *mig.DEVICE_LABELS),
 )
+UNMAPPED = MetricDef(
+    "nvgpu_pod_attribution_unmapped_devices",
+    "GPU device ids the kubelet assigned to pods that cannot be mapped to a GPU or MIG device of this exporter "
+    "(distinct ids in the last List answer): not_a_uuid (deviceIDStrategy=index), unknown_gpu, "
+    "unknown_mig_device; each is logged once",
+    ("reason",),
+    per_gpu=False,
+)
+UNMAPPED_REASONS = ("not_a_uuid", "unknown_gpu", "unknown_mig_device")
 POD_ATTRIBUTION_UP = MetricDef(
     "nvgpu_pod_attribution_up", "1 if the kubelet PodResources socket answered the last List", per_gpu=False
 )
@@ -69,7 +90,7 @@ SOURCE_UP = MetricDef(
     ("source",),
     per_gpu=False,
 )
-METRICS = (GPU_POD_INFO, POD_ATTRIBUTION_UP, POD_MEMORY, POD_SM, SOURCE_UP)
+METRICS = (GPU_POD_INFO, POD_ATTRIBUTION_UP, POD_MEMORY, POD_SM, SOURCE_UP, UNMAPPED)
 SOURCES = ("proc", "container_logs")
 
 PodName = tuple[str, str]  # (namespace, pod); ("", "") = pods that cannot be named
@@ -117,6 +138,45 @@ def pod_usage(reading: processes.Reading, holders: set[PodName]) -> dict[PodName
     return named
 
 
+_NO_INSTANCE = ("", "", "", "")
+
+
+class Layout:
+    """Where each GPU and MIG device of a snapshot is: the join from kubelet device ids to series.
+
+    Attributes:
+        gpus: GPU UUID -> NVML index.
+        devices: MIG UUID, and its legacy form ``MIG-GPU-<parent>/<gi>/<ci>`` -> (parent key,
+            instance labels ``(gpu_instance_id, compute_instance_id, mig_profile, mig_uuid)``).
+    """
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.gpus = {g.uuid: g.index for g in snapshot.gpus if g.uuid}
+        self.devices: dict[str, tuple[GpuKey, tuple[str, str, str, str]]] = {}
+        for g in snapshot.gpus:
+            state = g.reading(mig.Reading)
+            if state is None:
+                continue
+            key = GpuKey(str(g.index), g.uuid)
+            for d in state.devices:
+                labels = (
+                    str(d.gpu_instance_id),
+                    str(d.compute_instance_id),
+                    state.device_profile(d),
+                    d.uuid,
+                )
+                self.devices[d.uuid] = (key, labels)
+                self.devices[f"MIG-{g.uuid}/{d.gpu_instance_id}/{d.compute_instance_id}"] = (key, labels)
+
+    def place(self, uuid: str) -> tuple[GpuKey, tuple[str, str, str, str]] | str:
+        """(parent key, instance labels) of a kubelet device UUID, or why it cannot be placed."""
+        if uuid.startswith("MIG-"):
+            return self.devices.get(uuid, "unknown_mig_device")
+        if uuid in self.gpus:
+            return GpuKey(str(self.gpus[uuid]), uuid), _NO_INSTANCE
+        return "unknown_gpu"
+
+
 def _sum(values: Iterable[int | None]) -> int | None:
     total: int | None = None
     for v in values:
@@ -140,6 +200,8 @@ class PodAttribution(Extension):
         self.config = config
         self.relabels_gpus = config.pod_labels
         self.assignments: dict[str, tuple[PodRef, ...]] = {}
+        self.unparsed: dict[str, tuple[PodRef, ...]] = {}  # GPU device ids that are not UUIDs
+        self.layout: Layout | None = None  # of the last snapshot
         self.up: bool | None = None
         self._last_error: str | None = None
         self.sources: dict[str, int] = {}  # from the last snapshot's processes readings
@@ -154,7 +216,9 @@ class PodAttribution(Extension):
         return ("", "", "")
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
-        """Which per-pod sources work (any GPU's reading); logged once per change."""
+        """Which per-pod sources work (any GPU's reading), logged once per change; where each GPU
+        and MIG device is."""
+        self.layout = Layout(snapshot)
         sources: dict[str, int] = {}
         for g in snapshot.gpus:
             r = g.reading(processes.Reading)
@@ -190,14 +254,43 @@ class PodAttribution(Extension):
             extra={"pod_resources": self.up, "proc": bool(proc), "container_logs": bool(logs)},
         )
 
+    def placed(self, layout: Layout) -> tuple[list[tuple[GpuKey, PodRef, tuple[str, ...]]], dict[str, set[str]]]:
+        """(every container's device placed on its GPU with instance labels, reason -> device ids that
+        cannot be placed); each id that cannot be placed is logged once."""
+        rows: list[tuple[GpuKey, PodRef, tuple[str, ...]]] = []
+        unmapped: dict[str, set[str]] = {reason: set() for reason in UNMAPPED_REASONS}
+        missing = [(i, refs, "not_a_uuid") for i, refs in self.unparsed.items()]
+        for uuid, refs in sorted(self.assignments.items()):
+            where = layout.place(uuid)
+            if isinstance(where, str):
+                missing.append((uuid, refs, where))
+                continue
+            rows.extend((where[0], r, where[1]) for r in refs)
+        for device_id, refs, reason in missing:
+            unmapped[reason].add(device_id)
+            holders = ", ".join(f"{r.namespace}/{r.pod}/{r.container}" for r in refs)
+            log_once(
+                log,
+                logging.WARNING,
+                ("pod-unmapped", device_id, reason),
+                "pod attribution: device id %s held by %s cannot be mapped to a GPU or MIG device of this node "
+                "(%s); counted in nvgpu_pod_attribution_unmapped_devices",
+                device_id,
+                holders,
+                {
+                    "not_a_uuid": "not a UUID: is the NVIDIA device plugin set to deviceIDStrategy=index?",
+                    "unknown_gpu": "NVML does not list this GPU",
+                    "unknown_mig_device": "in no GPU's MIG layout: created since the last sample, or MIG feature off",
+                }[reason],
+                extra={"device_id": device_id, "reason": reason},
+            )
+        return rows, unmapped
+
     def gpu_families(self, snapshot: Snapshot) -> Iterable[Metric]:
         info, memory, sm = GPU_POD_INFO.family(), POD_MEMORY.family(), POD_SM.family()
-        index = {g.uuid: str(g.index) for g in snapshot.gpus}
-        for uuid, refs in sorted(self.assignments.items()):
-            if uuid not in index:
-                continue
-            for r in refs:
-                info.add(GpuKey(index[uuid], uuid), 1, r.namespace, r.pod, r.container)
+        rows, _ = self.placed(Layout(snapshot))
+        for key, r, instance in rows:
+            info.add(key, 1, r.namespace, r.pod, r.container, *instance)
         for g in snapshot.gpus:
             reading = g.reading(processes.Reading)
             if reading is None or not g.up:
@@ -214,7 +307,15 @@ class PodAttribution(Extension):
         for name in SOURCES:
             if name in self.sources:
                 sources.add_labels([name], self.sources[name])
-        return [single(POD_ATTRIBUTION_UP, None if self.up is None else int(self.up)), *sources.done()]
+        unmapped = UNMAPPED.family()
+        if self.up and self.layout is not None:
+            for reason, ids in self.placed(self.layout)[1].items():
+                unmapped.add_labels([reason], len(ids))
+        return [
+            single(POD_ATTRIBUTION_UP, None if self.up is None else int(self.up)),
+            *sources.done(),
+            *unmapped.done(),
+        ]
 
     async def run(self, host: Host) -> None:
         from exporter.podresources import PodResourcesClient, PodResourcesError, unsupported_reason
@@ -229,9 +330,9 @@ class PodAttribution(Extension):
         client = PodResourcesClient(self.config.pod_resources_socket, timeout_s=min(5.0, self.config.pod_refresh_s))
         try:
             while True:
-                before = (self.up, self.assignments)
+                before = (self.up, self.assignments, self.unparsed)
                 try:
-                    self.assignments = await asyncio.to_thread(client.list_gpu_assignments)
+                    self.assignments, self.unparsed = await asyncio.to_thread(client.list_device_assignments)
                     if self.up is False:
                         log.info("pod_attribution: kubelet socket %s answers again", self.config.pod_resources_socket)
                     self.up, self._last_error = True, None
@@ -241,8 +342,8 @@ class PodAttribution(Extension):
                         level = _level() if exc.reason == "socket_missing" else logging.WARNING
                         log.log(level, "pod_attribution: %s; nvgpu_pod_attribution_up is 0, nothing else changes", exc)
                     self.up, self._last_error = False, str(exc)
-                    self.assignments = {}
-                if (self.up, self.assignments) != before:
+                    self.assignments, self.unparsed = {}, {}
+                if (self.up, self.assignments, self.unparsed) != before:
                     host.changed()  # re-render only when something changed
                 await asyncio.sleep(self.config.pod_refresh_s)
         finally:

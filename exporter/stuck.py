@@ -19,7 +19,10 @@ nothing actually running:
 When the conditions hold continuously for ``after_s`` seconds, ``nvgpu_stuck_context_suspected``
 is 1 and ``nvgpu_stuck_context_since_timestamp_seconds`` says when they began. Any condition ending
 resets it. When a reading the signature needs is missing (feature off or unsupported) it is not
-evaluated and no series is exported for that GPU.
+evaluated and no series is exported for that GPU. Nor on a GPU in MIG mode (issue 15): device-wide
+utilization is not defined there (NVML answers NOT_SUPPORTED), and the parent's process list and
+memory do not describe the instances' work, so a utilization some driver might still report would
+make the signature fire on a GPU whose instances are busy.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from exporter.collectors import gpm, memory, processes, utilization
+from exporter.collectors import gpm, memory, mig, processes, utilization
 from exporter.extensions import Extension
 from exporter.metric import GpuKey, MetricDef
 
@@ -88,6 +91,9 @@ class StuckDetector(Extension):
             procs = g.reading(processes.Reading)
             busy = util.gpu_percent if util else None
             idle = self._nothing_runs(g.reading(gpm.Reading), g.reading(memory.Reading))
+            partitioned = g.reading(mig.Reading)
+            if partitioned is not None and partitioned.enabled:
+                busy = None  # MIG mode: no device-wide utilization to judge by
             if not g.up or busy is None or idle is None or procs is None:
                 st.evaluable, st.since, st.holding = False, None, False
                 continue

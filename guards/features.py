@@ -97,9 +97,36 @@ FEATURES: Mapping[str, Feature] = _registry(
         ),
     ),
     Feature(
+        name="mig",
+        default=True,
+        description=(
+            "MIG mode (current and pending; read once per re-probe on a GPU with MIG off) and, with MIG on, "
+            "the GPU instances and MIG devices (ids, profile, MIG UUID) every sample, memory per GPU "
+            "instance and compute processes per MIG device; series only on GPUs with MIG on or pending"
+        ),
+        nvml_functions=(
+            "nvmlDeviceGetMigMode",
+            "nvmlDeviceGetMaxMigDeviceCount",
+            "nvmlDeviceGetMigDeviceHandleByIndex",
+            "nvmlDeviceGetGpuInstanceId",
+            "nvmlDeviceGetComputeInstanceId",
+            "nvmlDeviceGetUUID",
+            "nvmlDeviceGetGpuInstanceById",
+            "nvmlGpuInstanceGetInfo",
+            "nvmlDeviceGetGpuInstanceProfileInfoById",
+            "nvmlDeviceGetGpuInstanceProfileInfo",
+            "nvmlDeviceGetMemoryInfo",
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            "nvmlDeviceGetComputeRunningProcesses_v2",
+        ),
+    ),
+    Feature(
         name="utilization",
         default=True,
-        description="GPU, memory, encoder and decoder utilization ratios",
+        description=(
+            "GPU, memory, encoder and decoder utilization ratios; absent on MIG-enabled GPUs (NVML: not "
+            "supported with MIG enabled; nvgpu_gpu_feature_unsupported says so per GPU)"
+        ),
         nvml_functions=(
             "nvmlDeviceGetUtilizationRates",
             "nvmlDeviceGetEncoderUtilization",
@@ -229,13 +256,15 @@ FEATURES: Mapping[str, Feature] = _registry(
         description=(
             "profiling through NVML GPM (Hopper+): graphics, SM, SM occupancy, tensor and DRAM bandwidth "
             "activity over the last sample interval, PCIe and NVLink bytes; two GPM samples per GPU held in "
-            "the worker; MIG-enabled GPUs skipped"
+            "the worker; on a MIG-enabled GPU the activity per GPU instance (nvmlGpmMigSampleGet, two samples "
+            "per GPU instance, the layout from the mig feature)"
         ),
         nvml_functions=(
             "nvmlGpmQueryDeviceSupport",
             "nvmlDeviceGetMigMode",
             "nvmlGpmSampleAlloc",
             "nvmlGpmSampleGet",
+            "nvmlGpmMigSampleGet",
             "nvmlGpmMetricsGet",
             "nvmlGpmSampleFree",
         ),

@@ -158,6 +158,12 @@ def test_the_fleet_dashboard_covers_the_issue(dashboards: dict[str, dict[str, An
         "nvgpu_fabric_state",
         "nvgpu_pod_memory_used_bytes",  # issue 18: per-pod usage on shared GPUs
         "nvgpu_pod_sm_utilization_ratio",
+        # issue 15: MIG instances under their GPU
+        "nvgpu_mig_mode",
+        "nvgpu_mig_mode_pending",
+        "nvgpu_mig_instance_info",
+        "nvgpu_mig_memory_used_bytes",
+        "nvgpu_mig_gpm_sm_activity_ratio",
     ]:
         assert needle in exprs, needle
     variables = {v["name"]: v for v in dashboards[FLEET]["templating"]["list"]}

@@ -135,6 +135,31 @@ def _fixed_process_stats(pid: int) -> procmetrics.ProcStats:
     return procmetrics.ProcStats(3.25, 52_000_000, 600_000_000, 1_699_999_900.0, 17, 1_048_576)
 
 
+def _supervisor_side_mig_pods(sup: Supervisor, fixture: dict[str, Any]) -> None:
+    """Golden 'h200x2-mig' (issue 15): the kubelet's holders of MIG devices of GPU 0 (by MIG UUID, and
+    one in the pre-R470 MIG-GPU-<uuid>/<gi>/<ci> form), a MIG UUID no GPU has, a device id of the
+    index strategy, and GPU 1 whole."""
+    hello = next(m for m in fixture["messages"] if m["type"] == "hello")
+    uuid = {g["index"]: g["uuid"] for g in hello["gpus"]}
+    snap = next(m for m in fixture["messages"] if m["type"] == "snapshot")
+    devices = snap["gpus"][0]["readings"]["mig"]["devices"]
+    by_gi = {(d["gpu_instance_id"], d["compute_instance_id"]): d["uuid"] for d in devices}
+    pods = _extension(sup, PodAttribution)
+    pods.up = True
+
+    def ref(namespace: str, pod: str, container: str) -> SimpleNamespace:
+        return SimpleNamespace(namespace=namespace, pod=pod, container=container)
+
+    pods.assignments = {
+        by_gi[(2, 0)]: (ref("ml", "train-3g", "trainer"),),
+        f"MIG-{uuid[0]}/3/1": (ref("infer", "small-1", "server"),),
+        by_gi[(10, 0)]: (ref("infer", "tiny-0", "server"),),
+        "MIG-00000000-0000-5000-8000-000000000000": (ref("infer", "gone-0", "server"),),
+        uuid[1]: (ref("ml", "full-gpu-0", "trainer"),),
+    }
+    pods.unparsed = {"0:3": (ref("legacy", "index-strategy-0", "app"),)}
+
+
 def render_golden(name: str, openmetrics: bool = False) -> str:
     """The exposition of golden ``name`` from its fixture (text 0.0.4, or OpenMetrics 1.0)."""
     fixture = json.loads((GOLDEN / f"{name}.snapshot.json").read_text())
@@ -165,6 +190,8 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
                 _supervisor_side_faults(sup, fixture)
             if name == "processes":
                 _supervisor_side_pods(sup, fixture)
+            if name == "h200x2-mig":
+                _supervisor_side_mig_pods(sup, fixture)
             with (
                 mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION),
                 mock.patch.object(procmetrics, "read", _fixed_process_stats),
@@ -274,7 +301,7 @@ def all_families() -> list[tuple[str, Family]]:
 
 
 def test_goldens_and_docs_present() -> None:
-    assert {"h200x2", "faults", "processes"} <= set(GOLDENS), "run UPDATE_GOLDEN=1 to create the goldens"
+    assert {"h200x2", "faults", "processes", "h200x2-mig"} <= set(GOLDENS), "run UPDATE_GOLDEN=1 to create the goldens"
     assert len(DOCS) > 50
 
 

@@ -28,6 +28,7 @@ GUARDS = REPO / "guards"
 
 EXPECTED_NAMES = [
     "identity",
+    "mig",
     "utilization",
     "memory",
     "power",

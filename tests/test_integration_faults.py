@@ -30,6 +30,7 @@ STALE = 3 * INTERVAL  # the harness leaves NVGPU_STALE_AFTER_SECONDS at its defa
 # Families every H200 GPU of the shipped scenarios has, by feature (fan excluded: H200 SXM is passive).
 GPU_FAMILIES: dict[str, set[str]] = {
     "identity": {"nvgpu_gpu_info"},
+    "mig": set(),  # issue 15: read (mode 0/0 on these H200s), but no series on a GPU with MIG off
     "utilization": {
         "nvgpu_gpu_utilization_ratio",
         "nvgpu_memory_copy_utilization_ratio",

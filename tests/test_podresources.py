@@ -161,6 +161,25 @@ def test_list_maps_each_gpu_uuid_to_its_containers(serve: Servers) -> None:
     assert list(got) == sorted(got)
 
 
+def test_gpu_ids_that_are_not_uuids_are_reported_not_dropped(serve: Servers) -> None:
+    """Issue 15: the device plugin's deviceIDStrategy=index ("0", "0:1" for a MIG device) gives ids
+    of GPU resources that NVML's UUIDs cannot join: they come back with their holders, to be counted.
+    A network device of another nvidia.com/ resource is not a GPU and is not among them."""
+    pods = [
+        *NODE_PODS,
+        _pod("legacy", "index-0", app=[_devices("nvidia.com/gpu", "0")]),
+        _pod("legacy", "index-mig", app=[_devices("nvidia.com/mig-1g.18gb", "0:1")]),
+    ]
+    path = serve(FakeKubelet(pods))
+    with PodResourcesClient(path, timeout_s=5) as client:
+        gpus, unmapped = client.list_device_assignments()
+    assert gpus == client.list_gpu_assignments()
+    assert unmapped == {
+        "0": (PodRef("legacy", "index-0", "app"),),
+        "0:1": (PodRef("legacy", "index-mig", "app"),),
+    }
+
+
 def test_list_on_an_idle_node_is_empty(serve: Servers) -> None:
     path = serve(FakeKubelet([_pod("kube-system", "coredns-abc", coredns=[])]))
     with PodResourcesClient(path, timeout_s=5) as client:

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.slow
 RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 UUID0 = "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6"
 UUID1 = "GPU-094221fd-19f9-1561-7ef8-949bb0d57826"
+UUID2 = "GPU-2a7c4e10-5b3d-4f6e-8a9b-0c1d2e3f4a5b"  # issue 15: a third GPU, in MIG mode
 QUARANTINED = "pcie"  # the feature the scenario crashes in; no panel needs its metrics
 TRAINER_PID = 4242
 TRAINER = Container("ml", "trainer-0", "main")  # the kubelet's pod on GPU 0, as /proc names it
@@ -88,6 +89,11 @@ def _scenario() -> dict[str, Any]:
     gpu0["nvmlDeviceGetProcessUtilization"] = {"per_process": {"smUtil": 60, "memUtil": 20}}
     swapped = {"struct": "swapped", "records": [{"pid": 9980, "usedGpuMemory": 6498025472}]}
     gpu1["nvmlDeviceGetComputeRunningProcesses_v3"] = gpu1["nvmlDeviceGetComputeRunningProcesses_v2"] = swapped
+    # Issue 15: GPU 2 is h200x2-mig's GPU 0 (MIG mode, mixed profiles) under its own identity, so the
+    # MIG panels have data and the GPU panels show a MIG GPU next to ordinary ones.
+    mig_gpu = load_scenario("h200x2-mig")["gpus"][0]
+    mig_gpu.update(uuid=UUID2, serial="1654524012999", pci_bus_id="00000000:00:08.0", minor_number=2)
+    data["gpus"].append(mig_gpu)
     # Xid 43 through NVML events, after the restarted worker registered (scenario time).
     data["events"] = [{"at_s": 6, "gpu": 1, "event_type": "XidCriticalError", "data": 43}]
     # The worker segfaults in the PCIe replay counter query until the feature is quarantined.
@@ -151,15 +157,24 @@ def _fake_kubelet(directory: Path) -> Any:
     """A real gRPC PodResourcesLister on a unix socket: one pod per GPU of the scenario."""
     assert grpc is not None
 
-    def pod(namespace: str, name: str, container: str, uuid: str) -> Any:
-        devices = api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[uuid])
+    def pod(namespace: str, name: str, container: str, uuid: str, resource: str = "nvidia.com/gpu") -> Any:
+        devices = api_pb2.ContainerDevices(resource_name=resource, device_ids=[uuid])
         return api_pb2.PodResources(
             namespace=namespace, name=name, containers=[api_pb2.ContainerResources(name=container, devices=[devices])]
         )
 
+    mig_gpu = load_scenario("h200x2-mig")["gpus"][0]
+    mig_device = mig_gpu["mig"]["layouts"][0]["instances"][0]["uuid"]  # GPU 2's 3g.71gb
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     api_pb2_grpc.add_PodResourcesListerServicer_to_server(
-        FakeKubelet([pod("ml", "trainer-0", "main", UUID0), pod("ml", "stuck-job-1", "main", UUID1)]), server
+        FakeKubelet(
+            [
+                pod("ml", "trainer-0", "main", UUID0),
+                pod("ml", "stuck-job-1", "main", UUID1),
+                pod("ml", "mig-trainer-0", "main", mig_device, "nvidia.com/mig-3g.71gb"),
+            ]
+        ),
+        server,
     )
     path = str(directory / "kubelet.sock")
     assert server.add_insecure_port(f"unix://{path}") != 0
@@ -305,7 +320,7 @@ def test_variable_queries_list_values(stack: Stack) -> None:
             empty.append(f"{v.dashboard} / ${v.variable}: {v.expr} -> {answer}")
     assert not empty, "\n".join(empty)
     gpus = stack.query(next(v.expr for v in variables if v.variable == "gpu"))["data"]["result"]
-    assert {r["metric"]["uuid"] for r in gpus} == {UUID0, UUID1}
+    assert {r["metric"]["uuid"] for r in gpus} == {UUID0, UUID1, UUID2}
 
 
 def test_fault_states_reach_prometheus(stack: Stack) -> None:
@@ -330,6 +345,27 @@ def test_fault_states_reach_prometheus(stack: Stack) -> None:
     )
     assert sorted(json.loads(k)["xid"] for k in xids) == ["13", "31", "43"]
     assert not values(f'nvgpu_xid_errors_total{{uuid="{UUID0}"}}')
+
+
+def test_mig_instances_reach_prometheus(stack: Stack) -> None:
+    """Issue 15: GPU 2's MIG devices under their GPU, its pod placed on its instance, no device-wide
+    utilization for it, and no stuck alert state for it."""
+
+    def result(expr: str) -> list[dict[str, Any]]:
+        return list(stack.query(expr)["data"]["result"])
+
+    info = _wait(lambda: result("nvgpu_mig_instance_info"), DATA_TIMEOUT_S, "MIG devices", stack)
+    assert {r["metric"]["uuid"] for r in info} == {UUID2} and len(info) == 5
+    assert not result(f'nvgpu_gpu_utilization_ratio{{uuid="{UUID2}"}}')
+    assert result(f'nvgpu_gpu_feature_unsupported{{uuid="{UUID2}", feature="utilization"}}')
+    assert not result(f'nvgpu_stuck_context_suspected{{uuid="{UUID2}"}}')
+    if grpc is not None:
+        pods = _wait(lambda: result('nvgpu_gpu_pod_info{pod="mig-trainer-0"}'), DATA_TIMEOUT_S, "the MIG pod", stack)
+        assert [(r["metric"]["uuid"], r["metric"]["gpu_instance_id"], r["metric"]["mig_profile"]) for r in pods] == [
+            (UUID2, "2", "3g.71gb")
+        ]
+        unmapped = result("sum(nvgpu_pod_attribution_unmapped_devices)")
+        assert [float(r["value"][1]) for r in unmapped] == [0.0]
 
 
 def _rules() -> list[dict[str, Any]]:

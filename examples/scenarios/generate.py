@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Generate the H200 fake-NVML scenarios (h200x1.json, h200x2.json, h200x8.json) in exporter/scenarios/.
+"""Generate the H200 fake-NVML scenarios (h200x1.json, h200x2.json, h200x8.json,
+h200x2-mig.json) in exporter/scenarios/.
 
 They ship inside the package (so ``--nvml-backend fake:h200x2`` works after any install and in the
 image); the files next to this script are links to them, kept for paths in older notes.
@@ -483,7 +484,136 @@ def h200x8():
     return scenario(desc, gpus)
 
 
-SCENARIOS = {"h200x1.json": h200x1, "h200x2.json": h200x2, "h200x8.json": h200x8}
+# --- issue 15: MIG (h200x2-mig.json) -----------------------------------------------------------------
+# GPU instance profiles of the H200 141GB (NVIDIA MIG user guide, "Supported MIG Profiles": names
+# and which profiles exist) with the profile ids and NVML_GPU_INSTANCE_PROFILE_* indices NVML gives
+# the same profiles on A100/H100 (nvidia-smi mig -lgip: 1g 19, 1g+me 20, 1g double memory 15,
+# 2g 14, 3g 9, 4g 5, 7g 0). SYNTHETIC: no H200 was put in MIG mode (issue 15: never change MIG mode
+# on the lab machines), so the ids are unverified on H200 and memorySizeMB is the measured total
+# (150754820096 B = 143772 MiB) split by memory slices (1/8, 2/8, 4/8, 8/8), rounded down to 256 MiB.
+MIG_PROFILES = {
+    "19": {"name": "MIG 1g.18gb", "index": 0, "sliceCount": 1, "memorySizeMB": 17920},
+    "14": {"name": "MIG 2g.35gb", "index": 1, "sliceCount": 2, "memorySizeMB": 35840},
+    "9": {"name": "MIG 3g.71gb", "index": 2, "sliceCount": 3, "memorySizeMB": 71680},
+    "5": {"name": "MIG 4g.71gb", "index": 3, "sliceCount": 4, "memorySizeMB": 71680},
+    "0": {"name": "MIG 7g.141gb", "index": 4, "sliceCount": 7, "memorySizeMB": 143360},
+    "20": {"name": "MIG 1g.18gb+me", "index": 7, "sliceCount": 1, "memorySizeMB": 17920},
+    "15": {"name": "MIG 1g.35gb", "index": 9, "sliceCount": 1, "memorySizeMB": 35840},
+}
+MIB = 1 << 20
+
+
+def mig_uuid(gpu_index, gi, ci):
+    """A MIG device UUID in NVML's R470+ form (``MIG-`` + a UUID); SYNTHETIC (sha256-derived)."""
+    h = hashlib.sha256(f"nvgpu-exporter synthetic MIG {gpu_index}/{gi}/{ci}".encode()).hexdigest()
+    return f"MIG-{h[0:8]}-{h[8:12]}-5{h[13:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def mig_instance(gi, ci, profile_id, start, *, used, gpm, procs=()):
+    """One MIG device of GPU 0: memory of its GPU instance (``used`` per phase), GPM per phase
+    (metric id -> values), compute processes (pid, bytes) while loaded."""
+    total = MIG_PROFILES[str(profile_id)]["memorySizeMB"] * MIB
+    reserved = 64 * MIB  # synthetic: the driver's share inside the GPU instance
+    records = [
+        {"pid": pid, "usedGpuMemory": mem, "gpuInstanceId": gi, "computeInstanceId": ci} for pid, mem in procs
+    ]
+    values = {
+        "nvmlDeviceGetMemoryInfo": cycle(
+            *({"total": total, "reserved": reserved, "free": total - reserved - u, "used": u} for u in used)
+        ),
+        "nvmlDeviceGetComputeRunningProcesses_v3": cycle([], records, records, []) if records else [],
+        "nvmlDeviceGetComputeRunningProcesses_v2": cycle([], records, records, []) if records else [],
+    }
+    values.update({f"nvmlGpmMetricsGet:{m}": cycle(*v) for m, v in gpm.items()})
+    size = {9: 4, 14: 2, 19: 1}[profile_id]
+    return {
+        "gpu_instance_id": gi,
+        "compute_instance_id": ci,
+        "profile_id": profile_id,
+        "uuid": mig_uuid(0, gi, ci),
+        "placement": {"start": start, "size": size},
+        "values": values,
+    }
+
+
+def mig_gpm(idle, loaded):
+    """GPM activity per phase (idle, boosting, capped, cooling) for the five activity metrics."""
+    return {m: (idle.get(m, 0.0), loaded.get(m, 0.0), loaded.get(m, 0.0), idle.get(m, 0.0)) for m in (1, 2, 3, 5, 10)}
+
+
+MIG_TRAINING = {1: 93.6, 2: 89.8, 3: 16.2, 5: 82.7, 10: 21.2}  # gpm-load.json, the bf16 matmul (GPU 0)
+MIG_INFERENCE = {1: 40.0, 2: 35.0, 3: 8.0, 5: 20.0, 10: 9.0}  # synthetic: a lighter load
+
+
+def mig_gpu0(g0):
+    """GPU 0 of h200x2 in MIG mode with mixed profiles (all synthetic, see MIG_PROFILES):
+    GI 2 3g.71gb (one compute instance, a training process), GI 3 2g.35gb split into two compute
+    instances (1c.2g.35gb each, one process each), GI 9 and GI 10 1g.18gb (GI 9 idle, GI 10 an
+    inference process): 3 + 2 + 1 + 1 = 7 compute slices, placements 0-3, 4-5, 6, 7."""
+    busy, idle_gpm = mig_gpm({}, MIG_TRAINING), mig_gpm({}, {})
+    instances = [
+        mig_instance(2, 0, 9, 0, used=(0, 38 << 30, 38 << 30, 0), gpm=busy, procs=[(3101, 38 << 30)]),
+        mig_instance(3, 0, 14, 4, used=(0, 12 << 30, 12 << 30, 0), gpm=mig_gpm({}, MIG_INFERENCE), procs=[(3201, 5 << 30)]),
+        mig_instance(3, 1, 14, 4, used=(0, 12 << 30, 12 << 30, 0), gpm=mig_gpm({}, MIG_INFERENCE), procs=[(3202, 7 << 30)]),
+        mig_instance(9, 0, 19, 6, used=(0, 0, 0, 0), gpm=idle_gpm),
+        mig_instance(10, 0, 19, 7, used=(2 << 30,) * 4, gpm=mig_gpm(MIG_INFERENCE, MIG_INFERENCE), procs=[(3301, 2 << 30)]),
+    ]
+    for split in instances[1:3]:  # the MIG devices of a split GPU instance name their compute profile
+        split["values"]["nvmlDeviceGetName"] = "NVIDIA H200 MIG 1c.2g.35gb"
+    # GI 10's inference server runs in every phase: its process list is not a load-phase cycle
+    instances[4]["values"]["nvmlDeviceGetComputeRunningProcesses_v3"] = instances[4]["values"][
+        "nvmlDeviceGetComputeRunningProcesses_v2"
+    ] = [{"pid": 3301, "usedGpuMemory": 2 << 30, "gpuInstanceId": 10, "computeInstanceId": 0}]
+    values = g0["values"]
+    del values["nvmlDeviceGetMigMode"]  # the mig object answers it
+    for fn in (
+        "nvmlDeviceGetUtilizationRates",  # "On MIG-enabled GPUs, querying device utilization rates is not
+        "nvmlDeviceGetEncoderUtilization",  # currently supported" (NVML API reference); encoder and
+        "nvmlDeviceGetDecoderUtilization",  # decoder as well (nvml-notes §2.2)
+        "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetRemappedRows",  # NOT_SUPPORTED "if MIG has active instances" (nvml-notes §3.8)
+    ):
+        values[fn] = NOT_SUPPORTED
+    # the parent's process lists: the aggregate over the instances, with their ids (privileged
+    # callers; nvml-notes §2.2), while loaded; GI 10's process always
+    loaded = [r for inst in instances[:3] for r in inst["values"]["nvmlDeviceGetComputeRunningProcesses_v3"]["cycle"][1]]
+    always = instances[4]["values"]["nvmlDeviceGetComputeRunningProcesses_v3"]
+    procs = cycle(always, loaded + always, loaded + always, always)
+    for fn in (
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetComputeRunningProcesses",
+    ):
+        values[fn] = procs
+    g0["mig"] = {"mode": [1, 1], "max_devices": 7, "profiles": MIG_PROFILES, "layouts": [{"instances": instances}]}
+    return g0
+
+
+def h200x2_mig():
+    doc = h200x2()
+    doc["description"] = (
+        "h200x2.json with GPU 0 in MIG mode (issue 15; examples/scenarios/generate.py, mig_gpu0): mixed"
+        " profiles, GI 2 3g.71gb (a training process, GPM as measured under the bf16 matmul in"
+        " gpm-load.json while loaded), GI 3 2g.35gb split into two compute instances, GI 9 and GI 10"
+        " 1g.18gb (GI 9 idle, GI 10 an inference server in every phase). SYNTHETIC, not measured: no H200"
+        " was put in MIG mode (the lab machines' MIG setting must stay as it is); profile names from"
+        " NVIDIA's MIG user guide for the H200, profile ids as NVML gives them on A100/H100, memory"
+        " sizes the measured total split by memory slices, MIG UUIDs sha256-derived, instance memory"
+        " and processes invented. On GPU 0 utilization, encoder, decoder, per-process utilization and"
+        " remapped rows answer NOT_SUPPORTED as NVML documents for MIG mode; its process lists are"
+        " the aggregate of the instances (a privileged caller's view). GPU 1 is h200x2's GPU 1, MIG"
+        " mode [0, 0]. The rest as h200x2.json: " + doc["description"]
+    )
+    doc["gpus"][0] = mig_gpu0(doc["gpus"][0])
+    return doc
+
+
+SCENARIOS = {
+    "h200x1.json": h200x1,
+    "h200x2.json": h200x2,
+    "h200x8.json": h200x8,
+    "h200x2-mig.json": h200x2_mig,
+}
 
 
 def render(doc, indent=1, width=100):
@@ -507,6 +637,7 @@ def render(doc, indent=1, width=100):
 
 UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
+MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 def validate(name, doc):
@@ -518,6 +649,10 @@ def validate(name, doc):
     for gi, g in enumerate(doc["gpus"]):
         if not UUID.match(g["uuid"]) or not BUS_ID.match(g["pci_bus_id"]):
             raise ValueError(f"{name}: gpus[{gi}]: bad uuid or pci_bus_id")
+        for layout in g.get("mig", {}).get("layouts", []):
+            for inst in layout["instances"]:
+                if not MIG_UUID.match(inst["uuid"]):
+                    raise ValueError(f"{name}: gpus[{gi}]: bad MIG uuid {inst['uuid']}")
 
 
 def main(argv):

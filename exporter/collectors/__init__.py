@@ -1,6 +1,7 @@
 """Collector registry: feature name -> collector module, in sampling order.
 
-Identity comes first so a GPU's labels are known before anything else is read. The features
+Identity comes first so a GPU's labels are known before anything else is read, then MIG, whose
+layout (mode, GPU instances) utilization and GPM read in the same pass. The features
 without a per-sample collector are listed in :data:`NOT_COLLECTORS` (an NVML event thread in the
 worker; the kernel log and the kubelet in the supervisor); ``tests/test_collectors.py`` checks that
 the two together name exactly ``guards.features.FEATURES``.
@@ -19,6 +20,7 @@ from exporter.collectors import (
     gpm_pipes,
     identity,
     memory,
+    mig,
     nvlink,
     nvlink_throughput,
     pcie,
@@ -33,6 +35,7 @@ from exporter.collectors.base import Collector
 
 _ORDER: tuple[Collector, ...] = (
     identity,
+    mig,  # before utilization and gpm: they read the MIG layout it leaves in dev.cache
     utilization,
     memory,
     power,
@@ -75,7 +78,17 @@ def feature_of(reading_class: type[Any]) -> str:
 def to_json(reading: Any) -> dict[str, Any]:
     """A Reading as a JSON-ready dict (worker side).
 
-    Shallow: Reading fields hold plain numbers, strings, tuples and flat dicts, so
-    ``dataclasses.asdict``'s deep copy (a third of a sample's time on 8 GPUs) buys nothing.
+    Shallow where it can be: Reading fields hold plain numbers, strings, tuples and flat dicts, so
+    ``dataclasses.asdict``'s deep copy (a third of a sample's time on 8 GPUs) buys nothing. A field
+    holding a dataclass or a tuple of them (the MIG instances of ``exporter.collectors.mig``) is
+    converted the same way, recursively.
     """
-    return {name: getattr(reading, name) for name in reading.__dataclass_fields__}
+    return {name: _plain(getattr(reading, name)) for name in reading.__dataclass_fields__}
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return to_json(value)
+    if type(value) is tuple and value and hasattr(value[0], "__dataclass_fields__"):
+        return [to_json(v) for v in value]
+    return value

@@ -29,9 +29,16 @@ Buffers are freed when a GPU stops answering GPM (NOT_SUPPORTED); otherwise they
 the worker, and the process's exit releases them (a GPU that is lost and attached again gets a new
 device client and two new buffers: two small allocations per loss).
 
-MIG: a MIG-enabled GPU is skipped (the feature is unsupported there) until a per GPU instance
-variant exists. It would reuse :func:`take` with a scope per GPU instance and a ``sample``
-callable that calls ``nvmlGpmMigSampleGet(handle, gpu_instance_id, buffer)``.
+MIG (issue 15): on a MIG-enabled GPU (the layout the ``mig`` feature read earlier in the same
+pass, :func:`exporter.collectors.mig.layout`) the five activity metrics are read per GPU instance
+instead: :func:`take` with a window per GPU instance (key ``gpm:mig:<id>:<profile>``, so a GPU
+instance destroyed and created again with another profile under the same id starts a new window)
+and ``nvmlGpmMigSampleGet(device, gpuInstanceId, buffer)`` as the sampling call (NVML API
+reference, GPM Functions: "Read a sample of GPM metrics into the provided gpmSample buffer for a
+MIG GPU Instance"; Hopper and newer). The windows of GPU instances that went away, and the GPU's
+own window when MIG goes on, are freed at once. PCIe and NVLink traffic and the pipes
+(``gpm_pipes``) are not read per GPU instance: absent on MIG GPUs. Without the ``mig`` feature a
+MIG-enabled GPU is skipped (the feature is unsupported there).
 
 The pipe-level detail (HMMA, IMMA, DMMA, DFMA, FP64, FP32, FP16) is the separate, off-by-default
 feature ``gpm_pipes`` (:mod:`exporter.collectors.gpm_pipes`), with its own buffers: seven more
@@ -44,9 +51,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from exporter.collectors import mig
 from exporter.collectors.base import percent_to_ratio
 from exporter.metric import GpuKey, MetricDef
-from exporter.nvml import structs
+from exporter.nvml import errors, structs
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -113,6 +121,27 @@ NVLINK_RECEIVE = MetricDef(
     "NVLink bytes received over all links: GPM's rate over each sample interval times its length, summed "
     "since the worker started (GPM NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC; DCGM_FI_PROF_NVLINK_RX_BYTES)",
 )
+_MIG_LABELS = ("gpu_instance_id", "mig_profile")
+_PER_GI = "per GPU instance of a MIG-enabled GPU (nvmlGpmMigSampleGet)"
+MIG_GRAPHICS_ACTIVITY = MetricDef(
+    "nvgpu_mig_gpm_graphics_activity_ratio",
+    f"As nvgpu_gpm_graphics_activity_ratio, {_PER_GI}: the GPU instance's graphics or compute engine active",
+    _MIG_LABELS,
+)
+MIG_SM_ACTIVITY = MetricDef(
+    "nvgpu_mig_gpm_sm_activity_ratio",
+    f"As nvgpu_gpm_sm_activity_ratio, {_PER_GI}: the share of the GPU instance's SMs busy",
+    _MIG_LABELS,
+)
+MIG_SM_OCCUPANCY = MetricDef(
+    "nvgpu_mig_gpm_sm_occupancy_ratio", f"As nvgpu_gpm_sm_occupancy_ratio, {_PER_GI}", _MIG_LABELS
+)
+MIG_TENSOR_ACTIVITY = MetricDef(
+    "nvgpu_mig_gpm_tensor_activity_ratio", f"As nvgpu_gpm_tensor_activity_ratio, {_PER_GI}", _MIG_LABELS
+)
+MIG_DRAM_BANDWIDTH = MetricDef(
+    "nvgpu_mig_gpm_dram_bandwidth_ratio", f"As nvgpu_gpm_dram_bandwidth_ratio, {_PER_GI}", _MIG_LABELS
+)
 METRICS = (
     GRAPHICS_ACTIVITY,
     SM_ACTIVITY,
@@ -123,6 +152,11 @@ METRICS = (
     PCIE_RECEIVE,
     NVLINK_TRANSMIT,
     NVLINK_RECEIVE,
+    MIG_GRAPHICS_ACTIVITY,
+    MIG_SM_ACTIVITY,
+    MIG_SM_OCCUPANCY,
+    MIG_TENSOR_ACTIVITY,
+    MIG_DRAM_BANDWIDTH,
 )
 
 ACTIVITY: tuple[tuple[int, MetricDef], ...] = (
@@ -138,14 +172,39 @@ TRAFFIC: tuple[tuple[int, MetricDef], ...] = (
     (NVLINK_TOTAL_TX_PER_SEC, NVLINK_TRANSMIT),
     (NVLINK_TOTAL_RX_PER_SEC, NVLINK_RECEIVE),
 )
+MIG_ACTIVITY: tuple[tuple[int, MetricDef], ...] = (
+    (GRAPHICS_UTIL, MIG_GRAPHICS_ACTIVITY),
+    (SM_UTIL, MIG_SM_ACTIVITY),
+    (SM_OCCUPANCY, MIG_SM_OCCUPANCY),
+    (ANY_TENSOR_UTIL, MIG_TENSOR_ACTIVITY),
+    (DRAM_BW_UTIL, MIG_DRAM_BANDWIDTH),
+)
 METRIC_IDS = tuple(m for m, _ in ACTIVITY + TRAFFIC)
+MIG_METRIC_IDS = tuple(m for m, _ in MIG_ACTIVITY)
 _ACTIVITY_IDS = frozenset(m for m, _ in ACTIVITY)
+MIG_WINDOW_PREFIX = "gpm:mig:"
+
+
+@dataclass(frozen=True)
+class InstanceActivity:
+    """GPM activity of one GPU instance over the last sample interval.
+
+    Attributes:
+        gpu_instance_id: the GPU instance.
+        profile: its profile name (``1g.18gb``; "" when unknown).
+        activity_percent: GPM metric id -> percent.
+    """
+
+    gpu_instance_id: int
+    profile: str
+    activity_percent: dict[int, float]
 
 
 @dataclass(frozen=True)
 class Reading:
     activity_percent: dict[int, float]  # GPM metric id -> percent over the last window
     transferred_bytes: dict[int, float]  # GPM rate metric id -> bytes since the worker started
+    instances: tuple[InstanceActivity, ...] = ()  # MIG-enabled GPU: per GPU instance, the GPU's own dicts empty
 
 
 # -- the two-sample window, shared with gpm_pipes (and a future per GPU instance variant) ----------
@@ -173,13 +232,36 @@ def device_sample(dev: DeviceClient, feature: str) -> Callable[[Any], Any]:
     return lambda buffer: dev.call(feature, "nvmlGpmSampleGet", buffer, key=("nvmlGpmSampleGet",))
 
 
+def instance_sample(dev: DeviceClient, feature: str, gpu_instance_id: int) -> Callable[[Any], Any]:
+    """The sampling call for one GPU instance: ``nvmlGpmMigSampleGet(handle, gpuInstanceId, buffer)``;
+    a GPU instance destroyed since the layout was read only omits this sample."""
+    return lambda buffer: dev.call(
+        feature,
+        "nvmlGpmMigSampleGet",
+        gpu_instance_id,
+        buffer,
+        key=("nvmlGpmMigSampleGet",),
+        context=errors.Context.MIG_DEVICE,
+    )
+
+
+def release(dev: DeviceClient, feature: str, cache_key: str) -> None:
+    """Free the window kept under ``cache_key`` (a GPU instance that went away, MIG going on)."""
+    window = dev.state.pop(cache_key, None)
+    if isinstance(window, Window):
+        _free(dev, feature, window.buffers)
+
+
 def _free(dev: DeviceClient, feature: str, buffers: Iterable[Any]) -> None:
     for buffer in buffers:
         dev.call(feature, "nvmlGpmSampleFree", buffer, key=("nvmlGpmSampleFree",), handle=False)
 
 
-def _open(dev: DeviceClient, feature: str) -> Window | None | bool:
-    """Support checks and buffers. Returns a Window, False (never on this GPU), or None (retry)."""
+def _open(dev: DeviceClient, feature: str, per_instance: bool = False) -> Window | None | bool:
+    """Support checks and buffers. Returns a Window, False (never on this GPU), or None (retry).
+
+    A whole-GPU window is refused on a MIG-enabled GPU; a per-GPU-instance one (``per_instance``)
+    only exists there."""
     support = dev.get(feature, "nvmlGpmQueryDeviceSupport")
     if support is None:
         if ("nvmlGpmQueryDeviceSupport",) in dev.unsupported:
@@ -189,10 +271,17 @@ def _open(dev: DeviceClient, feature: str) -> Window | None | bool:
     if not int(getattr(support, "isSupportedDevice", 0)):
         dev.nothing_to_read(feature, "nvmlGpmQueryDeviceSupport", "GPM not supported on this GPU (Hopper and newer)")
         return False
-    mig = dev.probe(feature, "nvmlDeviceGetMigMode")  # NOT_SUPPORTED: a GPU without MIG
-    if mig is not None and int(mig[0]) == 1:
+    state = mig.layout(dev)
+    if state is not None:
+        partitioned = state.enabled
+    else:
+        mode = dev.probe(feature, "nvmlDeviceGetMigMode")  # NOT_SUPPORTED: a GPU without MIG
+        partitioned = mode is not None and int(mode[0]) == mig.MIG_ENABLE
+    if partitioned and not per_instance:
         dev.nothing_to_read(
-            feature, "nvmlGpmSampleGet", "MIG enabled: GPM per GPU instance (nvmlGpmMigSampleGet) is not implemented"
+            feature,
+            "nvmlGpmSampleGet",
+            "MIG enabled: GPM is read per GPU instance, by the gpm feature with the mig feature on",
         )
         return False
     buffers: list[Any] = []
@@ -221,6 +310,8 @@ def take(
     cache_key: str,
     metric_ids: Sequence[int],
     sample: Callable[[Any], Any] | None = None,
+    sample_key: tuple[Any, ...] = ("nvmlGpmSampleGet",),
+    per_instance: bool = False,
 ) -> tuple[Window, dict[int, float], float] | None:
     """One GPM reading of this GPU: the metrics over the window since the previous call.
 
@@ -232,6 +323,9 @@ def take(
             "not on this GPU" (unsupported, MIG enabled) until the next re-probe clears the cache.
         metric_ids: ``NVML_GPM_METRIC_*`` ids to compute.
         sample: fills a buffer (default :func:`device_sample`); returns None on failure.
+        sample_key: the unsupported-cache key of the sampling call (``("nvmlGpmMigSampleGet",)`` per
+            GPU instance): once it is unsupported the window is closed.
+        per_instance: a window of one GPU instance (:func:`instance_sample`) on a MIG-enabled GPU.
 
     Returns:
         (the window, metric id -> value in NVML's unit, window length in seconds on the backend's
@@ -245,7 +339,7 @@ def take(
     if window is None:
         if cache_key in dev.cache:  # None: not on this GPU (until a re-probe)
             return None
-        opened = _open(dev, feature)
+        opened = _open(dev, feature, per_instance)
         if opened is None:
             return None
         if opened is False:
@@ -257,8 +351,8 @@ def take(
     got = (sample or device_sample(dev, feature))(window.buffers[target])
     now = dev.client.now()
     if got is None:
-        if ("nvmlGpmSampleGet",) in dev.unsupported:
-            _close(dev, feature, cache_key, window, "GPM sampling no longer supported", "nvmlGpmSampleGet")
+        if sample_key in dev.unsupported:
+            _close(dev, feature, cache_key, window, "GPM sampling no longer supported", str(sample_key[0]))
         return None  # the older sample stays: the next window spans both intervals
     if window.newest is None:
         window.newest, window.taken_at = target, now
@@ -278,6 +372,12 @@ def take(
 
 
 def read(dev: DeviceClient) -> Reading | None:
+    state = mig.layout(dev)
+    if state is not None and state.enabled:
+        release(dev, FEATURE, "gpm")  # MIG went on under a running worker
+        return _read_instances(dev, state)
+    for key in [k for k in dev.state if k.startswith(MIG_WINDOW_PREFIX)]:
+        release(dev, FEATURE, key)  # MIG went off: no GPU instances any more
     got = take(dev, FEATURE, "gpm", METRIC_IDS)
     if got is None:
         return None
@@ -290,9 +390,38 @@ def read(dev: DeviceClient) -> Reading | None:
     return Reading(activity, dict(window.totals))
 
 
+def _read_instances(dev: DeviceClient, state: mig.Reading) -> Reading | None:
+    """Activity per GPU instance of a MIG-enabled GPU; windows of GPU instances gone are freed."""
+    out: list[InstanceActivity] = []
+    live: set[str] = set()
+    for gi in state.gpu_instances:
+        key = f"{MIG_WINDOW_PREFIX}{gi.gpu_instance_id}:{gi.profile}:{gi.profile_id}"
+        live.add(key)
+        got = take(
+            dev,
+            FEATURE,
+            key,
+            MIG_METRIC_IDS,
+            sample=instance_sample(dev, FEATURE, gi.gpu_instance_id),
+            sample_key=("nvmlGpmMigSampleGet",),
+            per_instance=True,
+        )
+        if got is not None:
+            values = {m: v for m, v in got[1].items() if v >= 0}
+            out.append(InstanceActivity(gi.gpu_instance_id, gi.profile, values))
+    for key in [k for k in dev.state if k.startswith(MIG_WINDOW_PREFIX) and k not in live]:
+        release(dev, FEATURE, key)
+    return Reading({}, {}, tuple(out)) if out else None
+
+
 def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
     fams = {m: spec.family() for m, spec in ACTIVITY + TRAFFIC}
+    per_gi = {m: spec.family() for m, spec in MIG_ACTIVITY}
     for key, r in samples:
+        for g in r.instances:
+            for metric_id, percent in g.activity_percent.items():
+                if metric_id in per_gi:
+                    per_gi[metric_id].add(key, percent_to_ratio(percent), str(g.gpu_instance_id), g.profile)
         for metric_id, percent in r.activity_percent.items():
             if metric_id in fams:
                 fams[metric_id].add(key, percent_to_ratio(percent))
@@ -301,3 +430,5 @@ def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> I
                 fams[metric_id].add(key, total)
     for metric_id, _ in ACTIVITY + TRAFFIC:
         yield from fams[metric_id].done()
+    for metric_id, _ in MIG_ACTIVITY:
+        yield from per_gi[metric_id].done()

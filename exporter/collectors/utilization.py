@@ -2,7 +2,13 @@
 
 Sources: nvmlDeviceGetUtilizationRates (percent of time over the driver's sample period, 1/6 s to
 1 s by product), nvmlDeviceGetEncoderUtilization / nvmlDeviceGetDecoderUtilization (percent,
-sampling period). All answer NOT_SUPPORTED with MIG enabled.
+sampling period). All answer NOT_SUPPORTED with MIG enabled (NVML API reference,
+nvmlDeviceGetUtilizationRates: "On MIG-enabled GPUs, querying device utilization rates is not
+currently supported"): on a GPU the ``mig`` feature found in MIG mode they are not asked at all
+and the feature is unsupported on that GPU until MIG goes off (a re-probe), so the series are
+absent, never 0, and ``nvgpu_gpu_feature_unsupported{feature="utilization"}`` with
+``nvgpu_mig_mode`` 1 says why. Per GPU instance, GPM activity stands in for it
+(``nvgpu_mig_gpm_*``, :mod:`exporter.collectors.gpm`).
 
 ``.memory`` is the share of the sample period during which device memory was being read or
 written (the memory controller's busy time), not memory used / total: it is exported as
@@ -17,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from exporter.collectors import mig
 from exporter.collectors.base import percent_to_ratio
 from exporter.metric import GpuKey, MetricDef
 
@@ -59,6 +66,13 @@ class Reading:
 
 
 def read(dev: DeviceClient) -> Reading | None:
+    state = mig.layout(dev)
+    if state is not None and state.enabled:
+        if ("nvmlDeviceGetUtilizationRates",) not in dev.unsupported:
+            dev.nothing_to_read(
+                FEATURE, "nvmlDeviceGetUtilizationRates", "MIG enabled: device-wide utilization is absent"
+            )
+        return None
     util = dev.get(FEATURE, "nvmlDeviceGetUtilizationRates")
     enc = dev.get(FEATURE, "nvmlDeviceGetEncoderUtilization")
     dec = dev.get(FEATURE, "nvmlDeviceGetDecoderUtilization")

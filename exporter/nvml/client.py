@@ -155,6 +155,9 @@ class DeviceClient:
         self.state: dict[str, Any] = {}  # worker-side state that survives a re-probe (GPM buffers, byte totals)
         self.feature_ok: set[str] = set()  # features with at least one successful call this life
         self.feature_unsupported: set[str] = set()
+        # Set by a collector that saw the GPU change under it (MIG mode): the GPU's thread re-probes
+        # before its next pass, as after a MIG configuration change event.
+        self.reprobe_requested = False
 
     def forget(self) -> None:
         """Forget the unsupported answers that can change, and every static reading: ask again (a
@@ -253,6 +256,7 @@ class DeviceClient:
         key: tuple[Any, ...],
         handle: bool = True,
         discovery: bool = False,
+        context: errors.Context = errors.Context.CALL,
     ) -> Any:
         """Like :meth:`get`, for calls whose arguments cannot key the unsupported cache.
 
@@ -261,8 +265,10 @@ class DeviceClient:
         ``handle=False`` the device handle is not passed (``nvmlGpmSampleAlloc``,
         ``nvmlGpmSampleFree``, ``nvmlGpmMetricsGet`` take none); the call is still made on this
         GPU's behalf: its breadcrumb, its unsupported cache, its error counts. Errors are classified
-        as for an ordinary per-GPU call. ``discovery=True`` for a call that only decides what to ask
-        for (the driver version): its success does not make the feature look supported.
+        as for an ordinary per-GPU call unless ``context`` says otherwise (``MIG_DEVICE`` for a call
+        on a MIG device handle, which the caller then passes itself with ``handle=False``).
+        ``discovery=True`` for a call that only decides what to ask for (the driver version): its
+        success does not make the feature look supported.
 
         Returns:
             The value, or None when it is missing (unsupported, absent, transient, bug).
@@ -277,7 +283,7 @@ class DeviceClient:
         try:
             value = self.client.raw(feature, function, self.uuid, *call_args)
         except Exception as exc:  # classified in one place: errors.classify
-            self.handle_error(feature, function, key, exc, context=errors.Context.CALL)
+            self.handle_error(feature, function, key, exc, context=context)
             return None
         if not discovery:
             self.feature_ok.add(feature)

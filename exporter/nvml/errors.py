@@ -109,6 +109,7 @@ class Context(str, enum.Enum):
     INDEXED = "indexed"  # a per-link / per-fan / per-counter query: the index may not exist
     HANDLE_LOOKUP = "handle_lookup"  # nvmlDeviceGetHandleByIndex / ByUUID / ByPciBusId
     FIELD_ENTRY = "field_entry"  # the per-entry code of one nvmlDeviceGetFieldValues result
+    MIG_DEVICE = "mig_device"  # a call on a MIG device handle or a GPU instance id (exporter/collectors/mig.py)
 
 
 # Per-context exceptions to _TABLE, each with its reason:
@@ -117,11 +118,17 @@ class Context(str, enum.Enum):
 # - HANDLE_LOOKUP: UNKNOWN means the GPU is gone (gpud: Xid 79 can surface as "Unknown Error" from
 #   nvmlDeviceGetHandleByIndex), and INVALID_ARGUMENT for an index NVML just counted means the same.
 # - FIELD_ENTRY: INVALID_ARGUMENT means "no such field / scope on this driver" (nvml-notes §4.2).
+# - MIG_DEVICE: INVALID_ARGUMENT means the MIG device (or GPU instance) went away between its
+#   enumeration and this call. NVML API reference, nvmlDeviceGetMigDeviceHandleByIndex: "If the
+#   compute instance is destroyed either explicitly or by destroying, resetting or unbinding the
+#   parent GPU instance or the GPU device itself the MIG device handle would remain invalid and
+#   must be requested again"; the next sample enumerates again, so it only omits this reading.
 _OVERRIDES: dict[Context, dict[int, ErrorClass]] = {
     Context.CALL: {},
     Context.INDEXED: {INVALID_ARGUMENT: _C.UNSUPPORTED},
     Context.HANDLE_LOOKUP: {UNKNOWN: _C.DEVICE_LOST, INVALID_ARGUMENT: _C.DEVICE_LOST},
     Context.FIELD_ENTRY: {INVALID_ARGUMENT: _C.UNSUPPORTED},
+    Context.MIG_DEVICE: {INVALID_ARGUMENT: _C.ABSENT},
 }
 
 

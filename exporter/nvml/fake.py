@@ -23,9 +23,10 @@ from typing import Any
 import pynvml
 
 from exporter.nvml import errors
+from exporter.nvml.fake_mig import FakeGpuInstance, FakeMigHandle, MigModel
 from exporter.nvml.scenario import _PER_LINK, _PER_LINK_FIELDS, EVENT_TYPES, ScenarioError, load_scenario
 
-__all__ = ["EVENT_TYPES", "FakeHandle", "FakeNvml", "ScenarioError", "crash_segfault"]
+__all__ = ["EVENT_TYPES", "FakeHandle", "FakeMigHandle", "FakeNvml", "ScenarioError", "crash_segfault"]
 
 
 class FakeHandle:
@@ -68,6 +69,7 @@ class _GpmSample:
     def __init__(self) -> None:
         self.buffer = ctypes.create_string_buffer(16)
         self.gpu: int | None = None  # GPU index of the last nvmlGpmSampleGet, None while empty
+        self.gi: int | None = None  # GPU instance of an nvmlGpmMigSampleGet, None for the whole GPU
         self.t = 0.0  # scenario time of that sample
 
 
@@ -660,7 +662,7 @@ class _FakeGpm(_FakeCore):
             self._resolve(spec, self.now())  # raises the scenario's error, if any
         if not self._gpm_supported(gpu):
             raise _err(errors.NOT_SUPPORTED)
-        state.gpu, state.t = handle.index, self.now()
+        state.gpu, state.gi, state.t = handle.index, None, self.now()
         return sample
 
     def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:  # noqa: N802
@@ -707,7 +709,171 @@ class _FakeGpm(_FakeCore):
         return 0
 
 
-class FakeNvml(_FakeProcesses, _FakeEvents, _FakeGpm):
+class _FakeMig(_FakeGpm):
+    """MIG (docs/scenarios.md, "MIG"): the calls on a GPU with a ``mig`` object, and every call made
+    with a MIG device handle (answered from its instance, :class:`~exporter.nvml.fake_mig.MigModel`)."""
+
+    @property
+    def _mig(self) -> MigModel:
+        model = self.__dict__.get("_mig_model")
+        if model is None:
+            model = self.__dict__["_mig_model"] = MigModel(self._gpus, self._resolve, self.now)
+        return model
+
+    def _parent(self, fn: str, handle: Any, *args: Any) -> int | None:
+        """Enter ``fn`` on a parent handle; the GPU index when it has a ``mig`` object, else None
+        (answered from ``values`` by the caller)."""
+        self._enter(fn, getattr(handle, "index", getattr(handle, "gpu", None)))
+        if isinstance(handle, FakeMigHandle):
+            self._mig.instance(handle)  # a stale handle answers INVALID_ARGUMENT
+            raise _err(errors.NOT_SUPPORTED)  # not on a MIG device handle
+        self._gpu(handle)
+        return handle.index if self._mig.spec(handle.index) is not None else None
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:  # noqa: N802
+        gpu = self._parent("nvmlDeviceGetMigMode", handle)
+        if gpu is None:
+            return list(self._value(self._gpu(handle), "nvmlDeviceGetMigMode", ()))
+        return self._mig.mode(gpu)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:  # noqa: N802
+        gpu = self._parent("nvmlDeviceGetMaxMigDeviceCount", handle)
+        if gpu is None:
+            values = self._gpu(handle).get("values", {})
+            if "nvmlDeviceGetMaxMigDeviceCount" not in values and "nvmlDeviceGetMigMode" in values:
+                return 0  # a MIG-capable GPU with MIG off answers 0 (nvml-notes §2.2, measured on the H200)
+            return int(self._value(self._gpu(handle), "nvmlDeviceGetMaxMigDeviceCount", ()))
+        return self._mig.max_devices(gpu)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> FakeMigHandle:  # noqa: N802
+        gpu = self._parent("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if gpu is None:
+            raise _err(errors.NOT_FOUND)  # no MIG device without a mig object (as with MIG off)
+        return self._mig.handle(gpu, int(index))
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpu_instance_id: int) -> FakeGpuInstance:  # noqa: N802
+        gpu = self._parent("nvmlDeviceGetGpuInstanceById", handle)
+        if gpu is None or not self._mig.enabled(gpu):
+            raise _err(errors.NOT_SUPPORTED)
+        spec = self._gpus[gpu].get("values", {}).get("nvmlDeviceGetGpuInstanceById")
+        if spec is not None:
+            self._resolve(spec, self.now())  # e.g. {"error": "NO_PERMISSION"}: an unprivileged caller
+        self._mig.gpu_instance(gpu, int(gpu_instance_id))
+        return FakeGpuInstance(gpu, int(gpu_instance_id))
+
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: Any) -> SimpleNamespace:  # noqa: N802
+        self._enter("nvmlGpuInstanceGetInfo", getattr(gpu_instance, "gpu", None))
+        if not isinstance(gpu_instance, FakeGpuInstance):
+            crash_segfault()  # a wild pointer
+        return self._mig.gpu_instance_info(gpu_instance)
+
+    def nvmlDeviceGetGpuInstanceProfileInfoById(self, handle: Any, profile_id: int) -> SimpleNamespace:  # noqa: N802
+        gpu = self._parent("nvmlDeviceGetGpuInstanceProfileInfoById", handle)
+        if gpu is None:
+            raise _err(errors.NOT_SUPPORTED)
+        return self._mig.profile(gpu, profile_id=int(profile_id))
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> SimpleNamespace:  # noqa: N802
+        gpu = self._parent("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        if gpu is None:
+            raise _err(errors.NOT_SUPPORTED)
+        return self._mig.profile(gpu, index=int(profile))
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
+        if isinstance(handle, FakeMigHandle):
+            self._enter("nvmlDeviceGetUUID", handle.gpu)
+            return str(self._mig.instance(handle)["uuid"])
+        return super().nvmlDeviceGetUUID(handle)
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
+        if isinstance(handle, FakeMigHandle):
+            self._enter("nvmlDeviceGetName", handle.gpu)
+            gpu = self._gpus[handle.gpu]
+            return self._mig.name(handle, str(gpu.get("name", "NVIDIA H200")))
+        return super().nvmlDeviceGetName(handle)
+
+    def _mig_id(self, fn: str, handle: Any, key: str) -> int:
+        self._enter(fn, getattr(handle, "gpu", getattr(handle, "index", None)))
+        if not isinstance(handle, FakeMigHandle):
+            self._gpu(handle)
+            raise _err(errors.INVALID_ARGUMENT)  # not a MIG device handle
+        return int(self._mig.instance(handle)[key])
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:  # noqa: N802
+        return self._mig_id("nvmlDeviceGetGpuInstanceId", handle, "gpu_instance_id")
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:  # noqa: N802
+        return self._mig_id("nvmlDeviceGetComputeInstanceId", handle, "compute_instance_id")
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> SimpleNamespace:  # noqa: N802
+        if not isinstance(handle, FakeMigHandle):
+            return super().nvmlDeviceGetMemoryInfo(handle, version)
+        self._enter("nvmlDeviceGetMemoryInfo", handle.gpu)
+        mem = self._mig.value(handle, "nvmlDeviceGetMemoryInfo", ())
+        reserved = getattr(mem, "reserved", 0)
+        if version is None:
+            return SimpleNamespace(total=mem.total, free=mem.free, used=mem.used + reserved)
+        return SimpleNamespace(version=version, total=mem.total, reserved=reserved, free=mem.free, used=mem.used)
+
+    def __getattr__(self, fn: str) -> Callable[..., Any]:
+        on_gpu = super().__getattr__(fn)  # AttributeError for anything that is not a device call
+
+        def call(handle: Any, *args: Any) -> Any:
+            if not isinstance(handle, FakeMigHandle):
+                return on_gpu(handle, *args)
+            self._enter(fn, handle.gpu)
+            return self._mig.value(handle, fn, args)
+
+        call.__name__ = fn
+        return call
+
+    # -- GPM per GPU instance ----------------------------------------------------------------------
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:  # noqa: N802
+        if isinstance(handle, FakeHandle) and self._mig.enabled(handle.index):
+            self._enter("nvmlGpmSampleGet", handle.index)
+            raise _err(errors.NOT_SUPPORTED)  # the whole GPU is not sampled in MIG mode
+        return super().nvmlGpmSampleGet(handle, sample)
+
+    def nvmlGpmMigSampleGet(self, handle: Any, gpu_instance_id: int, sample: Any) -> Any:  # noqa: N802
+        fn = "nvmlGpmMigSampleGet"
+        gpu = self._parent(fn, handle)
+        state = self._gpm_sample(sample)
+        if gpu is None or not self._mig.enabled(gpu) or not self._gpm_supported(self._gpus[gpu]):
+            raise _err(errors.NOT_SUPPORTED)
+        inst = self._mig.gpu_instance(gpu, int(gpu_instance_id))  # INVALID_ARGUMENT when gone
+        if fn in inst.get("values", {}):
+            self._mig.value_spec(inst, fn)  # a per-instance error spec
+        state.gpu, state.gi, state.t = gpu, int(gpu_instance_id), self.now()
+        return sample
+
+    def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:  # noqa: N802
+        first = self._gpm_samples.get(ctypes.cast(metrics_get.sample1, ctypes.c_void_p).value or 0)
+        second = self._gpm_samples.get(ctypes.cast(metrics_get.sample2, ctypes.c_void_p).value or 0)
+        if first is None or second is None or (first.gi is None and second.gi is None):
+            return super().nvmlGpmMetricsGet(metrics_get)
+        fn = "nvmlGpmMetricsGet"
+        self._enter(fn, first.gpu)
+        if metrics_get.version != self.NVML_GPM_METRICS_GET_VERSION:
+            raise _err(errors.ARGUMENT_VERSION_MISMATCH)
+        if first.gpu != second.gpu or first.gi != second.gi or second.t < first.t:
+            raise _err(errors.INVALID_ARGUMENT)  # two GPUs or GPU instances, or the wrong order
+        assert second.gpu is not None and second.gi is not None
+        self._mig.gpu_instance(second.gpu, second.gi)  # INVALID_ARGUMENT when it went away
+        for i in range(metrics_get.numMetrics):
+            entry = metrics_get.metrics[i]
+            try:
+                value = self._mig.gpm_metric(second.gpu, second.gi, int(entry.metricId), second.t)
+            except KeyError:
+                entry.nvmlReturn, entry.value = errors.NOT_SUPPORTED, 0.0
+            except pynvml.NVMLError as exc:
+                entry.nvmlReturn, entry.value = int(exc.value), 0.0
+            else:
+                entry.nvmlReturn, entry.value = 0, float(value)
+        return metrics_get
+
+
+class FakeNvml(_FakeMig, _FakeProcesses, _FakeEvents):
     """pynvml look-alike answering from a scenario.
 
     Args:

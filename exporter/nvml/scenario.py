@@ -59,6 +59,7 @@ _GPU_KEYS = {
     "fields",
     "default_field_error",
     "nvlink_link_count",
+    "mig",
     "comment",
 }
 _TOP_KEYS = {
@@ -251,6 +252,11 @@ def _check_gpu(path: str, i: int, gpu: Any) -> None:
             _fail(path, f"gpus[{i}].{key}", "a non-negative integer")
     if "default_field_error" in gpu:
         _check_error(path, f"gpus[{i}].default_field_error", gpu["default_field_error"])
+    if "mig" in gpu:
+        _check_mig(path, f"gpus[{i}].mig", gpu["mig"])
+        taken = sorted(_MIG_CALLS & set(gpu.get("values", {})))
+        if taken:
+            _fail(path, f"gpus[{i}].values {taken}", "these calls under gpus[].mig only (the GPU has a mig object)")
     for key, pattern, what in (
         ("values", _VALUE_KEY, "pynvml function names"),
         ("fields", _FIELD_KEY, '"fieldId" or "fieldId:scopeId"'),
@@ -262,6 +268,95 @@ def _check_gpu(path: str, i: int, gpu: Any) -> None:
             if not pattern.match(name):
                 _fail(path, f"gpus[{i}].{key} key {name!r}", f"keys of the form {what}")
             _check_spec(path, spec, f"gpus[{i}].{key}[{name!r}]")
+
+
+# -- MIG (docs/scenarios.md, "MIG"; exporter/nvml/fake_mig.py) ------------------------------------
+
+_MIG_KEYS = {"mode", "max_devices", "profiles", "layouts", "comment"}
+_MIG_PROFILE_KEYS = {"name", "index", "sliceCount", "instanceCount", "multiprocessorCount", "memorySizeMB"}
+_MIG_INSTANCE_KEYS = {"index", "gpu_instance_id", "compute_instance_id", "profile_id", "uuid", "placement", "values"}
+_MIG_CALLS = {"nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount"}
+
+
+def _check_mig(path: str, where: str, mig: Any) -> None:
+    """A GPU's ``mig`` object: mode, max_devices, profiles by id, layouts of instances over time."""
+    if not isinstance(mig, dict):
+        _fail(path, where, "an object with mode, max_devices, profiles, layouts")
+    bad = set(mig) - _MIG_KEYS
+    if bad:
+        _fail(path, f"{where} unknown keys {sorted(bad)}", f"only {sorted(_MIG_KEYS)}")
+    mode = mig.get("mode", [1, 1])
+    if isinstance(mode, dict):
+        _check_spec(path, mode, f"{where}.mode")
+    elif not (isinstance(mode, list) and len(mode) == 2 and all(m in (0, 1) for m in mode)):
+        _fail(path, f"{where}.mode", "[current, pending] with 0 (disabled) or 1 (enabled), or a value spec")
+    if "max_devices" in mig and (not _is_int(mig["max_devices"]) or not 0 < mig["max_devices"] <= 64):
+        _fail(path, f"{where}.max_devices", "an integer from 1 to 64")
+    profiles = mig.get("profiles", {})
+    if not isinstance(profiles, dict):
+        _fail(path, f"{where}.profiles", 'an object: profile id ("19") -> {name, index, sliceCount, memorySizeMB}')
+    for key, p in profiles.items():
+        if not key.isdigit() or not isinstance(p, dict) or not set(p) <= _MIG_PROFILE_KEYS:
+            _fail(
+                path,
+                f"{where}.profiles[{key!r}]",
+                f"a profile id in digits -> an object with keys from {sorted(_MIG_PROFILE_KEYS)}",
+            )
+        if "name" in p and (not isinstance(p["name"], str) or not p["name"].isprintable()):
+            _fail(path, f"{where}.profiles[{key!r}].name", 'printable text such as "MIG 1g.18gb"')
+        for k in _MIG_PROFILE_KEYS - {"name"}:
+            if k in p and (not _is_int(p[k]) or p[k] < 0):
+                _fail(path, f"{where}.profiles[{key!r}].{k}", "a non-negative integer")
+    layouts = mig.get("layouts", [])
+    if not isinstance(layouts, list):
+        _fail(path, f"{where}.layouts", "a list of {until_s, instances}")
+    for j, layout in enumerate(layouts):
+        if not isinstance(layout, dict) or not set(layout) <= {"until_s", "instances", "comment"}:
+            _fail(path, f"{where}.layouts[{j}]", "an object with instances (and until_s)")
+        if "until_s" in layout and not _is_number(layout["until_s"]):
+            _fail(path, f"{where}.layouts[{j}].until_s", "a number of seconds")
+        _check_mig_instances(path, f"{where}.layouts[{j}].instances", layout.get("instances", []))
+
+
+def _check_mig_instances(path: str, where: str, instances: Any) -> None:
+    if not isinstance(instances, list):
+        _fail(path, where, "a list of MIG device objects")
+    seen: dict[Any, int] = {}
+    for k, inst in enumerate(instances):
+        at = f"{where}[{k}]"
+        if not isinstance(inst, dict) or not set(inst) <= _MIG_INSTANCE_KEYS:
+            _fail(path, at, f"an object with keys from {sorted(_MIG_INSTANCE_KEYS)}")
+        for key in ("gpu_instance_id", "compute_instance_id", "profile_id", "index"):
+            if key in inst and (not _is_int(inst[key]) or not 0 <= inst[key] < 64):
+                _fail(path, f"{at}.{key}", "an integer from 0 to 63")
+        for key in ("gpu_instance_id", "compute_instance_id", "uuid"):
+            if key not in inst:
+                _fail(path, at, f"a {key}")
+        uuid = inst["uuid"]
+        if not isinstance(uuid, str) or not uuid.startswith("MIG-") or not uuid.isprintable() or len(uuid) > 96:
+            _fail(path, f"{at}.uuid", "a printable MIG UUID of at most 96 characters such as MIG-xxxxxxxx-…")
+        for what, ident in (
+            ("index", inst.get("index", k)),
+            ("gpu/compute instance", (inst["gpu_instance_id"], inst["compute_instance_id"])),
+            ("uuid", uuid),
+        ):
+            if (what, ident) in seen:
+                _fail(path, f"{at}.{what}", f"a {what} not already used by {where}[{seen[(what, ident)]}]")
+            seen[(what, ident)] = k
+        placement = inst.get("placement", {"start": 0, "size": 1})
+        if (
+            not isinstance(placement, dict)
+            or set(placement) != {"start", "size"}
+            or not all(_is_int(v) and v >= 0 for v in placement.values())
+        ):
+            _fail(path, f"{at}.placement", "{start, size}: non-negative integers")
+        values = inst.get("values", {})
+        if not isinstance(values, dict):
+            _fail(path, f"{at}.values", "an object")
+        for name, spec in values.items():
+            if not _VALUE_KEY.match(name) and not name.startswith("nvmlGpmMetricsGet:"):
+                _fail(path, f"{at}.values key {name!r}", "keys of the form pynvml function names")
+            _check_spec(path, spec, f"{at}.values[{name!r}]")
 
 
 def _check_error(path: str, where: str, value: Any) -> None:

@@ -14,6 +14,8 @@ from exporter.podresources.client import (
     allocatable_replicas,
     gpu_assignments,
     gpu_uuid_from_device_id,
+    is_gpu_resource,
+    unmapped_assignments,
     unsupported_reason,
 )
 
@@ -27,5 +29,7 @@ __all__ = [
     "allocatable_replicas",
     "gpu_assignments",
     "gpu_uuid_from_device_id",
+    "is_gpu_resource",
+    "unmapped_assignments",
     "unsupported_reason",
 ]

@@ -45,6 +45,19 @@ NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
 # Device ids we can join to NVML's nvmlDeviceGetUUID: full GPUs and MIG devices (R470+ format).
 _UUID_PREFIXES = ("GPU-", "MIG-")
 
+# The NVIDIA device plugin's GPU resources: whole or shared GPUs and MIG devices. Their device ids
+# are GPU or MIG UUIDs unless the plugin runs with deviceIDStrategy=index ("0", "0:1"); an id of
+# one of these resources that is not a UUID is a GPU the exporter cannot name (counted by
+# exporter.pods). Other nvidia.com/ resources (network devices by PCI address) are not GPUs.
+_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+_MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+def is_gpu_resource(resource: str) -> bool:
+    """Whether ``resource`` is one of the NVIDIA device plugin's GPU or MIG resources."""
+    return resource in _GPU_RESOURCES or resource.startswith(_MIG_RESOURCE_PREFIX)
+
+
 # Separator NVIDIA's device plugin puts between a GPU's id and its replica number when a GPU is
 # shared (time-slicing, MPS): "GPU-8f6b…::0", "GPU-8f6b…::1", …
 _REPLICA_SEPARATOR = "::"
@@ -158,14 +171,35 @@ def _uuids_of(devices: Iterable[Any]) -> Iterable[str]:
             uuid = gpu_uuid_from_device_id(device_id)
             if uuid is not None:
                 yield uuid
+            elif is_gpu_resource(resource):
+                continue  # a GPU without a UUID: unmapped_assignments(); exporter.pods counts and logs it
             elif (resource, device_id) not in _skipped_logged:
                 _skipped_logged.add((resource, device_id))
                 logger.info(
-                    "pod attribution: device id %r of resource %s is not a GPU or MIG UUID; "
-                    "not attributed (NVIDIA device plugin with deviceIDStrategy=index?)",
+                    "pod attribution: device id %r of resource %s is not a GPU or MIG UUID; not attributed",
                     device_id,
                     resource,
                 )
+
+
+def unmapped_assignments(response: Any) -> dict[str, tuple[PodRef, ...]]:
+    """Device ids of GPU or MIG resources (:func:`is_gpu_resource`) that are not UUIDs, with the
+    containers holding them: GPUs assigned to pods that the exporter cannot name.
+
+    Returns:
+        ``{device id: (PodRef, …)}``, keys sorted; empty with the default id strategy.
+    """
+    found: dict[str, set[PodRef]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
+            for dev in container.devices:
+                if not is_gpu_resource(dev.resource_name):
+                    continue
+                for device_id in dev.device_ids:
+                    if gpu_uuid_from_device_id(device_id) is None:
+                        found.setdefault(device_id, set()).add(ref)
+    return {i: tuple(sorted(found[i])) for i in sorted(found)}
 
 
 def gpu_assignments(response: Any) -> dict[str, tuple[PodRef, ...]]:
@@ -251,6 +285,16 @@ class PodResourcesClient:
         """
         response = self._call("List", self._api.pb2.ListPodResourcesRequest())
         return gpu_assignments(response)
+
+    def list_device_assignments(self) -> tuple[dict[str, tuple[PodRef, ...]], dict[str, tuple[PodRef, ...]]]:
+        """Call ``List`` once: (GPU/MIG UUID -> containers, see :func:`gpu_assignments`; GPU device
+        ids that are not UUIDs -> containers, see :func:`unmapped_assignments`).
+
+        Raises:
+            PodResourcesError: as for :meth:`list_gpu_assignments`.
+        """
+        response = self._call("List", self._api.pb2.ListPodResourcesRequest())
+        return gpu_assignments(response), unmapped_assignments(response)
 
     def allocatable_gpus(self) -> dict[str, int] | None:
         """Call ``GetAllocatableResources``: the GPUs/MIG devices the node can hand out.

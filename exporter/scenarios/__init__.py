@@ -3,9 +3,10 @@
 The JSON files in this directory are package data (``pyproject.toml``), so the demo and the
 no-GPU hint work after ``pip install .``, from a wheel and in the image, not only in a checkout.
 ``h200x1``, ``h200x2`` and ``h200x8`` are generated from measured H200 data by
-``examples/scenarios/generate.py``; ``h200x2-nvlink-crash`` and ``h200x2-xid79`` add a crash and an
-Xid to ``h200x2``. The format: ``docs/scenarios.md``. Standard library only (``Config`` resolves
-names before anything else is imported).
+``examples/scenarios/generate.py``, and so is ``h200x2-mig`` (GPU 0 in MIG mode with four GPU
+instances); ``h200x2-nvlink-crash`` and ``h200x2-xid79`` add a crash and an Xid to ``h200x2``. The
+format: ``docs/scenarios.md``. Standard library only (``Config`` resolves names before anything
+else is imported).
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ Goldens:
   and two MPS clients on GPU 1 (plus the MPS server in the control daemon's pod), per-process
   series on with a cap of 2, and a fake /proc and /var/log/containers naming them. The test adds
   the kubelet's holders.
+- ``h200x2-mig``: the shipped MIG scenario (issue 15): GPU 0 in MIG mode with a 3g.71gb, a 2g.35gb
+  split into two compute instances and two 1g.18gb GPU instances, GPU 1 with MIG off. The test adds
+  the kubelet's holders: MIG devices by UUID and in the pre-R470 form, one MIG UUID no GPU has, an
+  index-strategy id, and a whole GPU.
 - ``gh200``: a Grace Hopper module (h200x1 with GPU power 300 W, module power 650 W, energy rising at
   650 W): the power scopes in separate families (issue 14); ``gpm_pipes`` switched on.
 
@@ -159,13 +163,19 @@ def _processes_host(tmp: Path) -> dict[str, Any]:
     return {"proc_path": str(proc), "container_log_dir": str(logs), "process_series_per_gpu": 2}
 
 
+def _h200x2_mig() -> tuple[dict[str, Any], dict[str, str]]:
+    """Issue 15: the shipped MIG scenario as it is (GPU 0 in MIG mode with mixed profiles, GPU 1 not)."""
+    return json.loads((SCENARIOS / "h200x2-mig.json").read_text()), {}
+
+
 GOLDENS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, str]]]] = {
     "h200x2": _h200x2,
     "faults": _faults,
     "gh200": _gh200,
     "processes": _processes,
+    "h200x2-mig": _h200x2_mig,
 }
-SNAPSHOTS = {"h200x2": 1, "faults": 2, "gh200": 1, "processes": 1}
+SNAPSHOTS = {"h200x2": 1, "faults": 2, "gh200": 1, "processes": 1, "h200x2-mig": 1}
 # Per golden: Config fields for the node around the worker (fake /proc and container logs).
 HOSTS: dict[str, Callable[[Path], dict[str, Any]]] = {"processes": _processes_host}
 
