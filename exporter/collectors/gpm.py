@@ -33,6 +33,11 @@ MIG: a MIG-enabled GPU is skipped (the feature is unsupported there) until a per
 variant exists. It would reuse :func:`take` with a scope per GPU instance and a ``sample``
 callable that calls ``nvmlGpmMigSampleGet(handle, gpu_instance_id, buffer)``.
 
+NVLink traffic is asked of GPM only while the ``nvlink_throughput`` feature is off (env, known issue
+as on H20 / 580, quarantine; fixed for the worker's life): otherwise the NVLink byte counters of
+that feature measure the same traffic exactly, since the driver loaded, and GPM's would be two more
+series per GPU for the same numbers (issue 17, the budget of 60 series per GPU).
+
 The pipe-level detail (HMMA, IMMA, DMMA, DFMA, FP64, FP32, FP16) is the separate, off-by-default
 feature ``gpm_pipes`` (:mod:`exporter.collectors.gpm_pipes`), with its own buffers: seven more
 series per GPU.
@@ -139,6 +144,7 @@ TRAFFIC: tuple[tuple[int, MetricDef], ...] = (
     (NVLINK_TOTAL_RX_PER_SEC, NVLINK_RECEIVE),
 )
 METRIC_IDS = tuple(m for m, _ in ACTIVITY + TRAFFIC)
+NVLINK_IDS = frozenset({NVLINK_TOTAL_TX_PER_SEC, NVLINK_TOTAL_RX_PER_SEC})
 _ACTIVITY_IDS = frozenset(m for m, _ in ACTIVITY)
 
 
@@ -277,8 +283,15 @@ def take(
 # -- the collector ---------------------------------------------------------------------------------
 
 
+def metric_ids(dev: DeviceClient) -> tuple[int, ...]:
+    """The metrics to ask: NVLink traffic only while ``nvlink_throughput`` is off in this worker."""
+    if "nvlink_throughput" in dev.enabled:
+        return tuple(m for m in METRIC_IDS if m not in NVLINK_IDS)
+    return METRIC_IDS
+
+
 def read(dev: DeviceClient) -> Reading | None:
-    got = take(dev, FEATURE, "gpm", METRIC_IDS)
+    got = take(dev, FEATURE, "gpm", metric_ids(dev))
     if got is None:
         return None
     window, values, seconds = got
