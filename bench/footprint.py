@@ -10,8 +10,8 @@ Three views, one JSON:
    interpreter; each site-packages distribution's shared objects; libnvidia-ml; other libraries);
 2. **imports**: a fresh interpreter importing what each process imports, step by step, with USS
    and PSS after each step (what one import costs, shared pages counted once per process);
-3. **tracemalloc**: in the same fresh interpreters, the Python allocations each top-level package's
-   import left behind (module objects, code, dicts), in MB.
+3. **tracemalloc**: in a second fresh interpreter, the Python allocations each import step left
+   behind (module objects, code, dicts), in MB (tracing costs memory itself, so not in view 2).
 
 ::
 
@@ -40,8 +40,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import bench  # noqa: E402
 import load  # noqa: E402
+
+import bench  # noqa: E402
 
 # What each process imports, in the order it does (exporter/cli.py serve; exporter/worker.py main).
 SUPERVISOR_STEPS: list[tuple[str, list[str]]] = [
@@ -68,16 +69,20 @@ WORKER_STEPS: list[tuple[str, list[str]]] = [
 ]
 
 _PROBE = r"""
-import importlib, json, sys, tracemalloc
-tracemalloc.start()
+import importlib, json, sys
+trace = sys.argv[2] == "trace"
+if trace:
+    import tracemalloc
+    tracemalloc.start()
 import psutil
 p = psutil.Process()
 def mem():
+    if trace:
+        return {"python_bytes": tracemalloc.get_traced_memory()[0]}
     m = p.memory_full_info()
     return {"rss": m.rss, "uss": m.uss, "pss": getattr(m, "pss", None)}
 steps = json.loads(sys.argv[1])
-base = mem()
-out = [{"step": "interpreter (+ psutil, tracemalloc)", "modules": len(sys.modules), **base}]
+out = [{"step": "interpreter (+ psutil)", "modules": len(sys.modules), **mem()}]
 for name, mods in steps:
     for m in mods:
         try:
@@ -85,41 +90,42 @@ for name, mods in steps:
         except Exception as exc:
             out.append({"step": name, "error": f"{m}: {exc!r}"})
     out.append({"step": name, "modules": len(sys.modules), **mem()})
-snap = tracemalloc.take_snapshot()
-by = {}
-for stat in snap.statistics("filename"):
-    f = stat.traceback[0].filename
-    m = __import__("re").search(r"(?:site-packages|dist-packages)/([^/]+)", f)
-    if m:
-        key = m.group(1).split(".")[0]
-    elif "/exporter/" in f or "/guards/" in f:
-        key = "exporter" if "/exporter/" in f else "guards"
-    elif "/lib/python" in f:
-        key = "stdlib"
-    else:
-        key = "other"
-    by[key] = by.get(key, 0) + stat.size
-print(json.dumps({"steps": out, "tracemalloc_bytes": by}))
+print(json.dumps(out))
 """
 
 
-def imports(steps: list[tuple[str, list[str]]]) -> dict[str, Any]:
-    """A fresh interpreter importing ``steps`` in order: memory after each, tracemalloc by package."""
+def _probe(steps: list[tuple[str, list[str]]], mode: str) -> list[dict[str, Any]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cp = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(steps)], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", _PROBE, json.dumps(steps), mode], capture_output=True, text=True, env=env, timeout=120
     )
     if cp.returncode != 0:
-        return {"error": cp.stderr[-2000:]}
-    data: dict[str, Any] = json.loads(cp.stdout.strip().splitlines()[-1])
-    prev = None
-    for row in data["steps"]:
-        if prev is not None and "uss" in row:
-            row["uss_added"] = row["uss"] - prev["uss"]
-            row["pss_added"] = (row["pss"] or 0) - (prev["pss"] or 0)
+        raise RuntimeError(cp.stderr[-2000:])
+    rows: list[dict[str, Any]] = json.loads(cp.stdout.strip().splitlines()[-1])
+    return rows
+
+
+def imports(steps: list[tuple[str, list[str]]]) -> dict[str, Any]:
+    """A fresh interpreter importing ``steps`` in order: USS/PSS after each (no tracing), and in a
+    second interpreter the Python allocations each step left (tracemalloc)."""
+    try:
+        rows = _probe(steps, "memory")
+        traced = _probe(steps, "trace")
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+    prev: dict[str, Any] | None = None
+    prev_py: int | None = None
+    for row, t in zip(rows, traced, strict=False):
         if "uss" in row:
+            if prev is not None:
+                row["uss_added"] = row["uss"] - prev["uss"]
+                row["pss_added"] = (row["pss"] or 0) - (prev["pss"] or 0)
             prev = row
-    return data
+        if "python_bytes" in t:
+            if prev_py is not None:
+                row["python_added"] = t["python_bytes"] - prev_py
+            prev_py = t["python_bytes"]
+    return {"steps": rows}
 
 
 _MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$")
@@ -222,23 +228,17 @@ def markdown(result: dict[str, Any]) -> str:
             continue
         lines += [
             "",
-            f"| {name}: import step | USS MB after | USS added | PSS added | modules |",
-            "|---|---|---|---|---|",
+            f"| {name}: import step | USS MB after | USS added | PSS added | of which Python objects | modules |",
+            "|---|---|---|---|---|---|",
         ]
         for row in data["steps"]:
             if "error" in row:
-                lines.append(f"| {row['step']} | error: {row['error'][:80]} | | | |")
+                lines.append(f"| {row['step']} | error: {row['error'][:80]} | | | | |")
                 continue
             lines.append(
                 f"| {row['step']} | {mb(row['uss'])} | {mb(row.get('uss_added'))} | {mb(row.get('pss_added'))} | "
-                f"{row['modules']} |"
+                f"{mb(row.get('python_added'))} | {row['modules']} |"
             )
-        tm = sorted(data["tracemalloc_bytes"].items(), key=lambda kv: -kv[1])
-        lines.append("")
-        lines.append(
-            f"{name}, Python allocations left by the imports (tracemalloc, MB): "
-            + ", ".join(f"{k} {v / 1e6:.1f}" for k, v in tm[:8])
-        )
     return "\n".join(lines)
 
 
