@@ -38,9 +38,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-import bench  # noqa: E402  (bench/bench.py: start_exporter)
 import load  # noqa: E402
 
+import bench  # noqa: E402  (bench/bench.py: start_exporter)
 from exporter import collectors  # noqa: E402
 
 SCENARIOS = ("h200x1", "h200x2", "h200x8")
