@@ -11,7 +11,14 @@ interval and a free loopback port; waits for ``/readyz`` 200; then measures, in 
    compression), 3 rounds, with supervisor/worker CPU and RSS sampled meanwhile; then, for
    information only, one round with Prometheus 3's headers (gzip) and one with a bare asyncio
    client (to separate the load generator's CPU from the exporter's on a 2-core machine);
-4. RSS again after the load has settled; the exporter's own ``nvgpu_sample_duration_seconds``.
+4. with Debian's ``wrk`` installed (``apt-get install -y wrk``; skipped otherwise, never needed by
+   CI), two rounds of 1000 connections for 10 s from one wrk thread: keep-alive (each connection
+   requests back to back) and ``Connection: close`` (one request per connection, then a new one).
+   wrk costs a fraction of the aiohttp client's CPU per request, so these rounds measure the
+   exporter at saturation: requests per second, its CPU per request, and from the close round how
+   long 1000 one-shot scrapes take the exporter alone. The aiohttp rounds above are client-bound on
+   2 cores (the client runs at about one core); the wrk rounds are not (see ``client_cpu_s``);
+5. RSS again after the load has settled; the exporter's own ``nvgpu_sample_duration_seconds``.
 
 Every window also records machine-wide CPU: the client's and that of unrelated processes
 (``other_cpu_fraction``); a run disturbed by other processes is flagged. ``--wait-quiet 600``
@@ -206,6 +213,24 @@ async def measure(exp: load.ServerProcess, args: argparse.Namespace) -> dict[str
         r["processes"] = procs
         res["concurrent_raw_client"] = r
         await asyncio.sleep(2.0)
+    if args.wrk and load.wrk_available():
+        res["wrk"] = {}
+        for mode, close in (("keep_alive", False), ("close", True)):
+            print(f"wrk {args.concurrency} connections, {mode}, {args.wrk_seconds:g} s …", flush=True)
+            r, procs = await load.under_load(
+                exp.pid,
+                load.wrk(url, args.concurrency, args.wrk_seconds, threads=1, close=close, timeout_s=args.timeout),
+                role,
+            )
+            r["processes"] = procs
+            if r.get("requests"):
+                r["exporter_cpu_ms_per_request"] = round(1000 * procs["cpu_s"] / r["requests"], 4)
+                # time for 1000 one-shot scrapes, the exporter alone, at the rate it served here
+                r["seconds_per_1000_requests"] = round(1000 / r["requests_per_s"], 3)
+            res["wrk"][mode] = r
+            await asyncio.sleep(2.0)
+    elif args.wrk:
+        res["wrk"] = {"skipped": "wrk is not installed (apt-get install -y wrk)"}
     await asyncio.sleep(3.0)
     after = load.ProcTreeSampler(exp.pid, 0.5, role).start()
     await asyncio.sleep(2.0)
@@ -305,6 +330,18 @@ def print_summary(res: dict[str, Any], rows: list[dict[str, Any]]) -> None:
             f"irq/softirq {system.get('irq_softirq_cpu_fraction', 0) * procs['window_s']:.2f}, "
             f"other processes {system.get('other_cpu_fraction', 0) * procs['window_s']:.2f}"
         )
+    for mode, r in (res.get("wrk") or {}).items():
+        if not isinstance(r, dict) or not r.get("requests"):
+            print(f"wrk {mode}: {r}")
+            continue
+        lat = r["latency"]
+        print(
+            f"wrk {r['connections']} connections {mode}: {r['requests']} requests ({r['ok']} ok, non-2xx "
+            f"{r['non_2xx']}, socket errors {sum(v for k, v in r['errors'].items() if k != 'status')}), "
+            f"{r['requests_per_s']} req/s; p50 {_fmt_ms(lat['p50_ms'])}, p99 {_fmt_ms(lat['p99_ms'])}; CPU s: "
+            f"exporter {r['processes']['cpu_s']:.2f} ({r['exporter_cpu_ms_per_request']} ms per request), "
+            f"wrk {r['client_cpu_s']:.2f}; 1000 requests take the exporter {r['seconds_per_1000_requests']} s"
+        )
     disturbed = disturbance(res)
     if disturbed:
         print(f"WARNING: other processes used CPU during the measurement ({disturbed}); the machine is shared")
@@ -343,6 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="skip the diagnostic concurrent round with the bare asyncio client",
     )
+    p.add_argument(
+        "--no-wrk", dest="wrk", action="store_false", help="skip the wrk rounds (run only when wrk is installed)"
+    )
+    p.add_argument("--wrk-seconds", type=float, default=10.0, help="length of each wrk round")
     p.add_argument(
         "--wait-quiet",
         type=float,

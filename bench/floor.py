@@ -5,39 +5,46 @@ It imports nothing from the exporter (except the fake backend for ``--fake``): t
 listed here by hand from ``exporter/collectors/*.py`` and ``exporter/worker.py``, in the worker's
 order (GPU by GPU, feature by feature), in their steady state, i.e. after the first sample:
 
+The default features since issue 17 (the series budget: ``details`` and ``nvlink_links`` off); the
+NVLink error counters at the worker's cadence: the batched fields every sample, the per-call data
+CRC counters every :data:`SLOW_EVERY` samples (30 s at the default 5 s interval), so that the floor
+and the worker make the same calls in the same mix of samples.
+
 * discovery, once (not timed): ``nvmlInit``, ``nvmlDeviceGetCount``, per GPU
   ``nvmlDeviceGetHandleByIndex`` and ``nvmlDeviceGetUUID``; identity (``GetName``, ``GetPciInfo``,
-  ``GetSerial``, ``GetArchitecture``: cached by the worker); ``GetMaxClockInfo`` x4 and
-  ``GetMaxPcieLinkGeneration`` / ``Width`` (cached); ``GetNumFans`` (H200: NOT_SUPPORTED, so the
-  fan feature is off); NVLink links probed with ``GetNvLinkState(link)`` from link 0 until the
-  driver says no; field 91 (``NVML_FI_DEV_NVLINK_LINK_COUNT``) for the throughput link count.
+  ``GetSerial``, ``GetArchitecture``: cached by the worker); ``GetMaxClockInfo(SM)`` (cached);
+  ``GetNumFans`` (H200: NOT_SUPPORTED, so the fan feature is off); NVLink links probed with
+  ``GetNvLinkState(link)`` from link 0 until the driver says no; field 91
+  (``NVML_FI_DEV_NVLINK_LINK_COUNT``) for the throughput link count.
   Every call or field entry that answers an "unsupported" code (NOT_SUPPORTED, FUNCTION_NOT_FOUND,
   ARGUMENT_VERSION_MISMATCH, NO_PERMISSION, DEPRECATED, VGPU_ECC_NOT_SUPPORTED; INVALID_ARGUMENT
   for per-index calls) is dropped, as the worker never repeats those.
 * per sample, per GPU (timed):
 
-  - utilization: ``GetUtilizationRates``, ``GetEncoderUtilization``, ``GetDecoderUtilization``
-  - memory: ``GetMemoryInfo(version=nvmlMemory_v2)`` (v1 if v2 is unsupported),
-    ``GetBAR1MemoryInfo``
+  - utilization: ``GetUtilizationRates``
+  - memory: ``GetMemoryInfo(version=nvmlMemory_v2)`` (v1 if v2 is unsupported)
   - power: ``GetPowerUsage``, ``GetEnforcedPowerLimit``, ``GetTotalEnergyConsumption``,
     ``nvmlDeviceGetFieldValues([(185, 1), (185, 2)])`` (module and memory power, the scopes that answer)
   - temperature: ``GetTemperatureV(NVML_TEMPERATURE_GPU)`` (``GetTemperature`` if absent),
     ``nvmlDeviceGetFieldValues([(82, 0)])`` (memory temperature)
   - fan: ``GetFanSpeed_v2(fan)`` per fan, only where ``GetNumFans`` answered > 0
-  - clocks: ``GetClockInfo`` x4 (graphics, sm, memory, video), ``GetPerformanceState``,
-    ``GetCurrentClocksEventReasons``
-  - throttle_time: ``nvmlDeviceGetFieldValues`` with fields 74-81 and, from driver 580.82,
+  - clocks: ``GetClockInfo`` x2 (sm, memory)
+  - throttle_time: ``nvmlDeviceGetFieldValues`` with fields 74, 75, 81 and, from driver 580.82,
     269-271 (``nvmlSystemGetDriverVersion`` once, in discovery)
   - pcie: ``GetCurrPcieLinkGeneration``, ``GetCurrPcieLinkWidth``, ``GetPcieReplayCounter``
-  - ecc: ``GetEccMode``; when enabled ``GetTotalEccErrors(type, counter)`` x4
+  - ecc: ``GetEccMode``; when enabled ``GetTotalEccErrors(type, NVML_VOLATILE_ECC)`` x2
   - remapped_rows: ``GetRemappedRows``, ``nvmlDeviceGetFieldValues([(230, 0)])``
-  - nvlink: per link ``GetNvLinkState(link)`` and ``GetNvLinkErrorCounter(link, c)`` c = 0..3
-  - nvlink_throughput: one ``nvmlDeviceGetFieldValues`` with (138, link), (139, link) per link
+  - nvlink: per link ``GetNvLinkState(link)``; one ``nvmlDeviceGetFieldValues`` with (161, link),
+    (162, link), (163, link) per link; every :data:`SLOW_EVERY` samples ``GetNvLinkErrorCounter(link,
+    3)`` per link (data CRC), and counters 0-2 by call for links whose fields are unsupported
+  - nvlink_throughput: one ``nvmlDeviceGetFieldValues`` with (138, 0xFFFFFFFF), (139, 0xFFFFFFFF)
+    (per link where the driver refuses the all-links scope)
   - fabric: ``nvmlDeviceGetGpuFabricInfoV(handle, byref(v3 struct))``
   - gpm: ``nvmlGpmSampleGet`` into one of two buffers (allocated in discovery, with
     ``nvmlGpmQueryDeviceSupport`` and ``nvmlDeviceGetMigMode``), ``nvmlGpmMetricsGet`` for the
-    gpm feature's nine metrics between it and the previous sample (``gpm_pipes`` is off by default)
-  - processes: ``GetComputeRunningProcesses_v3`` (``_v2`` if absent)
+    gpm feature's seven metrics between it and the previous sample (NVLink traffic only while
+    nvlink_throughput is off; ``gpm_pipes`` is off by default)
+  - processes: ``Get{Compute,Graphics,MPSCompute}RunningProcesses_v3`` (``_v2`` if absent)
 
 Not included: the worker's NVML event thread (``nvmlEventSetWait_v2``, 1 s timeout, outside the
 sample), the known-issue check and the JSON message (after the sample's clock stops).
@@ -70,10 +77,13 @@ FIELD_RECOVERY_ACTION = 230
 FIELD_NVLINK_LINK_COUNT = 91
 FIELD_NVLINK_TX = 138
 FIELD_NVLINK_RX = 139
-FIELDS_THROTTLE = (74, 75, 76, 77, 78, 79, 80, 81)
+FIELDS_THROTTLE = (74, 75, 81)  # exporter/collectors/throttle_time.py DEFAULT_REASONS
 FIELDS_THROTTLE_580_82 = (269, 270, 271)
 FIELDS_POWER_SCOPES = [(185, 1), (185, 2)]
-GPM_METRICS = (1, 2, 3, 5, 10, 20, 21, 60, 61)  # exporter/collectors/gpm.py
+GPM_METRICS = (1, 2, 3, 5, 10, 20, 21)  # exporter/collectors/gpm.py, nvlink_throughput on
+FIELDS_NVLINK_ERRORS = (161, 162, 163)  # DL replay, recovery, flit CRC per link (exporter/collectors/nvlink.py)
+ALL_LINKS = 0xFFFFFFFF
+SLOW_EVERY = 6  # per-call NVLink counters every 30 s = every 6th sample at the default 5 s interval
 MAX_LINKS = 36
 UNSUPPORTED_NAMES = (
     "NOT_SUPPORTED",
@@ -99,6 +109,7 @@ class Call:
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     fields: list[tuple[int, int]] | None = None  # for nvmlDeviceGetFieldValues
+    every: int = 1  # made in samples 0, every, 2 x every, ... (the worker's slow NVLink counters)
 
 
 @dataclass
@@ -147,6 +158,7 @@ class Floor:
         *args: Any,
         keep: bool = True,
         indexed: bool = False,
+        every: int = 1,
         **kwargs: Any,
     ) -> tuple[bool, Any]:
         """Call once; plan it for every sample when it answers (or fails transiently)."""
@@ -162,7 +174,7 @@ class Floor:
                 return False, None
             value = None  # transient: the worker asks again next sample
         if keep:
-            plan.calls.append(Call(feature, name, fn, args, kwargs))
+            plan.calls.append(Call(feature, name, fn, args, kwargs, every=every))
         return True, value
 
     def _try_fields(
@@ -261,17 +273,11 @@ class Floor:
             for fn in ("nvmlDeviceGetPciInfo", "nvmlDeviceGetSerial", "nvmlDeviceGetArchitecture"):
                 self._try(plan, "identity", fn, keep=False)
             # utilization
-            for fn in (
-                "nvmlDeviceGetUtilizationRates",
-                "nvmlDeviceGetEncoderUtilization",
-                "nvmlDeviceGetDecoderUtilization",
-            ):
-                self._try(plan, "utilization", fn)
+            self._try(plan, "utilization", "nvmlDeviceGetUtilizationRates")
             # memory
             ok, _ = self._try(plan, "memory", "nvmlDeviceGetMemoryInfo", version=NVML_MEMORY_V2)
             if not ok:
                 self._try(plan, "memory", "nvmlDeviceGetMemoryInfo")
-            self._try(plan, "memory", "nvmlDeviceGetBAR1MemoryInfo")
             # power
             for fn in (
                 "nvmlDeviceGetPowerUsage",
@@ -289,18 +295,13 @@ class Floor:
             ok, fans = self._try(plan, "fan", "nvmlDeviceGetNumFans", keep=False)
             for fan in range(int(fans or 0) if ok else 0):
                 self._try(plan, "fan", "nvmlDeviceGetFanSpeed_v2", fan, indexed=True)
-            # clocks
-            for clock in range(4):
+            # clocks: SM and memory; the SM maximum once
+            for clock in (1, 2):
                 self._try(plan, "clocks", "nvmlDeviceGetClockInfo", clock, indexed=True)
-            for clock in range(4):
-                self._try(plan, "clocks", "nvmlDeviceGetMaxClockInfo", clock, keep=False, indexed=True)
-            self._try(plan, "clocks", "nvmlDeviceGetPerformanceState")
-            self._try(plan, "clocks", "nvmlDeviceGetCurrentClocksEventReasons")
+            self._try(plan, "clocks", "nvmlDeviceGetMaxClockInfo", 1, keep=False, indexed=True)
             # throttle time: fields 74-81, and 269-271 from driver 580.82 (exporter/collectors/throttle_time.py)
             self._try_fields(plan, "throttle_time", [(f, 0) for f in FIELDS_THROTTLE + self._new_reason_fields()])
             # pcie
-            for fn in ("nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth"):
-                self._try(plan, "pcie", fn, keep=False)
             for fn in (
                 "nvmlDeviceGetCurrPcieLinkGeneration",
                 "nvmlDeviceGetCurrPcieLinkWidth",
@@ -310,9 +311,8 @@ class Floor:
             # ecc
             ok, mode = self._try(plan, "ecc", "nvmlDeviceGetEccMode")
             if ok and mode is not None and int(mode[0]):
-                for etype in (0, 1):
-                    for ctype in (0, 1):
-                        self._try(plan, "ecc", "nvmlDeviceGetTotalEccErrors", etype, ctype, indexed=True)
+                for etype in (0, 1):  # volatile only (aggregate: details)
+                    self._try(plan, "ecc", "nvmlDeviceGetTotalEccErrors", etype, 0, indexed=True)
             # remapped rows
             self._try(plan, "remapped_rows", "nvmlDeviceGetRemappedRows")
             self._try_fields(plan, "remapped_rows", [(FIELD_RECOVERY_ACTION, 0)])
@@ -326,15 +326,26 @@ class Floor:
                 links.append(link)
             for link in links:
                 self._try(plan, "nvlink", "nvmlDeviceGetNvLinkState", link, indexed=True)
+            served: set[tuple[int, int]] = set()
+            if links:
+                pairs = [(fid, link) for link in links for fid in FIELDS_NVLINK_ERRORS]
+                served = set(self._try_fields(plan, "nvlink", pairs))
+            for link in links:
                 for counter in range(4):
-                    self._try(plan, "nvlink", "nvmlDeviceGetNvLinkErrorCounter", link, counter, indexed=True)
-            # nvlink throughput: link count field, then TX/RX per link in one call
+                    if counter < 3 and (FIELDS_NVLINK_ERRORS[counter], link) in served:
+                        continue
+                    self._try(
+                        plan, "nvlink", "nvmlDeviceGetNvLinkErrorCounter", link, counter, indexed=True, every=SLOW_EVERY
+                    )
+            # nvlink throughput: link count field, then TX/RX of all links (per link if refused)
             got = self._try_fields(plan, "nvlink_throughput", [(FIELD_NVLINK_LINK_COUNT, 0)], keep=False)
             entry = got.get((FIELD_NVLINK_LINK_COUNT, 0))
             count = _field_int(entry) if entry is not None else 0
             if count > 0:
-                pairs = [(fid, link) for link in range(count) for fid in (FIELD_NVLINK_TX, FIELD_NVLINK_RX)]
-                self._try_fields(plan, "nvlink_throughput", pairs)
+                scope = [(FIELD_NVLINK_TX, ALL_LINKS), (FIELD_NVLINK_RX, ALL_LINKS)]
+                if not self._try_fields(plan, "nvlink_throughput", scope):
+                    pairs = [(fid, link) for link in range(count) for fid in (FIELD_NVLINK_TX, FIELD_NVLINK_RX)]
+                    self._try_fields(plan, "nvlink_throughput", pairs)
 
             # fabric: the v3 struct the worker tries first
             def fabric(handle: Any) -> Any:
@@ -347,10 +358,11 @@ class Floor:
             self._try_call(plan, "fabric", "nvmlDeviceGetGpuFabricInfoV", fabric)
             # gpm
             self._gpm(plan)
-            # processes
-            ok, _ = self._try(plan, "processes", "nvmlDeviceGetComputeRunningProcesses_v3")
-            if not ok:
-                self._try(plan, "processes", "nvmlDeviceGetComputeRunningProcesses_v2")
+            # processes: the compute, graphics and MPS lists
+            for kind in ("Compute", "Graphics", "MPSCompute"):
+                ok, _ = self._try(plan, "processes", f"nvmlDeviceGet{kind}RunningProcesses_v3")
+                if not ok:
+                    self._try(plan, "processes", f"nvmlDeviceGet{kind}RunningProcesses_v2")
             self.gpus.append(plan)
         self.discovery_s = time.perf_counter() - t0
 
@@ -368,8 +380,8 @@ class Floor:
 
     # -- sampling --------------------------------------------------------------------------
 
-    def sample(self) -> tuple[float, dict[str, float], int, int]:
-        """One timed pass; returns (seconds, seconds per feature, calls, failed calls)."""
+    def sample(self, number: int = 0) -> tuple[float, dict[str, float], int, int]:
+        """Timed pass ``number``; returns (seconds, seconds per feature, calls, failed calls)."""
         errors = 0
         calls = 0
         per_feature: dict[str, float] = {}
@@ -378,6 +390,8 @@ class Floor:
         for plan in self.gpus:
             handle = plan.handle
             for call in plan.calls:
+                if number % call.every:
+                    continue
                 t0 = time.perf_counter()
                 try:
                     if call.fields is not None:
@@ -421,8 +435,13 @@ def load_binding(fake: str | None = None) -> Any:
     return pynvml
 
 
-def run(samples: int = 20, spacing_s: float = 0.25, fake: str | None = None, warmup: int = 1) -> dict[str, Any]:
+def run(
+    samples: int = 20, spacing_s: float = 0.25, fake: str | None = None, warmup: int = 1, slow_every: int = SLOW_EVERY
+) -> dict[str, Any]:
     """Discover, then time ``samples`` samples; median and spread in seconds.
+
+    ``slow_every``: the per-call NVLink counters in every so many samples (the worker's 30 s divided
+    by its sample interval: 6 at the default 5 s).
 
     Raises:
         NvmlUnavailable: nvmlInit failed.
@@ -432,15 +451,21 @@ def run(samples: int = 20, spacing_s: float = 0.25, fake: str | None = None, war
     floor.init()
     try:
         floor.discover()
-        for _ in range(warmup):
-            floor.sample()
+        for plan in floor.gpus:
+            for call in plan.calls:
+                if call.every != 1:
+                    call.every = max(1, slow_every)
+        for number in range(warmup):
+            floor.sample(number)
         times: list[float] = []
         features: dict[str, list[float]] = {}
         calls = errors = 0
+        call_counts: set[int] = set()
         for i in range(samples):
             if i and spacing_s > 0:
                 time.sleep(spacing_s)
-            dt, per_feature, calls, errors = floor.sample()
+            dt, per_feature, calls, errors = floor.sample(warmup + i)
+            call_counts.add(calls)
             times.append(dt)
             for k, v in per_feature.items():
                 features.setdefault(k, []).append(v)
@@ -466,6 +491,8 @@ def run(samples: int = 20, spacing_s: float = 0.25, fake: str | None = None, war
         "init_s": round(floor.init_s, 6),
         "discovery_s": round(floor.discovery_s, 6),
         "calls_per_sample": calls,
+        "calls_per_sample_seen": sorted(call_counts),  # with and without the slow NVLink counters
+        "slow_every": slow_every,
         "failed_calls_per_sample": errors,
         "sample_s": {
             "median": round(statistics.median(times), 6),
@@ -482,11 +509,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Raw NVML floor: our worker's default NVML calls in a plain pynvml loop")
     p.add_argument("--samples", type=int, default=20, help="timed samples (median reported)")
     p.add_argument("--spacing", type=float, default=0.25, help="seconds between samples")
+    p.add_argument(
+        "--slow-every",
+        type=int,
+        default=SLOW_EVERY,
+        help="samples between per-call NVLink counter reads (30 s / interval)",
+    )
     p.add_argument("--fake", metavar="SCENARIO", help="use the exporter's fake NVML on a scenario (no GPU needed)")
     p.add_argument("--json", action="store_true", help="print JSON only")
     args = p.parse_args(argv)
     try:
-        result = run(args.samples, args.spacing, args.fake)
+        result = run(args.samples, args.spacing, args.fake, slow_every=args.slow_every)
     except NvmlUnavailable as exc:
         msg = f"{exc}. The floor needs a real NVIDIA GPU and driver (or --fake SCENARIO for a logic check)."
         if args.json:
@@ -498,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     s = result["sample_s"]
     print(
-        f"{len(result['gpus'])} GPU(s), {result['calls_per_sample']} NVML calls per sample "
+        f"{len(result['gpus'])} GPU(s), {'/'.join(map(str, result['calls_per_sample_seen']))} NVML calls per sample "
         f"({result['failed_calls_per_sample']} failed); init {result['init_s'] * 1e3:.1f} ms"
     )
     print(

@@ -20,6 +20,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log"
 timeout 150 python3 bench/attach_only.py --out "$R/attach_only.json" > "$R/attach_only.log" 2>&1
 timeout 90 python3 bench/hw_exposition.py --out "$R/expo" > "$R/expo.log" 2>&1
 timeout 90 python3 bench/adoption_check.py --out "$R/adoption.json" > "$R/adoption.log" 2>&1
+timeout 120 python3 bench/footprint.py --backend nvml --json "$R/footprint.json" --markdown > "$R/footprint.log" 2>&1
 NVGPU_HW_OUT="$R/hw" timeout 420 python3 -m pytest -q -p no:cacheprovider -rs "${@:-tests/hardware}" > "$R/pytest.log" 2>&1
 tar czf "${OUT:-/tmp}/$name.tgz" -C "$R" .
-tail -25 "$R/pytest.log"; cat "$R/attach_only.log" "$R/expo.log" "$R/adoption.log" | tail -12
+tail -25 "$R/pytest.log"; cat "$R/attach_only.log" "$R/expo.log" "$R/adoption.log" | tail -12; tail -30 "$R/footprint.log"

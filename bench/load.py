@@ -43,6 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -731,6 +732,117 @@ async def under_load(
     return result, procs
 
 
+# -- wrk (Debian package ``wrk``): a C load generator, for where the Python client is the bottleneck --
+
+_WRK_SCRIPT = r"""
+-- written by bench/load.py: optional Connection: close, then one JSON line with the summary
+if os.getenv("NVGPU_WRK_CLOSE") == "1" then
+  wrk.headers["Connection"] = "close"
+end
+wrk.headers["Accept-Encoding"] = "identity"
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests": %d, "duration_us": %d, "bytes": %d, ' ..
+    '"errors": {"connect": %d, "read": %d, "write": %d, "status": %d, "timeout": %d}, ' ..
+    '"latency_us": {"min": %d, "mean": %.1f, "p50": %d, "p90": %d, "p99": %d, "p999": %d, "max": %d}}\n',
+    summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write, e.status, e.timeout,
+    latency.min, latency.mean, latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency:percentile(99.9), latency.max))
+end
+"""
+
+
+def wrk_available() -> bool:
+    """Whether Debian's ``wrk`` is on PATH (``apt-get install -y wrk``; benchmarks only, not CI)."""
+    import shutil
+
+    return shutil.which("wrk") is not None
+
+
+def _run_wrk(
+    url: str, connections: int, duration_s: float, threads: int, close: bool, timeout_s: float
+) -> dict[str, Any]:
+    check_loopback(url)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
+        fh.write(_WRK_SCRIPT)
+        script = fh.name
+    cmd = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{duration_s:g}s",
+        f"--timeout={timeout_s:g}s",
+        "-s",
+        script,
+        url,
+    ]
+    env = {**os.environ, "NVGPU_WRK_CLOSE": "1" if close else "0"}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+        assert proc.stdout is not None
+        text = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        os.unlink(script)
+    wall = time.monotonic() - t0
+    line = next((ln for ln in text.splitlines() if ln.startswith("WRKJSON ")), None)
+    out: dict[str, Any] = {
+        "tool": "wrk",
+        "command": cmd[:-3] + [url] + (["Connection: close"] if close else []),
+        "connections": connections,
+        "threads": threads,
+        "keep_alive": not close,
+        "exit_code": proc.returncode,
+        "wall_s": round(wall, 3),
+        "client_cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+    }
+    if line is None:
+        out["error"] = text[-2000:]
+        return out
+    data = json.loads(line[len("WRKJSON ") :])
+    lat = {k: (round(v / 1000.0, 3) if v is not None else None) for k, v in data["latency_us"].items()}
+    errors = data["errors"]
+    out.update(
+        requests=data["requests"],
+        ok=data["requests"] - errors["status"],  # wrk counts answers outside 2xx/3xx as status errors
+        non_2xx=errors["status"],
+        errors=errors,
+        duration_s=round(data["duration_us"] / 1e6, 3),
+        requests_per_s=round(data["requests"] / (data["duration_us"] / 1e6), 1) if data["duration_us"] else None,
+        bytes=data["bytes"],
+        latency={f"{k}_ms": v for k, v in lat.items()},
+        client_cpu_fraction=round((usage.ru_utime + usage.ru_stime) / wall, 3) if wall else None,
+    )
+    return out
+
+
+async def wrk(
+    url: str,
+    connections: int,
+    duration_s: float = 10.0,
+    threads: int = 1,
+    close: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> dict[str, Any]:
+    """``connections`` connections from ``wrk`` for ``duration_s``, each sending requests back to back.
+
+    Keep-alive (Prometheus-like scrapers, but without pause), or with ``close`` one request per
+    connection (``Connection: close``: wrk reconnects after each answer). wrk's latency runs from
+    writing the request to reading the whole answer, not the connect. Its CPU comes from the
+    process's rusage: a C client on one thread costs a fraction of the aiohttp client's ~1 ms per
+    connection, so on a 2-core machine the exporter, not the client, is what a wrk round measures.
+
+    Returns:
+        requests, ok (2xx/3xx), non_2xx, errors by kind (connect, read, write, status, timeout),
+        requests_per_s, latency p50/p90/p99/p999/max in ms, client_cpu_s, wall_s; ``error`` with
+        the output when wrk printed no summary.
+    """
+    return await asyncio.to_thread(_run_wrk, url, connections, duration_s, threads, close, timeout_s)
+
+
 class ServerProcess:
     """A server under test: started in its own session, output to a log file, stopped by PID.
 
@@ -969,4 +1081,6 @@ __all__ = [
     "tree_rss",
     "under_load",
     "wait_quiet",
+    "wrk",
+    "wrk_available",
 ]

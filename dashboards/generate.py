@@ -395,6 +395,7 @@ def gpu_fleet() -> dict[str, Any]:
         .with_variable(variable("gpu", "GPU (UUID)", f"label_values(nvgpu_gpu_info{{{FLEET}}}, uuid)"))
     )
 
+    d = _fleet(d)
     d = (
         d.with_row(dashboard.Row("Overview"))
         .with_panel(
@@ -602,11 +603,19 @@ def gpu_fleet() -> dict[str, Any]:
         )
         .with_panel(
             timeseries_panel(
-                "GPUs with a clock event reason active",
-                "Count of GPUs per active clock event (throttle) "
-                "reason (nvmlDeviceGetCurrentClocksEventReasons). gpu_idle is normal when idle; sw_power_cap "
-                "under load means the power limit is reached; *_thermal_* and hw_* need attention.",
-                [(f"sum by (reason) (nvgpu_clock_event_reason_active{{{GPU}}})", "{{reason}}")],
+                "GPUs held down per clock event reason",
+                "Count of GPUs whose clocks a clock event (throttle) reason held down at any time in the interval "
+                "(rate() of nvgpu_clock_event_reason_seconds_total above 0: the driver's own time counters, so "
+                "a short brake between two samples is not missed). sw_power_cap under load means the power limit "
+                "is reached; *_thermal_* and hw_* need attention; total_base_clocks is any reason below base "
+                "clocks.",
+                [
+                    (
+                        "count by (reason) "
+                        f"(rate(nvgpu_clock_event_reason_seconds_total{{{GPU}}}[$__rate_interval]) > 0)",
+                        "{{reason}}",
+                    )
+                ],
                 "none",
                 stacked=True,
                 bars=True,
@@ -615,11 +624,18 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             state_timeline_panel(
                 "Throttle reasons per GPU",
-                "One row per GPU and reason, coloured while the reason is active. A point sample per exporter "
-                "sample: short periodic brakes alias; the next panel has the exact share of time.",
-                [(f"nvgpu_clock_event_reason_active{{{GPU}}} == 1", GPU_LEGEND + " {{reason}}")],
-                _mapping({"1": ("active", "orange")}),
-                _thresholds((None, "orange")),
+                "One row per GPU and reason, coloured while the reason held the clocks down in the interval "
+                "(from the time counters, so nothing aliases). The point-sample flags "
+                "(nvgpu_clock_event_reason_active) need NVGPU_FEATURE_DETAILS=on; the next panel has the share "
+                "of time.",
+                [
+                    (
+                        f"rate(nvgpu_clock_event_reason_seconds_total{{{GPU}}}[$__rate_interval]) > bool 0",
+                        GPU_LEGEND + " {{reason}}",
+                    )
+                ],
+                _mapping({"0": ("", "transparent"), "1": ("held down", "orange")}),
+                _thresholds((None, "transparent"), (1, "orange")),
             )
         )
         .with_panel(
@@ -627,8 +643,9 @@ def gpu_fleet() -> dict[str, Any]:
                 "Share of time per clock event reason",
                 "rate() of nvgpu_clock_event_reason_seconds_total: the share of time the clocks were held down by "
                 "each reason, from the driver's own time counters (exact whatever the sample interval). "
-                "low_utilization is the GPU idling; total_app_clocks / total_base_clocks are the time below "
-                "application / base clocks for any reason. Reasons overlap: do not add them.",
+                "total_base_clocks is the time below base clocks for any reason; low_utilization, "
+                "total_app_clocks, sync_boost, board_limit and reliability need NVGPU_FEATURE_DETAILS=on. "
+                "Reasons overlap: do not add them.",
                 [
                     (
                         f"rate(nvgpu_clock_event_reason_seconds_total{{{GPU}}}[$__rate_interval])",
@@ -651,7 +668,8 @@ def gpu_fleet() -> dict[str, Any]:
                 "ECC error counters",
                 "Per GPU and error type: since the driver loaded (nvgpu_ecc_volatile_errors_total; a GPU reset "
                 "clears it; uncorrected > 0 is critical) and over the board's life (nvgpu_ecc_aggregate_errors_total, "
-                "which includes the former: never add the two).",
+                "which includes the former: never add the two; read with NVGPU_FEATURE_DETAILS=on, else this "
+                "column stays empty: nvidia-smi -q -d ECC on the node has it).",
                 [
                     (f"max by ({GPU_BY}, error_type) (nvgpu_ecc_volatile_errors_total{{{GPU}}})", None),
                     (f"max by ({GPU_BY}, error_type) (nvgpu_ecc_aggregate_errors_total{{{GPU}}})", None),
@@ -799,20 +817,7 @@ def gpu_fleet() -> dict[str, Any]:
                     (f"rate(nvgpu_gpm_pcie_receive_bytes_total{{{GPU}}}[$__rate_interval])", GPU_LEGEND + " rx"),
                 ],
                 "Bps",
-                w=8,
-            )
-        )
-        .with_panel(
-            timeseries_panel(
-                "NVLink traffic (GPM)",
-                "rate() of nvgpu_gpm_nvlink_transmit_bytes_total / _receive_bytes_total: all links, from GPM. "
-                "Should agree with the NVLink row's per-link byte counters.",
-                [
-                    (f"rate(nvgpu_gpm_nvlink_transmit_bytes_total{{{GPU}}}[$__rate_interval])", GPU_LEGEND + " tx"),
-                    (f"rate(nvgpu_gpm_nvlink_receive_bytes_total{{{GPU}}}[$__rate_interval])", GPU_LEGEND + " rx"),
-                ],
-                "Bps",
-                w=8,
+                w=16,
             )
         )
     )
@@ -850,10 +855,14 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             timeseries_panel(
                 "NVLink transmit",
-                "rate() of nvgpu_nvlink_transmit_bytes_total summed over a GPU's links.",
+                "rate() of nvgpu_nvlink_transmit_bytes_total: every link of the GPU (field counters). Where the "
+                "nvlink_throughput feature is off (the known issue on H20 / driver 580), GPM's all-link counter "
+                "(nvgpu_gpm_nvlink_transmit_bytes_total, Hopper and newer) instead.",
                 [
                     (
-                        f"sum by ({GPU_BY}) (rate(nvgpu_nvlink_transmit_bytes_total{{{GPU}}}[$__rate_interval]))",
+                        f"sum by ({GPU_BY}) (rate(nvgpu_nvlink_transmit_bytes_total{{{GPU}}}[$__rate_interval]))"
+                        f" or sum by ({GPU_BY}) "
+                        f"(rate(nvgpu_gpm_nvlink_transmit_bytes_total{{{GPU}}}[$__rate_interval]))",
                         GPU_LEGEND,
                     )
                 ],
@@ -864,10 +873,13 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             timeseries_panel(
                 "NVLink receive",
-                "rate() of nvgpu_nvlink_receive_bytes_total summed over a GPU's links.",
+                "rate() of nvgpu_nvlink_receive_bytes_total (GPM's nvgpu_gpm_nvlink_receive_bytes_total where the "
+                "nvlink_throughput feature is off).",
                 [
                     (
-                        f"sum by ({GPU_BY}) (rate(nvgpu_nvlink_receive_bytes_total{{{GPU}}}[$__rate_interval]))",
+                        f"sum by ({GPU_BY}) (rate(nvgpu_nvlink_receive_bytes_total{{{GPU}}}[$__rate_interval]))"
+                        f" or sum by ({GPU_BY}) "
+                        f"(rate(nvgpu_gpm_nvlink_receive_bytes_total{{{GPU}}}[$__rate_interval]))",
                         GPU_LEGEND,
                     )
                 ],
@@ -878,9 +890,11 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             timeseries_panel(
                 "NVLink links up and errors",
-                "Links up (nvgpu_nvlink_up) and the increase of the link error counters (replay, recovery, CRC).",
+                "Links up (nvgpu_nvlink_links_up) and the increase of the GPU's link error counters summed over "
+                "its links (nvgpu_nvlink_errors_total: replay, recovery, flit CRC, data CRC). Data CRC counts grow "
+                "slowly on healthy H200 links; replay and recovery do not.",
                 [
-                    (f"sum by ({GPU_BY}) (nvgpu_nvlink_up{{{GPU}}})", GPU_LEGEND + " links up"),
+                    (f"sum by ({GPU_BY}) (nvgpu_nvlink_links_up{{{GPU}}})", GPU_LEGEND + " links up"),
                     (
                         f"sum by ({GPU_BY}, error_type) "
                         f"(increase(nvgpu_nvlink_errors_total{{{GPU}}}[$__rate_interval]))",
@@ -892,15 +906,51 @@ def gpu_fleet() -> dict[str, Any]:
             )
         )
         .with_panel(
+            table_panel(
+                "NVLink links with errors",
+                "Per link: the error counters (since the driver loaded) of every link with replay, recovery or "
+                "flit-CRC errors; a link stays listed for the exporter worker's life. With "
+                "NVGPU_FEATURE_NVLINK_LINKS=on every link is listed (its bytes too: "
+                "nvgpu_nvlink_link_transmit_bytes_total), else only those. nvgpu_nvlink_link_up: 0 = link down.",
+                [
+                    (
+                        f'max by ({GPU_BY}, link) (nvgpu_nvlink_link_errors_total{{{GPU}, error_type="replay"}})',
+                        None,
+                    ),
+                    (
+                        f'max by ({GPU_BY}, link) (nvgpu_nvlink_link_errors_total{{{GPU}, error_type="recovery"}})',
+                        None,
+                    ),
+                    (
+                        f'max by ({GPU_BY}, link) (nvgpu_nvlink_link_errors_total{{{GPU}, error_type="crc_flit"}})',
+                        None,
+                    ),
+                    (
+                        f'max by ({GPU_BY}, link) (nvgpu_nvlink_link_errors_total{{{GPU}, error_type="crc_data"}})',
+                        None,
+                    ),
+                    (f"max by ({GPU_BY}, link) (nvgpu_nvlink_link_up{{{GPU}}})", None),
+                ],
+                w=24,
+                h=6,
+                hide=("cluster",),
+                rename={
+                    "Value #A": "replay",
+                    "Value #B": "recovery",
+                    "Value #C": "flit CRC",
+                    "Value #D": "data CRC",
+                    "Value #E": "up",
+                },
+            )
+        )
+        .with_panel(
             state_timeline_panel(
                 "NVLink fabric registration",
                 "nvgpu_fabric_state per GPU on systems with an NVLink fabric (NVSwitch boards; absent elsewhere): "
                 "not started, in progress, completed. A GPU not completed for 5 minutes cannot start CUDA jobs "
                 "(alert NvgpuFabricNotCompleted; check nvidia-fabricmanager).",
                 [(f"nvgpu_fabric_state{{{GPU}}}", GPU_LEGEND)],
-                _mapping(
-                    {"1": ("not started", "red"), "2": ("in progress", "orange"), "3": ("completed", "green")}
-                ),
+                _mapping({"1": ("not started", "red"), "2": ("in progress", "orange"), "3": ("completed", "green")}),
                 _thresholds((None, "red"), (2, "orange"), (3, "green")),
                 w=24,
                 h=5,
@@ -1011,6 +1061,139 @@ def _mig_instances(d: dashboard.Dashboard) -> dashboard.Dashboard:
                 ],
                 "percentunit",
                 max_val=1,
+            )
+        )
+    )
+
+
+# Fleet views (issue 17): recording rules from deploy/prometheus/rules.yaml (group nvgpu-fleet), so a
+# view over thousands of GPUs reads a few series per node or cluster instead of every GPU's.
+CLUSTER = 'cluster=~"$cluster"'
+RULES_NOTE = " Recording rules of deploy/prometheus/rules.yaml (group nvgpu-fleet): empty until they are loaded."
+
+
+def _fleet(d: dashboard.Dashboard) -> dashboard.Dashboard:
+    per_cluster = "{{cluster}}"
+    return (
+        d.with_row(dashboard.Row("Fleet"))
+        .with_panel(
+            stat_panel(
+                "GPUs in the fleet",
+                "GPUs the exporters of the selected clusters report (cluster:nvgpu_device_up:count)." + RULES_NOTE,
+                f"sum(cluster:nvgpu_device_up:count{{{CLUSTER}}})",
+                "none",
+                ALWAYS_BLUE,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "GPUs not up",
+                "GPUs reported but not answering: lost, hung, crashed or not sampled "
+                "(cluster:nvgpu_device_up:count - cluster:nvgpu_device_up:sum)." + RULES_NOTE,
+                f"sum(cluster:nvgpu_device_up:count{{{CLUSTER}}}) - sum(cluster:nvgpu_device_up:sum{{{CLUSTER}}})",
+                "none",
+                OK_RED,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "GPUs busy with nothing on them",
+                "GPUs showing the stuck-context signature (cluster:nvgpu_stuck_context_suspected:sum)." + RULES_NOTE,
+                f"sum(cluster:nvgpu_stuck_context_suspected:sum{{{CLUSTER}}})",
+                "none",
+                OK_RED,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Nodes without fresh GPU data",
+                "Exporters whose nvgpu_up is 0 (cluster:nvgpu_up:count - cluster:nvgpu_up:sum)." + RULES_NOTE,
+                f"sum(cluster:nvgpu_up:count{{{CLUSTER}}}) - sum(cluster:nvgpu_up:sum{{{CLUSTER}}})",
+                "none",
+                OK_RED,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Fleet power draw",
+                "Sum of the GPUs' power (cluster:nvgpu_power_usage_watts:sum)." + RULES_NOTE,
+                f"sum(cluster:nvgpu_power_usage_watts:sum{{{CLUSTER}}})",
+                "watt",
+                ALWAYS_BLUE,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Fleet GPU memory used",
+                "GPU memory used over total "
+                "(cluster:nvgpu_memory_used_bytes:sum / cluster:nvgpu_memory_total_bytes:sum)." + RULES_NOTE,
+                f"sum(cluster:nvgpu_memory_used_bytes:sum{{{CLUSTER}}})"
+                f" / sum(cluster:nvgpu_memory_total_bytes:sum{{{CLUSTER}}})",
+                "percentunit",
+                ALWAYS_BLUE,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Utilization and SM activity by cluster",
+                "Mean GPU utilization (share of time a kernel ran) and mean GPM SM activity (share of SMs busy) over "
+                "each cluster's GPUs "
+                "(cluster:nvgpu_gpu_utilization_ratio:avg, cluster:nvgpu_gpm_sm_activity_ratio:avg)." + RULES_NOTE,
+                [
+                    (f"cluster:nvgpu_gpu_utilization_ratio:avg{{{CLUSTER}}}", per_cluster + " utilization"),
+                    (f"cluster:nvgpu_gpm_sm_activity_ratio:avg{{{CLUSTER}}}", per_cluster + " SM activity"),
+                ],
+                "percentunit",
+                max_val=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Power and NVLink errors by cluster",
+                "GPU power per cluster (cluster:nvgpu_power_usage_watts:sum, left) and NVLink errors in the last hour "
+                "by type (cluster:nvgpu_nvlink_errors_total:increase1h). Data CRC grows slowly on healthy H200 links: "
+                "compare it with its own past; replay and recovery should stay at 0." + RULES_NOTE,
+                [
+                    (f"cluster:nvgpu_power_usage_watts:sum{{{CLUSTER}}}", per_cluster + " W"),
+                    (
+                        f"cluster:nvgpu_nvlink_errors_total:increase1h{{{CLUSTER}}}",
+                        per_cluster + " NVLink {{error_type}} / h",
+                    ),
+                ],
+                "none",
+            )
+        )
+        .with_panel(
+            table_panel(
+                "Nodes",
+                "One row per exporter (node): GPUs, GPUs up, GPUs with the stuck signature, mean utilization, power "
+                "and NVLink replay, recovery and flit-CRC errors in the last hour (instance:* rules)." + RULES_NOTE,
+                [
+                    (f"instance:nvgpu_device_up:count{{{FLEET}}}", None),
+                    (f"instance:nvgpu_device_up:sum{{{FLEET}}}", None),
+                    (f"instance:nvgpu_stuck_context_suspected:sum{{{FLEET}}}", None),
+                    (f"instance:nvgpu_gpu_utilization_ratio:avg{{{FLEET}}}", None),
+                    (f"instance:nvgpu_power_usage_watts:sum{{{FLEET}}}", None),
+                    (
+                        "sum without (error_type) "
+                        f'(instance:nvgpu_nvlink_errors_total:increase1h{{{FLEET}, error_type!="crc_data"}})',
+                        None,
+                    ),
+                ],
+                w=24,
+                h=8,
+                rename={
+                    "Value #A": "GPUs",
+                    "Value #B": "up",
+                    "Value #C": "stuck",
+                    "Value #D": "utilization",
+                    "Value #E": "power",
+                    "Value #F": "NVLink errors / h",
+                },
+                overrides=[
+                    ("utilization", [dm.DynamicConfigValue(id_val="unit", value="percentunit")]),
+                    ("power", [dm.DynamicConfigValue(id_val="unit", value="watt")]),
+                ],
             )
         )
     )

@@ -113,9 +113,10 @@ class GpuSlot:
         """Look the GPU up (by PCI bus id when known, else by index) on its thread."""
         self._submit(self._attach)
 
-    def start_sample(self, features: Collection[str]) -> None:
-        """Sample the enabled ``features`` on its thread."""
-        self._submit(self._sample, tuple(features))
+    def start_sample(self, features: Collection[str], enabled: frozenset[str] = frozenset()) -> None:
+        """Sample the enabled collector ``features`` on its thread; ``enabled``: every feature on in
+        this worker (collectors or not), which the collectors read their switches from."""
+        self._submit(self._sample, tuple(features), enabled or frozenset(features))
 
     def _submit(self, fn: Any, *args: Any) -> None:
         self.started_mono = time.monotonic()
@@ -209,9 +210,10 @@ class GpuSlot:
         self.state, self.detail = "up", ""
         return True
 
-    def _sample(self, features: tuple[str, ...]) -> GpuPass:
+    def _sample(self, features: tuple[str, ...], enabled: frozenset[str]) -> GpuPass:
         dev = self.dev
         assert dev is not None
+        dev.enabled = enabled
         self._maybe_reprobe(dev)
         out = GpuPass(sampled_at=time.time())
         for feature in features:

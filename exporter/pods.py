@@ -318,8 +318,22 @@ class PodAttribution(Extension):
         ]
 
     async def run(self, host: Host) -> None:
-        from exporter.podresources import PodResourcesClient, PodResourcesError, unsupported_reason
+        from exporter.podresources import PodResourcesClient, PodResourcesError, check_socket, unsupported_reason
 
+        # grpcio and protobuf cost the supervisor about 10 MB (docs/performance.md): they load only
+        # once the kubelet's socket is there (never on a node without a kubelet).
+        while True:
+            try:
+                check_socket(self.config.pod_resources_socket)
+                break
+            except PodResourcesError as exc:
+                if self._last_error != str(exc):
+                    log.warning("pod_attribution: %s; nvgpu_pod_attribution_up is 0, nothing else changes", exc)
+                    self._last_error = str(exc)
+                if self.up is not False:
+                    self.up = False
+                    host.changed()
+            await asyncio.sleep(self.config.pod_refresh_s)
         reason = unsupported_reason()
         if reason is not None:
             self.up = False

@@ -200,11 +200,14 @@ class Sampler:
         self._commands()
         passes = self._harvest()
         features = [f for f in collectors.COLLECTORS if self.enabled(f)]
+        # Switches are read from the resolved states (env, quarantine, known issues), not from
+        # "unsupported": a collector's series set stays the same for the worker's life.
+        switches = frozenset(f for f, st in self.resolved.items() if st.enabled)
         for slot in self.slots.values():
             if slot.busy:
                 continue
             if slot.state == "up":
-                slot.start_sample(features)
+                slot.start_sample(features, switches)
             elif slot.state == "lost":
                 slot.start_attach()
         waiting = [s.future for s in self.slots.values() if s.future is not None]

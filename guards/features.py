@@ -227,19 +227,46 @@ FEATURES: Mapping[str, Feature] = _registry(
     Feature(
         name="nvlink",
         default=True,
-        description="per-link NVLink state and error counters (replay, recovery, CRC flit/data)",
-        nvml_functions=("nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter"),
+        description=(
+            "NVLink links up and error counters (replay, recovery, CRC flit/data) per GPU: the DL replay, "
+            "recovery and CRC fields (161-163) per link in one field-value call every sample, "
+            "nvmlDeviceGetNvLinkErrorCounter where the driver lacks them and for data CRC (every 30 s); "
+            "per-link series only for links with replay, recovery or flit-CRC errors (nvlink_links: all)"
+        ),
+        nvml_functions=("nvmlDeviceGetNvLinkState", "nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkErrorCounter"),
     ),
     Feature(
         name="nvlink_throughput",
         default=True,
         description=(
-            "NVLink link count and per-link TX/RX data bytes via field values "
-            "NVML_FI_DEV_NVLINK_LINK_COUNT (91), NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX "
-            "(138/139); the query that crashed with glibc heap corruption on H20 / driver 580 "
-            "(DESIGN.md incident 1)"
+            "NVLink TX/RX data bytes per GPU via field values NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX "
+            "(138/139, scope 0xFFFFFFFF = all links; per link with nvlink_links) and the link count "
+            "NVML_FI_DEV_NVLINK_LINK_COUNT (91); the query that crashed with glibc heap corruption on H20 / "
+            "driver 580 (DESIGN.md incident 1)"
         ),
         nvml_functions=("nvmlDeviceGetFieldValues",),
+    ),
+    Feature(
+        name="nvlink_links",
+        default=False,
+        description=(
+            "per-link NVLink series: state, error counters and TX/RX bytes of every link (18 links: 6 series "
+            "per link), read by the nvlink and nvlink_throughput features; off by default: per-GPU totals "
+            "instead, plus the links that have errors"
+        ),
+        nvml_functions=(),
+    ),
+    Feature(
+        name="details",
+        default=False,
+        description=(
+            "series beyond the default budget of 60 per GPU (docs/performance.md): graphics, video and "
+            "memory max clocks, performance state and clock-event flags (clocks); five more throttle "
+            "reasons (throttle_time); free and BAR1 memory (memory); lifetime ECC counters (ecc); PCIe "
+            "maximum generation and width (pcie); encoder and decoder utilization (utilization); the link "
+            "count (nvlink_throughput); read by those features when this one is on"
+        ),
+        nvml_functions=(),
     ),
     Feature(
         name="fabric",

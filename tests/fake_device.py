@@ -9,7 +9,7 @@ snapshot's JSON encoding and typed decoding (what the supervisor receives).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from exporter.nvml.backend import FakeBackend
 from exporter.nvml.client import DeviceClient, NvmlClient
 from exporter.nvml.fake import FakeNvml
 from exporter.snapshot import SystemInfo, decode_dataclass
+from guards.features import FEATURES
 
 UUID = "GPU-00000000-0000-0000-0000-0000000000aa"
 
@@ -43,20 +44,31 @@ def backend(tmp_path: Path, scenario: Mapping[str, Any], clock: Clock) -> FakeBa
     return fake
 
 
-def devices(tmp_path: Path, scenario: Mapping[str, Any], clock: Clock) -> list[DeviceClient]:
-    """nvmlInit and a DeviceClient per GPU of the scenario."""
+# The features a worker with no NVGPU_FEATURE_* settings has on: what collectors see in dev.enabled.
+DEFAULT_ON = frozenset(name for name, feature in FEATURES.items() if feature.default)
+DETAILS = DEFAULT_ON | {"details"}
+
+
+def devices(
+    tmp_path: Path, scenario: Mapping[str, Any], clock: Clock, switches: Collection[str] = DEFAULT_ON
+) -> list[DeviceClient]:
+    """nvmlInit and a DeviceClient per GPU of the scenario, with ``switches`` the enabled features."""
     client = NvmlClient(backend(tmp_path, scenario, clock), BreadcrumbWriter(None))
     client.raw("init", "nvmlInit", "")
     out = []
     for i, gpu in enumerate(scenario["gpus"]):
         handle = client.raw("init", "nvmlDeviceGetHandleByIndex", "", i)
-        out.append(DeviceClient(client, i, gpu["uuid"], handle))
+        dev = DeviceClient(client, i, gpu["uuid"], handle)
+        dev.enabled = frozenset(switches)
+        out.append(dev)
     return out
 
 
-def device(tmp_path: Path, gpu: Mapping[str, Any], clock: Clock, **top: Any) -> DeviceClient:
+def device(
+    tmp_path: Path, gpu: Mapping[str, Any], clock: Clock, switches: Collection[str] = DEFAULT_ON, **top: Any
+) -> DeviceClient:
     """One GPU (``gpu`` is the scenario's GPU object; ``uuid`` defaults to :data:`UUID`)."""
-    return devices(tmp_path, {**top, "gpus": [{"uuid": UUID, **gpu}]}, clock)[0]
+    return devices(tmp_path, {**top, "gpus": [{"uuid": UUID, **gpu}]}, clock, switches)[0]
 
 
 def fake_of(dev: DeviceClient) -> FakeNvml:

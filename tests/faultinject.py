@@ -85,19 +85,31 @@ def _kernel_log() -> None:
     KmsgReader.poll = poll  # type: ignore[method-assign]
 
 
+Assignments = tuple[dict[str, tuple[Any, ...]], dict[str, tuple[Any, ...]]]
+
+
+def _no_kubelet_needed() -> None:
+    """The pod extension waits for the kubelet's socket before it loads gRPC (issue 17): there is no
+    kubelet here, and the client's List is replaced anyway."""
+    import exporter.podresources as podresources
+
+    podresources.check_socket = lambda path: None  # type: ignore[assignment]
+
+
 def _pods() -> None:
     from exporter.podresources import PodRef, PodResourcesClient
 
     seen = [0]
     uuid = os.environ["FAULT_POD_UUID"]
 
-    def list_gpu_assignments(self: PodResourcesClient) -> dict[str, tuple[PodRef, ...]]:
+    def list_device_assignments(self: PodResourcesClient) -> Assignments:
         seen[0] += 1
         if seen[0] == 1:
             raise RuntimeError("injected: the kubelet client failed")
-        return {uuid: (PodRef("ml", "train-0", "trainer"),)}
+        return {uuid: (PodRef("ml", "train-0", "trainer"),)}, {}
 
-    PodResourcesClient.list_gpu_assignments = list_gpu_assignments  # type: ignore[method-assign]
+    _no_kubelet_needed()
+    PodResourcesClient.list_device_assignments = list_device_assignments  # type: ignore[method-assign]
 
 
 def _render() -> None:
@@ -107,10 +119,11 @@ def _render() -> None:
 
     uuid = os.environ["FAULT_POD_UUID"]
 
-    def list_gpu_assignments(self: PodResourcesClient) -> dict[str, tuple[PodRef, ...]]:
-        return {uuid: (PodRef("ml", "bad-\udc80", "trainer"), PodRef("ml", "train-0", "trainer"))}
+    def list_device_assignments(self: PodResourcesClient) -> Assignments:
+        return {uuid: (PodRef("ml", "bad-\udc80", "trainer"), PodRef("ml", "train-0", "trainer"))}, {}
 
-    PodResourcesClient.list_gpu_assignments = list_gpu_assignments  # type: ignore[method-assign]
+    _no_kubelet_needed()
+    PodResourcesClient.list_device_assignments = list_device_assignments  # type: ignore[method-assign]
 
     real = temperature.families
 

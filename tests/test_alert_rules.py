@@ -38,7 +38,7 @@ STORY_FIXTURE = ROOT / "tests" / "fixtures" / "kmsg" / "boot_xid13_31_43.kmsg"
 
 PROMQL_WORDS = {
     # functions and aggregations the rules use
-    "time", "increase", "changes", "floor", "max", "min", "sum", "count", "min_over_time",
+    "time", "increase", "changes", "floor", "max", "min", "sum", "count", "avg", "min_over_time",
     "max_over_time", "absent", "label_replace", "vector", "scalar", "rate", "humanize",
     # keywords
     "and", "or", "unless", "offset", "bool", "without", "by", "ignoring", "on", "group_left",
@@ -317,3 +317,19 @@ def test_story_test_uses_the_kernel_log_fixture_xids() -> None:
         if match:
             story_counts[match[1]] = int(float(series["values"].split()[-1].split("x")[0]))
     assert story_counts == kernel_counts == {"13": 2, "31": 1, "43": 1}
+
+
+def test_fleet_rules_aggregate_every_gpu_series_without_its_gpu_labels(groups: list[dict[str, Any]]) -> None:
+    """Issue 17: per-target rules keep the target labels (node, cluster), drop only gpu and uuid; the
+    cluster rules read the per-target ones (or the raw series for means), by cluster alone."""
+    fleet = next(g for g in groups if g["name"] == "nvgpu-fleet")
+    records = {r["record"]: " ".join(r["expr"].split()) for r in fleet["rules"]}
+    instance = {k: v for k, v in records.items() if k.startswith("instance:")}
+    cluster = {k: v for k, v in records.items() if k.startswith("cluster:")}
+    assert set(records) == set(instance) | set(cluster) and len(instance) >= 8 and len(cluster) >= 8
+    for name, expr in instance.items():
+        assert "without (gpu, uuid)" in expr, (name, expr)
+        assert name.split(":")[1] in expr, f"{name} should be named after the metric it aggregates: {expr}"
+    for name, expr in cluster.items():
+        assert expr.split("(", 1)[0].strip() in ("sum by", "avg by", "count by"), (name, expr)
+        assert "by (cluster" in expr and "without" not in expr, (name, expr)

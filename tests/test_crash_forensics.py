@@ -65,7 +65,7 @@ def test_nvlink_segfault_is_quarantined_and_survives_restart(tmp_path: Path) -> 
         )
         # every other metric of both GPUs comes back from the next sample on
         scrape = exp.wait_for(
-            lambda s: s.value("nvgpu_up") == 1.0 and len(s.find("nvgpu_nvlink_up")) == 36,
+            lambda s: s.value("nvgpu_up") == 1.0 and len(s.find("nvgpu_nvlink_links_up")) == 2,
             timeout=20,
             what="fresh sample after quarantine",
         )
@@ -80,6 +80,10 @@ def test_nvlink_segfault_is_quarantined_and_survives_restart(tmp_path: Path) -> 
         assert scrape.value("nvgpu_worker_last_exit_signal") == 11.0
         assert scrape.gpus() == {"0", "1"}
         assert not scrape.find("nvgpu_nvlink_transmit_bytes_total")
+        # issue 17: with the field counters quarantined, GPM measures the NVLink traffic instead
+        scrape = exp.wait_for(
+            lambda s: len(s.find("nvgpu_gpm_nvlink_transmit_bytes_total")) == 2, timeout=20, what="GPM NVLink bytes"
+        )
         for name in (
             "nvgpu_gpu_temperature_celsius",
             "nvgpu_memory_used_bytes",

@@ -134,7 +134,13 @@ def test_the_fleet_dashboard_covers_the_issue(dashboards: dict[str, dict[str, An
         "nvgpu_gpu_temperature_celsius",
         "nvgpu_memory_temperature_celsius",
         "nvgpu_clock_hertz",
-        "nvgpu_clock_event_reason_active",
+        "rate(nvgpu_clock_event_reason_seconds_total",  # issue 17: the exact counters, not the point flags
+        "nvgpu_nvlink_links_up",  # issue 17: per-GPU NVLink totals, and the links with errors
+        "nvgpu_nvlink_errors_total",
+        "nvgpu_nvlink_link_errors_total",
+        "cluster:nvgpu_device_up:count",  # issue 17: the Fleet row reads recording rules
+        "cluster:nvgpu_gpu_utilization_ratio:avg",
+        "instance:nvgpu_device_up:count",
         "nvgpu_ecc_volatile_errors_total",
         "nvgpu_ecc_aggregate_errors_total",
         "nvgpu_remapped_rows",
@@ -174,6 +180,9 @@ def test_the_fleet_dashboard_covers_the_issue(dashboards: dict[str, dict[str, An
         assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*", name
     for p in dashboards[FLEET]["panels"]:  # every GPU panel follows the drill-down
         for t in p.get("targets", []):
+            if "cluster:nvgpu_" in t["expr"] and "instance:" not in t["expr"]:  # per-cluster series
+                assert 'cluster=~"$cluster"' in t["expr"], (p["title"], t["expr"])
+                continue
             if "uuid" in t["expr"] or "nvgpu_gpu_" in t["expr"]:
                 assert all(
                     f'{lbl}=~"${var}"' in t["expr"]
@@ -244,3 +253,20 @@ def test_the_per_pod_usage_panel_shows_memory_and_sm_per_pod(dashboards: dict[st
     assert [e.split("(")[0] for e in exprs] == ["sum by ", "sum by "]
     assert "nvgpu_pod_memory_used_bytes" in exprs[0] and "nvgpu_pod_sm_utilization_ratio" in exprs[1]
     assert all("namespace, pod)" in e and 'uuid=~"$gpu"' in e for e in exprs)
+
+
+def test_the_fleet_row_reads_only_recording_rules_that_exist(dashboards: dict[str, dict[str, Any]]) -> None:
+    """Issue 17: the Fleet row stays cheap over thousands of GPUs: no raw per-GPU series, and every
+    recorded series it names is a rule of deploy/prometheus/rules.yaml."""
+    yaml = pytest.importorskip("yaml")
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "rules.yaml").read_text())
+    recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    panels = dashboards[FLEET]["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Fleet")
+    end = next(i for i, p in enumerate(panels) if i > start and p["type"] == "row")
+    exprs = [t["expr"] for p in panels[start + 1 : end] for t in p["targets"]]
+    assert len(exprs) >= 8
+    for expr in exprs:
+        names = set(re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9]+", expr))
+        assert names and names <= recorded, (expr, names - recorded)
+        assert not re.search(r"(?<![:\w])nvgpu_\w+", expr), f"raw per-GPU series in the Fleet row: {expr}"

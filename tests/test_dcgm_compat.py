@@ -301,9 +301,26 @@ def test_every_dashboard_panel_query_returns_data(stack: Stack) -> None:
     assert [h["metric"]["Hostname"] for h in hosts] == ["gpu-node-1"]
 
 
+# Names recorded from `details` series (off by default, issue 17): no data with the default settings
+# the stack runs; docs/migrating-from-dcgm.md says so in their rows.
+NEEDS_DETAILS = {
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+}
+
+
+def test_names_that_need_details_say_so() -> None:
+    rows = {line.split("|")[1].strip(" `"): line for line in MIGRATING.read_text().splitlines() if line.startswith("| `DCGM_")}
+    for name in NEEDS_DETAILS:
+        assert "NVGPU_FEATURE_DETAILS=on" in rows[name] and "with details" in rows[name], name
+    assert NEEDS_DETAILS <= set(recorded_names())
+
+
 def test_every_recorded_dcgm_name_has_data_with_dcgm_labels(stack: Stack) -> None:
     names = recorded_names()
-    waiting = set(names)
+    waiting = set(names) - NEEDS_DETAILS
     deadline = time.monotonic() + DATA_TIMEOUT_S
     answers: dict[str, list[dict[str, Any]]] = {}
     while waiting and time.monotonic() < deadline:

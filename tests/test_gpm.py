@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 import pytest
-from fake_device import Clock, device, devices, fake_of, render, wire
+from fake_device import DEFAULT_ON, Clock, device, devices, fake_of, render, wire
 
 from exporter.breadcrumb import BreadcrumbWriter
 from exporter.collectors import gpm, gpm_pipes, nvlink_throughput
@@ -38,6 +38,9 @@ def gpm_gpu(**metrics: Any) -> dict[str, Any]:
     return {"values": values}
 
 
+# nvlink_throughput off: GPM is asked for NVLink traffic too (as on H20 / 580, where a known issue
+# switches the field counters off)
+GPM_ALL = DEFAULT_ON - {"nvlink_throughput"}
 DEFAULT = {"1": 50.0, "2": 40.0, "3": 10.0, "5": 30.0, "10": 20.0, "20": 2.0, "21": 4.0, "60": 8.0, "61": 16.0}
 
 
@@ -46,7 +49,7 @@ DEFAULT = {"1": 50.0, "2": 40.0, "3": 10.0, "5": 30.0, "10": 20.0, "20": 2.0, "2
 
 def test_first_sample_gives_nothing_then_each_reading_covers_the_last_interval(tmp_path: Path) -> None:
     clock = Clock(0.0)
-    dev = device(tmp_path, gpm_gpu(**DEFAULT), clock)
+    dev = device(tmp_path, gpm_gpu(**DEFAULT), clock, GPM_ALL)
     assert gpm.read(dev) is None  # one sample: no window yet
     clock.t = 5.0
     r = gpm.read(dev)
@@ -90,7 +93,7 @@ def test_gpm_nvlink_bytes_equal_the_nvlink_byte_counters_on_the_fake(tmp_path: P
     """The fake's version of the hardware check: over the same window, GPM's integrated NVLink
     bytes equal the per-link field counters (138/139) summed, in both directions."""
     clock = Clock(3.0)
-    gpu0 = devices(tmp_path, h200x2(), clock)[0]
+    gpu0 = devices(tmp_path, h200x2(), clock, DEFAULT_ON - {"nvlink_throughput"})[0]  # GPM asks NVLink only then
     gpm.read(gpu0)
     first_fields = nvlink_throughput.read(gpu0)
     first = None
@@ -102,14 +105,32 @@ def test_gpm_nvlink_bytes_equal_the_nvlink_byte_counters_on_the_fake(tmp_path: P
             first = r
         fields = nvlink_throughput.read(gpu0)
     assert first is not None and r is not None and first_fields is not None and fields is not None
+    assert fields.tx_kib is not None and first_fields.tx_kib is not None
+    assert fields.rx_kib is not None and first_fields.rx_kib is not None
     gpm_tx = r.transferred_bytes[gpm.NVLINK_TOTAL_TX_PER_SEC]
-    field_tx = (sum(fields.tx_kib.values()) - sum(first_fields.tx_kib.values())) * 1024
+    field_tx = (fields.tx_kib - first_fields.tx_kib) * 1024
     gpm_rx = r.transferred_bytes[gpm.NVLINK_TOTAL_RX_PER_SEC]
-    field_rx = (sum(fields.rx_kib.values()) - sum(first_fields.rx_kib.values())) * 1024
+    field_rx = (fields.rx_kib - first_fields.rx_kib) * 1024
     assert field_tx > 0 and field_rx > 0
     assert gpm_tx == pytest.approx(field_tx, rel=1e-3)  # field counters are whole KiB per link
     assert gpm_rx == pytest.approx(field_rx, rel=1e-3)
     assert gpm_tx == pytest.approx(4 * gpm_rx)  # h200x2: GPU 0 sends 1000, receives 250 KiB/s per link
+
+
+def test_nvlink_traffic_is_asked_of_gpm_only_while_nvlink_throughput_is_off(tmp_path: Path) -> None:
+    """Issue 17: with the field counters on, GPM's NVLink bytes would be the same numbers twice."""
+    nvlink_ids = {gpm.NVLINK_TOTAL_TX_PER_SEC, gpm.NVLINK_TOTAL_RX_PER_SEC}
+    for switches, asked in ((DEFAULT_ON, False), (DEFAULT_ON - {"nvlink_throughput"}, True)):
+        clock = Clock(3.0)
+        gpu0 = devices(tmp_path, h200x2(), clock, switches)[0]
+        gpm.read(gpu0)
+        clock.t = 8.0
+        r = gpm.read(gpu0)
+        assert r is not None
+        assert (nvlink_ids <= set(r.transferred_bytes)) is asked, switches
+        assert set(gpm.metric_ids(gpu0)) & nvlink_ids == (nvlink_ids if asked else set())
+        families = render("gpm", [(gpu0, r)])
+        assert ("nvgpu_gpm_nvlink_transmit_bytes_total" in families) is asked
 
 
 def test_a_failed_sample_keeps_the_older_one_and_the_next_window_spans_both(tmp_path: Path) -> None:
@@ -118,7 +139,7 @@ def test_a_failed_sample_keeps_the_older_one_and_the_next_window_spans_both(tmp_
         "faults": [{"function": "nvmlGpmSampleGet", "calls": [3], "action": "error", "error": "UNKNOWN"}],
         "gpus": [{"uuid": "GPU-1", **gpm_gpu(**DEFAULT)}],
     }
-    dev = devices(tmp_path, scenario, clock)[0]
+    dev = devices(tmp_path, scenario, clock, GPM_ALL)[0]
     gpm.read(dev)
     clock.t = 1.0
     assert gpm.read(dev) is not None
@@ -175,7 +196,7 @@ def test_a_metric_the_gpu_does_not_support_is_absent_and_not_asked_again(tmp_pat
     clock = Clock(0.0)
     metrics = {**DEFAULT, "3": {"error": "NOT_SUPPORTED"}}
     del metrics["60"]  # no value at all: NOT_SUPPORTED too
-    dev = device(tmp_path, gpm_gpu(**metrics), clock)
+    dev = device(tmp_path, gpm_gpu(**metrics), clock, GPM_ALL)
     gpm.read(dev)
     clock.t = 1.0
     r = gpm.read(dev)

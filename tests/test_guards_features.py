@@ -41,6 +41,8 @@ EXPECTED_NAMES = [
     "remapped_rows",
     "nvlink",
     "nvlink_throughput",
+    "nvlink_links",
+    "details",
     "fabric",
     "gpm",
     "gpm_pipes",
@@ -65,9 +67,10 @@ def test_registry_is_read_only() -> None:
         FEATURES["new"] = FEATURES["fan"]  # type: ignore[index]
 
 
-def test_only_kernel_xid_gpm_pipes_and_process_usage_are_off_by_default() -> None:
+def test_only_the_documented_switches_are_off_by_default() -> None:
     off = [name for name, f in FEATURES.items() if not f.default]
-    assert sorted(off) == ["gpm_pipes", "kernel_xid", "process_usage"]
+    assert sorted(off) == ["details", "gpm_pipes", "kernel_xid", "nvlink_links", "process_usage"]
+    assert "60 per GPU" in FEATURES["details"].description  # issue 17: the default series budget
     assert "/dev/kmsg" in FEATURES["kernel_xid"].description
     assert "seven more series per GPU" in FEATURES["gpm_pipes"].description  # high cardinality: a switch
     assert "NVGPU_PROCESS_SERIES_PER_GPU" in FEATURES["process_usage"].description
@@ -87,10 +90,11 @@ def test_every_nvml_function_exists_in_the_installed_binding() -> None:
 def test_incident_feature_names_its_query() -> None:
     nvlink_throughput = FEATURES["nvlink_throughput"]
     assert nvlink_throughput.nvml_functions == ("nvmlDeviceGetFieldValues",)
-    for text in ("NVML_FI_DEV_NVLINK_LINK_COUNT (91)", "THROUGHPUT_DATA_TX/RX", "(138/139)"):
+    for text in ("NVML_FI_DEV_NVLINK_LINK_COUNT (91)", "THROUGHPUT_DATA_TX/RX", "(138/139"):
         assert text in nvlink_throughput.description
     assert FEATURES["nvlink"].nvml_functions == (
         "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetFieldValues",
         "nvmlDeviceGetNvLinkErrorCounter",
     )
     assert FEATURES["processes"].nvml_functions[:2] == (
@@ -99,6 +103,7 @@ def test_incident_feature_names_its_query() -> None:
     )
     assert "nvmlDeviceGetProcessUtilization" in FEATURES["processes"].nvml_functions
     assert FEATURES["process_usage"].nvml_functions == ()
+    assert FEATURES["nvlink_links"].nvml_functions == FEATURES["details"].nvml_functions == ()
     assert FEATURES["events"].nvml_functions == (
         "nvmlEventSetCreate",
         "nvmlDeviceGetSupportedEventTypes",
@@ -344,7 +349,8 @@ def test_resolve_covers_every_feature_in_order_and_missing_modes_are_auto() -> N
     states = resolve({"fan": Mode.OFF})
     assert list(states) == EXPECTED_NAMES
     assert states["fan"].enabled is False
-    assert all(s.enabled for n, s in states.items() if n not in ("fan", "kernel_xid", "gpm_pipes", "process_usage"))
+    off = ("fan", "kernel_xid", "gpm_pipes", "process_usage", "nvlink_links", "details")
+    assert all(s.enabled for n, s in states.items() if n not in off)
 
 
 def test_resolve_with_parsed_environment() -> None:

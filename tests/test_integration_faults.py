@@ -27,23 +27,19 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 INTERVAL = 0.5
 STALE = 3 * INTERVAL  # the harness leaves NVGPU_STALE_AFTER_SECONDS at its default (3 intervals)
 
-# Families every H200 GPU of the shipped scenarios has, by feature (fan excluded: H200 SXM is passive).
+# Families every H200 GPU of the shipped scenarios has by default, by feature (fan excluded: H200 SXM
+# is passive; the series of the details and nvlink_links switches excluded: off by default).
 GPU_FAMILIES: dict[str, set[str]] = {
     "identity": {"nvgpu_gpu_info"},
     "mig": set(),  # issue 15: read (mode 0/0 on these H200s), but no series on a GPU with MIG off
     "utilization": {
         "nvgpu_gpu_utilization_ratio",
         "nvgpu_memory_copy_utilization_ratio",
-        "nvgpu_encoder_utilization_ratio",
-        "nvgpu_decoder_utilization_ratio",
     },
     "memory": {
         "nvgpu_memory_used_bytes",
-        "nvgpu_memory_free_bytes",
         "nvgpu_memory_reserved_bytes",
         "nvgpu_memory_total_bytes",
-        "nvgpu_bar1_memory_used_bytes",
-        "nvgpu_bar1_memory_total_bytes",
     },
     "power": {
         "nvgpu_power_usage_watts",
@@ -52,25 +48,13 @@ GPU_FAMILIES: dict[str, set[str]] = {
         "nvgpu_energy_consumption_joules_total",
     },
     "temperature": {"nvgpu_gpu_temperature_celsius", "nvgpu_memory_temperature_celsius"},
-    "clocks": {
-        "nvgpu_clock_hertz",
-        "nvgpu_clock_max_hertz",
-        "nvgpu_performance_state",
-        "nvgpu_clock_event_reason_active",
-    },
+    "clocks": {"nvgpu_clock_hertz", "nvgpu_clock_max_hertz"},
     "throttle_time": {"nvgpu_clock_event_reason_seconds_total"},
-    "pcie": {
-        "nvgpu_pcie_link_generation",
-        "nvgpu_pcie_link_max_generation",
-        "nvgpu_pcie_link_width",
-        "nvgpu_pcie_link_max_width",
-        "nvgpu_pcie_replay_errors_total",
-    },
+    "pcie": {"nvgpu_pcie_link_generation", "nvgpu_pcie_link_width", "nvgpu_pcie_replay_errors_total"},
     "ecc": {
         "nvgpu_ecc_enabled",
         "nvgpu_ecc_pending_enabled",
         "nvgpu_ecc_volatile_errors_total",
-        "nvgpu_ecc_aggregate_errors_total",
     },
     "remapped_rows": {
         "nvgpu_remapped_rows",
@@ -78,12 +62,8 @@ GPU_FAMILIES: dict[str, set[str]] = {
         "nvgpu_remapped_rows_failure",
         "nvgpu_recovery_action",
     },
-    "nvlink": {"nvgpu_nvlink_up", "nvgpu_nvlink_errors_total"},
-    "nvlink_throughput": {
-        "nvgpu_nvlink_links",
-        "nvgpu_nvlink_transmit_bytes_total",
-        "nvgpu_nvlink_receive_bytes_total",
-    },
+    "nvlink": {"nvgpu_nvlink_links_up", "nvgpu_nvlink_errors_total"},
+    "nvlink_throughput": {"nvgpu_nvlink_transmit_bytes_total", "nvgpu_nvlink_receive_bytes_total"},
     "fabric": {"nvgpu_fabric_state", "nvgpu_fabric_status"},
     "gpm": {
         "nvgpu_gpm_graphics_activity_ratio",
@@ -93,8 +73,6 @@ GPU_FAMILIES: dict[str, set[str]] = {
         "nvgpu_gpm_dram_bandwidth_ratio",
         "nvgpu_gpm_pcie_transmit_bytes_total",
         "nvgpu_gpm_pcie_receive_bytes_total",
-        "nvgpu_gpm_nvlink_transmit_bytes_total",
-        "nvgpu_gpm_nvlink_receive_bytes_total",
     },
     "processes": {"nvgpu_compute_processes", "nvgpu_compute_processes_memory_used_bytes"},
 }
@@ -363,7 +341,11 @@ def test_nvlink_field_entry_errors_only_good_links_exported(tmp_path: Path) -> N
         gpu["fields"]["139:3"] = {"error": "NOT_SUPPORTED"}
         gpu["nvlink_link_count"] = 12  # per-link calls and fields for links 12-17 answer INVALID_ARGUMENT
     good = {str(link) for link in range(12) if link != 3}
-    with exporter(tmp_path, scenario) as (exp, _, _):
+    with exporter(tmp_path, scenario, env={"NVGPU_FEATURE_NVLINK_LINKS": "on", "NVGPU_FEATURE_DETAILS": "on"}) as (
+        exp,
+        _,
+        _,
+    ):
         first = wait_samples(exp, 1)
         seen: list[Scrape] = []
         while not seen or last_ts(seen[-1]) < last_ts(first) + 4 * INTERVAL:
@@ -372,14 +354,18 @@ def test_nvlink_field_entry_errors_only_good_links_exported(tmp_path: Path) -> N
         assert len({last_ts(s) for s in seen}) >= 4
         for s in seen:
             for gpu in ("0", "1"):
-                for name in ("nvgpu_nvlink_transmit_bytes_total", "nvgpu_nvlink_receive_bytes_total"):
+                for name in ("nvgpu_nvlink_link_transmit_bytes_total", "nvgpu_nvlink_link_receive_bytes_total"):
                     assert {x.labels["link"] for x in s.find(name, gpu=gpu)} == good, (name, gpu)
-                assert {x.labels["link"] for x in s.find("nvgpu_nvlink_up", gpu=gpu)} == {str(i) for i in range(12)}
+                links = {x.labels["link"] for x in s.find("nvgpu_nvlink_link_up", gpu=gpu)}
+                assert links == {str(i) for i in range(12)}
                 assert s.value("nvgpu_nvlink_links", gpu=gpu) == 18
+                assert s.value("nvgpu_nvlink_links_up", gpu=gpu) == 12
+                per_link = sum(x.value for x in s.find("nvgpu_nvlink_link_transmit_bytes_total", gpu=gpu))
+                assert s.value("nvgpu_nvlink_transmit_bytes_total", gpu=gpu) == per_link  # the GPU's sum
             assert s.value("nvgpu_feature_success", feature="nvlink_throughput") == 1.0
             assert not [x for x in s.find("nvgpu_nvml_errors_total") if x.labels["feature"].startswith("nvlink")]
-        tx0 = seen[0].value("nvgpu_nvlink_transmit_bytes_total", gpu="0", link="0")
-        tx1 = seen[-1].value("nvgpu_nvlink_transmit_bytes_total", gpu="0", link="0")
+        tx0 = seen[0].value("nvgpu_nvlink_link_transmit_bytes_total", gpu="0", link="0")
+        tx1 = seen[-1].value("nvgpu_nvlink_link_transmit_bytes_total", gpu="0", link="0")
         assert tx0 is not None and tx1 is not None and tx1 > tx0
         assert exp.terminate() == 0
 

@@ -490,3 +490,34 @@ def test_wire_contract_matches_the_kubelet_api() -> None:
     assert fields("TopologyInfo") == {"nodes": 1}
     assert fields("NUMANode") == {"ID": 1}
     assert fields("AllocatableResourcesResponse") == {"devices": 1}
+
+
+def test_no_grpc_import_while_the_kubelet_socket_is_missing(tmp_path: Path) -> None:
+    """Issue 17: grpcio and protobuf cost the supervisor about 10 MB; on a node without the kubelet's
+    socket the pod-attribution loop reports the missing socket and never imports them."""
+    code = f"""
+import asyncio, sys
+from types import SimpleNamespace
+from exporter.config import Config
+from exporter.pods import PodAttribution
+
+class Host:
+    snapshot = None
+    def __init__(self): self.changes = 0
+    def changed(self): self.changes += 1
+    def record_xid(self, *a): pass
+    def set_feature_state(self, state): raise SystemExit(f"unexpected feature state {{state}}")
+
+ext = PodAttribution(Config(pod_resources_socket={str(tmp_path / "kubelet.sock")!r}, pod_refresh_s=0.05))
+host = Host()
+async def main():
+    task = asyncio.ensure_future(ext.run(host))
+    await asyncio.sleep(0.4)
+    task.cancel()
+asyncio.run(main())
+print(ext.up, host.changes, "grpc" in sys.modules, "google.protobuf" in sys.modules)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.split() == ["False", "1", "False", "False"], proc.stdout
+    assert proc.stderr.count("socket_missing") + proc.stderr.count("does not exist") >= 1, proc.stderr

@@ -9,6 +9,10 @@ worker segfault that quarantines a feature, and pods from a fake kubelet (a real
 After at least three scrapes every panel query must parse and return data, every variable query
 must list values, and every rule expression must parse; Prometheus must evaluate the rule file
 without errors. A metric renamed in the exporter leaves a panel without data and fails here.
+
+Everything runs twice (issue 17): with the default series, and with every switch that adds per-GPU
+series on (``details``, ``nvlink_links``). A query of a series only a switch adds may be empty in the
+default mode (:data:`SWITCHED_ONLY`, each with its reason) and must have data in the other.
 """
 
 from __future__ import annotations
@@ -63,6 +67,19 @@ except (ImportError, pytest.skip.Exception) as exc:  # test_podresources skips i
 
 DATA_TIMEOUT_S = 60.0
 
+# The two modes the dashboards and rules must work in: the default series, and every switch on.
+MODES: dict[str, dict[str, str]] = {
+    "default": {},
+    "detailed": {"NVGPU_FEATURE_DETAILS": "on", "NVGPU_FEATURE_NVLINK_LINKS": "on"},
+}
+# (dashboard, panel, refId) of queries that read only a series a switch adds: empty by default.
+SWITCHED_ONLY: dict[tuple[str, str, str], str] = {
+    ("NVIDIA GPU fleet (nvgpu-exporter)", "ECC error counters", "B"): (
+        "the lifetime column: nvgpu_ecc_aggregate_errors_total needs NVGPU_FEATURE_DETAILS=on"
+    ),
+}
+ERRORING_LINK = "2"  # GPU 0's link with replay errors: its own series in both modes
+
 
 def _scenario() -> dict[str, Any]:
     """h200x2 plus the fault states the fault-only panels exist to show."""
@@ -78,8 +95,9 @@ def _scenario() -> dict[str, Any]:
     # GPM (issue 14): the engine looks active, no SM does any work.
     gpu1.update({f"nvmlGpmMetricsGet:{m}": 0.0 for m in (2, 3, 5, 10)})
     gpu1["nvmlGpmMetricsGet:1"] = 100.0
-    # A transient NVML error on every sample: nvgpu_nvml_errors_total{feature="clocks",error="UNKNOWN"}.
-    gpu1["nvmlDeviceGetPerformanceState"] = {"error": "UNKNOWN"}
+    # A transient NVML error on every sample: nvgpu_nvml_errors_total{feature="power",error="UNKNOWN"}
+    # (a call made by default: the performance state, used before issue 17, needs details now).
+    gpu1["nvmlDeviceGetEnforcedPowerLimit"] = {"error": "UNKNOWN"}
     # Issue 18: GPU 0 runs one process of the kubelet's pod trainer-0 (per-pod usage); GPU 1's one
     # record comes back with pid and memory swapped (dropped and counted: still no process).
     gpu0 = data["gpus"][0]["values"]
@@ -89,6 +107,9 @@ def _scenario() -> dict[str, Any]:
     gpu0["nvmlDeviceGetProcessUtilization"] = {"per_process": {"smUtil": 60, "memUtil": 20}}
     swapped = {"struct": "swapped", "records": [{"pid": 9980, "usedGpuMemory": 6498025472}]}
     gpu1["nvmlDeviceGetComputeRunningProcesses_v3"] = gpu1["nvmlDeviceGetComputeRunningProcesses_v2"] = swapped
+    # Issue 17: link 2 of GPU 0 replays (the per-call counter and its field agree).
+    gpu0[f"nvmlDeviceGetNvLinkErrorCounter:{ERRORING_LINK},0"] = 5
+    data["gpus"][0]["fields"][f"161:{ERRORING_LINK}"] = 5
     # Issue 15: GPU 2 is h200x2-mig's GPU 0 (MIG mode, mixed profiles) under its own identity, so the
     # MIG panels have data and the GPU panels show a MIG GPU next to ordinary ones.
     mig_gpu = load_scenario("h200x2-mig")["gpus"][0]
@@ -117,6 +138,7 @@ KERNEL_LOG = (
 
 @dataclass
 class Stack:
+    mode: str
     base: str
     exporter: Exporter
     prometheus: subprocess.Popen[bytes]
@@ -182,8 +204,8 @@ def _fake_kubelet(directory: Path) -> Any:
     return server, path
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=sorted(MODES))
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.skip("Debian's `prometheus` binary is not installed (apt-get install prometheus; .ci/run installs it)")
@@ -200,6 +222,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # per-pod usage: a host /proc (hostPID) with the trainer's process, and the kubelet's log names
         "NVGPU_PROC_PATH": str(make_proc(tmp / "proc", {TRAINER_PID: ("python3", TRAINER)})),
         "NVGPU_CONTAINER_LOG_DIR": str(make_container_logs(tmp / "containers", [TRAINER])),
+        **MODES[request.param],
     }
     server = None
     sock_dir = Path(tempfile.mkdtemp(prefix="e2e-kubelet-", dir="/tmp"))  # unix socket paths are short
@@ -237,7 +260,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        st = Stack(f"http://127.0.0.1:{port}", exporter, prom, log, rules_loaded)
+        st = Stack(request.param, f"http://127.0.0.1:{port}", exporter, prom, log, rules_loaded)
 
         def ready() -> bool:
             if prom.poll() is not None:
@@ -280,6 +303,8 @@ def test_every_panel_query_parses_and_returns_data(stack: Stack) -> None:
     assert len(all_queries) >= 40, "fewer panel queries than the dashboards have: is dashboards/queries.py broken?"
     unparsed: list[str] = []
     pending = {q for q in all_queries if (q.dashboard, q.panel) not in NO_DATA_ALLOWED}
+    if stack.mode == "default":
+        pending = {q for q in pending if (q.dashboard, q.panel, q.ref_id) not in SWITCHED_ONLY}
     deadline = time.monotonic() + DATA_TIMEOUT_S
     last: dict[Query, dict[str, Any]] = {}
     for q in all_queries:  # every query parses, allowlisted ones included
@@ -307,6 +332,34 @@ def test_every_panel_query_parses_and_returns_data(stack: Stack) -> None:
 def test_no_data_allowlist_names_real_panels() -> None:
     panels = {(q.dashboard, q.panel) for q in panel_queries()}
     assert set(NO_DATA_ALLOWED) <= panels, set(NO_DATA_ALLOWED) - panels
+    refs = {(q.dashboard, q.panel, q.ref_id) for q in panel_queries()}
+    assert set(SWITCHED_ONLY) <= refs, set(SWITCHED_ONLY) - refs
+
+
+def test_nvlink_series_follow_the_mode(stack: Stack) -> None:
+    """Issue 17: per-GPU NVLink totals in both modes; per-link series of the erroring link only by
+    default, of every link with nvlink_links on."""
+
+    pair = f'uuid=~"{UUID0}|{UUID1}"'  # the NVLink pair; GPU 2 is the MIG GPU of issue 15
+
+    def links(expr: str) -> set[tuple[str, str]]:
+        result = stack.query(f"{expr}{{{pair}}}")["data"]["result"]
+        return {(r["metric"]["uuid"], r["metric"]["link"]) for r in result}
+
+    totals = _wait(
+        lambda: stack.query(f'nvgpu_nvlink_errors_total{{error_type="replay", {pair}}}')["data"]["result"],
+        DATA_TIMEOUT_S,
+        "per-GPU NVLink error totals",
+        stack,
+    )
+    assert {r["metric"]["uuid"]: float(r["value"][1]) for r in totals} == {UUID0: 5.0, UUID1: 0.0}
+    per_link = links("nvgpu_nvlink_link_errors_total")
+    if stack.mode == "default":
+        assert per_link == {(UUID0, ERRORING_LINK)}
+        assert not stack.query(f"nvgpu_nvlink_link_transmit_bytes_total{{{pair}}}")["data"]["result"]
+    else:
+        assert per_link == {(u, str(link)) for u in (UUID0, UUID1) for link in range(18)}
+        assert len(links("nvgpu_nvlink_link_transmit_bytes_total")) == 36
 
 
 def test_variable_queries_list_values(stack: Stack) -> None:

@@ -24,13 +24,19 @@ def promtool_check(body: bytes) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=60)
 
 
-def test_promtool_accepts_live_scrape(tmp_path: Path) -> None:
-    with Exporter(SCENARIOS / "h200x2.json", tmp_path) as exp:
+@pytest.mark.parametrize(
+    ("env", "links"),
+    [({}, 0), ({"NVGPU_FEATURE_DETAILS": "on", "NVGPU_FEATURE_NVLINK_LINKS": "on"}, 36)],
+    ids=["default", "details_and_nvlink_links"],
+)
+def test_promtool_accepts_live_scrape(tmp_path: Path, env: dict[str, str], links: int) -> None:
+    with Exporter(SCENARIOS / "h200x2.json", tmp_path, env=env) as exp:
         exp.wait_for(
             lambda s: (
                 s.value("nvgpu_up") == 1.0
                 and s.find("nvgpu_events_enabled", gpu="1")
-                and len(s.find("nvgpu_nvlink_transmit_bytes_total")) == 36
+                and len(s.find("nvgpu_nvlink_transmit_bytes_total")) == 2
+                and len(s.find("nvgpu_nvlink_link_transmit_bytes_total")) == links
             ),
             what="a complete sample",
         )

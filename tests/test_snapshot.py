@@ -31,7 +31,7 @@ READINGS: dict[str, object] = {
     "clocks": clocks.Reading({"sm": 1980}, {"sm": 1980}, 0, 1),
     "ecc": ecc.Reading(True, False, {"corrected": 0}, {"uncorrected": 2}),
     "gpm": gpm.Reading({2: 89.8, 5: 82.7}, {61: 1.5e9}),
-    "nvlink": nvlink.Reading({0: 1, 17: 0}, {"0/replay": 3}),
+    "nvlink": nvlink.Reading(17, {"replay": 3}, {0: 1, 17: 0}, {"0/replay": 3}),
     "processes": processes.Reading(
         2,
         None,
@@ -90,7 +90,7 @@ def test_round_trip_is_exact() -> None:
 def test_typed_access_by_reading_class() -> None:
     got = roundtrip(snapshot())
     gpu = got.gpus[0]
-    assert gpu.reading(nvlink.Reading).up == {0: 1, 17: 0}  # JSON's "0" keys are ints again
+    assert gpu.reading(nvlink.Reading).link_up == {0: 1, 17: 0}  # JSON's "0" keys are ints again
     assert gpu.reading(fan.Reading).speeds_percent == (40, 42)
     assert gpu.reading(power.Reading).usage_mw == 85000
     assert got.gpus[1].reading(power.Reading) is None
@@ -103,7 +103,7 @@ def test_typed_access_by_reading_class() -> None:
         ("power", "usage_mw", True),  # a bool is not an int here
         ("power", "usage_mw", 1.5),
         ("fan", "speeds_percent", [40, "x"]),
-        ("nvlink", "up", {"zero": 1}),  # a link index that is not an integer
+        ("nvlink", "link_up", {"zero": 1}),  # a link index that is not an integer
         ("identity", "architecture", [9]),
     ],
 )

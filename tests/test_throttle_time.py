@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_device import Clock, device, devices, fake_of, render
+from fake_device import DETAILS, Clock, device, devices, fake_of, render
 
 from exporter.collectors import clocks, throttle_time
 
@@ -30,7 +30,7 @@ def test_counters_follow_the_phases_of_the_load_model(tmp_path: Path) -> None:
     """h200x2: SW power cap holds in the capped phase (10-15 s of every 20 s), low utilization in the
     two idle phases; the counters grow exactly then."""
     clock = Clock(100.0)  # (a field value stamped at time 0 reads as unpopulated)
-    dev = devices(tmp_path, h200x2(), clock)[0]
+    dev = devices(tmp_path, h200x2(), clock, DETAILS)[0]
     r0 = throttle_time.read(dev)
     clock.t = 140.0  # two periods
     r1 = throttle_time.read(dev)
@@ -57,7 +57,7 @@ def test_fields_269_to_271_only_where_the_driver_numbers_them_so(
 ) -> None:
     """Before driver 580.82 ids 269-271 are power-smoothing fields (nvml-notes 4.4): never asked."""
     clock = Clock(1.0)
-    dev = device(tmp_path, {"fields": dict.fromkeys(ALL_FIELDS, 7)}, clock, driver_version=driver)
+    dev = device(tmp_path, {"fields": dict.fromkeys(ALL_FIELDS, 7)}, clock, DETAILS, driver_version=driver)
     r = throttle_time.read(dev)
     assert r is not None
     new = {"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
@@ -78,7 +78,7 @@ def test_violation_status_where_the_driver_has_no_field(tmp_path: Path) -> None:
         "nvmlDeviceGetViolationStatus:0": {"referenceTime": 1, "violationTime": 5 * NS},
         "nvmlDeviceGetViolationStatus:4": {"referenceTime": 1, "violationTime": 7 * NS},
     }
-    dev = device(tmp_path, {"values": values, "fields": {"78": 3 * NS}}, clock)
+    dev = device(tmp_path, {"values": values, "fields": {"78": 3 * NS}}, clock, DETAILS)
     r = throttle_time.read(dev)
     assert r is not None
     assert r.durations_ns == {"sw_power_cap": 5 * NS, "low_utilization": 3 * NS}  # the field wins for 78
@@ -117,7 +117,7 @@ def test_the_counter_gives_the_true_share_where_the_flag_aliases(tmp_path: Path,
     0 %) depending on the sampling phase; the counter's increase gives 5 % every time."""
     start = 100.0 + phase
     clock = Clock(start)
-    dev = devices(tmp_path, brake_scenario(), clock)[0]
+    dev = devices(tmp_path, brake_scenario(), clock, DETAILS)[0]
     first = throttle_time.read(dev)
     flags = 0
     for k in range(60):

@@ -73,6 +73,16 @@ PROCESS_MEASURED = {  # nvml-notes 5.1 measured compute process
 
 NOT_SUPPORTED = {"error": "NOT_SUPPORTED"}
 
+# --- issue 17: NVLink error counters, ../shared/reference/h200/2026-11-30/fields.json --------------
+# nvmlDeviceGetNvLinkErrorCounter per link on the idle, healthy pair: replay, recovery and flit CRC
+# 0 on every link; data CRC (counter 3) non-zero on every link (counts since the driver loaded).
+# Fields 161-163 (DL replay, recovery, CRC) per link: 0, the same as the per-call counters.
+NVLINK_CRC_DATA = (
+    (73, 66, 41, 72, 57, 40, 181, 174, 96, 162, 106, 67, 39, 58, 57, 60, 128, 74),  # GPU 0
+    (104, 142, 25, 43, 53, 82, 46, 49, 155, 375, 152, 314, 64, 33, 74, 169, 244, 99),  # GPU 1
+)
+NVLINK_DL_FIELDS = (161, 162, 163)
+
 # --- issue 14: power scope, throttle time, fabric, GPM (../shared/reference/h200/2026-11-30/) -----
 MEMORY_POWER_IDLE_MW = (38_874, 40_551)  # misc.json: field 185 scope 2 (memory), GPU 0 / GPU 1
 MEMORY_POWER_LOAD_MW = (144_008, 138_113)  # misc-load.json, same field under the matmul load
@@ -147,6 +157,7 @@ def gpu(
     processes_loaded,
     nvlink_tx_kib_s=None,
     nvlink_rx_kib_s=None,
+    crc_data=NVLINK_CRC_DATA[0],
     mem_power=(MEMORY_POWER_IDLE_MW[0], MEMORY_POWER_LOAD_MW[0]),
     fabric=None,
 ):
@@ -214,8 +225,13 @@ def gpu(
     else:
         for link in range(NVLINK_LINKS):
             values[f"nvmlDeviceGetNvLinkState:{link}"] = 1
-        # one fallback key: every link (< nvlink_link_count) and every counter (0..3) answers 0
+        # one fallback key: every link (< nvlink_link_count) and counter answers 0, but data CRC
         values["nvmlDeviceGetNvLinkErrorCounter"] = 0
+        for link, count in enumerate(crc_data):
+            values[f"nvmlDeviceGetNvLinkErrorCounter:{link},3"] = count
+        for fid in NVLINK_DL_FIELDS:
+            for link in range(NVLINK_LINKS):
+                fields[f"{fid}:{link}"] = 0
         fields["91"] = NVLINK_LINKS
         for link in range(NVLINK_LINKS):
             fields[f"138:{link}"] = {"ramp": 0, "per_s": nvlink_tx_kib_s}
@@ -356,7 +372,9 @@ def h200x1():
 NVLINK_DESC = (
     " 18 NVLink4 links per GPU, all up (nvlink_link_count 18, nvmlDeviceGetNvLinkState 1 for"
     " links 0-17, field 91 = 18: nvml_probe_2gpu_nvlink.json, topology_2gpu.txt NV18); NVLink"
-    " error counters 0 (measured crc 0). Fields 138/139 (NVLink data TX/RX, cumulative KiB) are"
+    " error counters as measured on the idle pair (2026-11-30/fields.json): replay, recovery and flit"
+    " CRC 0, data CRC 25-375 per link (GPU 0's counts for even GPUs, GPU 1's for odd ones), fields"
+    " 161-163 per link 0. Fields 138/139 (NVLink data TX/RX, cumulative KiB) are"
     " ramps from the measured 0 per link (scopeId 0-17) plus the all-links sum (scopeId"
     " 4294967295 = 18 x per link)."
 )
@@ -416,6 +434,7 @@ def h200x2():
         processes_loaded=[],
         nvlink_tx_kib_s=250,
         nvlink_rx_kib_s=1000,
+        crc_data=NVLINK_CRC_DATA[1],
         mem_power=(MEMORY_POWER_IDLE_MW[1], MEMORY_POWER_LOAD_MW[1]),
         fabric=FABRIC_COMPLETED,
     )
@@ -462,6 +481,7 @@ def h200x8():
                 # all-reduce style: each GPU sends and receives the same through the NVSwitches
                 nvlink_tx_kib_s=1000,
                 nvlink_rx_kib_s=1000,
+                crc_data=NVLINK_CRC_DATA[i % 2],
                 mem_power=(MEMORY_POWER_IDLE_MW[i % 2], MEMORY_POWER_LOAD_MW[i % 2]),
                 fabric=FABRIC_COMPLETED,  # synthetic: an NVSwitch board whose Fabric Manager finished
             )

@@ -61,6 +61,9 @@ NOT_COLLECTORS: dict[str, str] = {
     "kernel_xid": "exporter.kernel_xid (supervisor extension)",
     "pod_attribution": "exporter.pods (supervisor extension)",
     "process_usage": "exporter.collectors.processes (per-process rows, read when this feature is on)",
+    "nvlink_links": "exporter.collectors.nvlink and .nvlink_throughput (every link's series, when this feature is on)",
+    "details": "several collectors read their series beyond the default budget when this feature is on "
+    "(clocks, throttle_time, memory, ecc, pcie, utilization, nvlink_throughput)",
 }
 
 _FEATURE_OF: dict[type[Any], str] = {c.Reading: c.FEATURE for c in _ORDER}

@@ -11,6 +11,10 @@ volatile count (since the driver was loaded; a GPU reset or driver reload clears
 the aggregate count (the board's life, kept in the inforom), so a ``sum()`` over both counted
 every error twice. The volatile family's standing value is what the uncorrectable-ECC alert reads
 (deploy/prometheus/rules.yaml): errors counted before the exporter started never "increase".
+
+The aggregate (lifetime) counters are read only with the ``details`` feature on (issue 17, the
+default budget of 60 series per GPU): they are the board's history, which no alert reads; the
+volatile counters are the state to act on.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "ecc"
+DETAILS = "details"
 ERROR_TYPES = (("corrected", 0), ("uncorrected", 1))
 NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
@@ -73,9 +78,11 @@ def read(dev: DeviceClient) -> Reading | None:
     enabled = bool(mode[0])
     pending = bool(mode[1]) if len(mode) > 1 else None
     counts: dict[int, dict[str, int]] = {NVML_VOLATILE_ECC: {}, NVML_AGGREGATE_ECC: {}}
+    types = (NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC) if DETAILS in dev.enabled else (NVML_VOLATILE_ECC,)
     if enabled:
         for etype, e in ERROR_TYPES:
-            for counter_type, out in counts.items():
+            for counter_type in types:
+                out = counts[counter_type]
                 value = dev.get(FEATURE, "nvmlDeviceGetTotalEccErrors", e, counter_type)
                 if value is not None:
                     out[etype] = int(value)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "memory"
+DETAILS = "details"  # free (total - reserved - used) and BAR1: outside the default budget (issue 17)
 NVML_MEMORY_V2 = 0x02000028  # sizeof(nvmlMemory_v2_t) | 2 << 24
 _SRC = "nvmlDeviceGetMemoryInfo, v2 when available"
 
@@ -61,13 +62,14 @@ def read(dev: DeviceClient) -> Reading | None:
     reserved = getattr(mem, "reserved", None) if mem is not None else None
     if mem is None:
         mem = dev.get(FEATURE, "nvmlDeviceGetMemoryInfo")
-    bar1 = dev.get(FEATURE, "nvmlDeviceGetBAR1MemoryInfo")
+    details = DETAILS in dev.enabled
+    bar1 = dev.get(FEATURE, "nvmlDeviceGetBAR1MemoryInfo") if details else None
     if mem is None and bar1 is None:
         return None
     return Reading(
         total_bytes=int(mem.total) if mem is not None else None,
         used_bytes=int(mem.used) if mem is not None else None,
-        free_bytes=int(mem.free) if mem is not None else None,
+        free_bytes=int(mem.free) if mem is not None and details else None,
         reserved_bytes=int(reserved) if reserved is not None else None,
         bar1_total_bytes=int(bar1.bar1Total) if bar1 is not None else None,
         bar1_used_bytes=int(bar1.bar1Used) if bar1 is not None else None,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "pcie"
+DETAILS = "details"  # the static maxima: outside the default budget (issue 17)
 
 LINK_GENERATION = MetricDef(
     "nvgpu_pcie_link_generation", "Current PCIe link generation (nvmlDeviceGetCurrPcieLinkGeneration)"
@@ -58,7 +59,9 @@ def _int(value: Any) -> int | None:
 
 def read(dev: DeviceClient) -> Reading | None:
     static = dev.cache.get("pcie_max")
-    if static is None:
+    if DETAILS not in dev.enabled:
+        static = (None, None)
+    elif static is None:
         static = (
             dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkGeneration"),
             dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkWidth"),

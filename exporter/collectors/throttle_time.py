@@ -21,6 +21,11 @@ Sources, cheapest first (measured on H200 / 580.159.04, ../shared/reference/h200
 Counters reset when the driver reloads; ``rate()`` treats that as a counter reset. Reasons overlap
 in time (the two totals contain the others; SW power cap and a thermal reason can hold at once):
 never sum over ``reason``.
+
+Default reasons (issue 17, the budget of 60 series per GPU): the power and thermal ones and the
+time below base clocks for any reason (:data:`DEFAULT_REASONS`). Sync boost (only with a sync-boost
+group), board limit, low utilization (the GPU idling: ``nvgpu_gpu_utilization_ratio`` says as
+much), reliability and the time below application clocks are read with the ``details`` feature.
 """
 
 from __future__ import annotations
@@ -39,6 +44,17 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "throttle_time"
+DETAILS = "details"
+DEFAULT_REASONS = frozenset(
+    {
+        "sw_power_cap",
+        "thermal",
+        "total_base_clocks",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    }
+)
 NS_PER_S = 1e9
 # Driver from which fields 269-271 are the clock-event-reason durations (nvml-notes §4.4).
 NEW_REASON_FIELDS_FROM = (580, 82)
@@ -99,13 +115,15 @@ def _wanted(dev: DeviceClient) -> tuple[tuple[str, int, int | None, bool], ...]:
 
 def read(dev: DeviceClient) -> Reading | None:
     wanted = _wanted(dev)
+    if DETAILS not in dev.enabled:
+        wanted = tuple(r for r in wanted if r[0] in DEFAULT_REASONS)
     values = dev.fields(FEATURE, [(fid, 0) for _, fid, _, _ in wanted])
     out: dict[str, int] = {}
     for reason, fid, policy, _ in wanted:
         value = values.get((fid, 0))
         if value is not None:
             out[reason] = int(value)
-        elif policy is not None and ("field", fid, 0) in dev.unsupported:
+        elif policy is not None and dev.field_unsupported(fid):
             status = dev.get(FEATURE, "nvmlDeviceGetViolationStatus", policy)
             if status is not None:
                 out[reason] = int(status.violationTime)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "utilization"
+DETAILS = "details"  # encoder and decoder utilization: outside the default budget (issue 17)
 
 GPU_UTILIZATION = MetricDef(
     "nvgpu_gpu_utilization_ratio", "Fraction of time one or more kernels ran (nvmlDeviceGetUtilizationRates.gpu)"
@@ -74,8 +75,10 @@ def read(dev: DeviceClient) -> Reading | None:
             )
         return None
     util = dev.get(FEATURE, "nvmlDeviceGetUtilizationRates")
-    enc = dev.get(FEATURE, "nvmlDeviceGetEncoderUtilization")
-    dec = dev.get(FEATURE, "nvmlDeviceGetDecoderUtilization")
+    enc = dec = None
+    if DETAILS in dev.enabled:  # H100/H200 have no NVENC: encoder reads 0 (measured [0, 100000])
+        enc = dev.get(FEATURE, "nvmlDeviceGetEncoderUtilization")
+        dec = dev.get(FEATURE, "nvmlDeviceGetDecoderUtilization")
     r = Reading(
         gpu_percent=int(util.gpu) if util is not None else None,
         memory_busy_percent=int(util.memory) if util is not None else None,

@@ -25,6 +25,8 @@ from exporter.nvml.errors import ErrorClass, NvmlFailure
 
 log = logging.getLogger(__name__)
 
+FIELD_CALL = ("field", "call")  # unsupported-cache key of nvmlDeviceGetFieldValues failing as a whole
+
 
 class Stopping(BaseException):
     """Raised instead of a new NVML call once a shutdown was requested.
@@ -143,6 +145,9 @@ class DeviceClient:
         uuid: GPU UUID.
         handle: NVML device handle.
         unsupported: (function, args) keys that answered an unsupported class; never called again.
+        enabled: every feature enabled in this worker, collectors or not, set by the sampler before
+            each pass: a collector reads the series a switch adds (``details``, ``nvlink_links``)
+            only when that switch is in here.
     """
 
     def __init__(self, client: NvmlClient, index: int, uuid: str, handle: Any) -> None:
@@ -158,6 +163,7 @@ class DeviceClient:
         # Set by a collector that saw the GPU change under it (MIG mode): the GPU's thread re-probes
         # before its next pass, as after a MIG configuration change event.
         self.reprobe_requested = False
+        self.enabled: frozenset[str] = frozenset()
 
     def forget(self) -> None:
         """Forget the unsupported answers that can change, and every static reading: ask again (a
@@ -363,15 +369,19 @@ class DeviceClient:
         """Field values that succeeded, keyed by (field id, scope id); each entry's code checked.
 
         Entries answering NOT_SUPPORTED or INVALID_ARGUMENT are cached and never requested again;
-        entries the driver left unpopulated are omitted this time only.
+        entries the driver left unpopulated are omitted this time only. A call that fails as a whole
+        with an unsupported class (a binding or driver without the function) is not made again
+        until a re-probe: :meth:`field_unsupported` then says yes for every pair.
         """
+        if FIELD_CALL in self.unsupported:
+            return {}
         wanted = [p for p in pairs if ("field", *p) not in self.unsupported]
         if not wanted:
             return {}
         try:
             entries = self.client.field_values(feature, self.uuid, self.handle, list(wanted))
         except Exception as exc:
-            self.handle_error(feature, "nvmlDeviceGetFieldValues", ("field", "call"), exc)
+            self.handle_error(feature, "nvmlDeviceGetFieldValues", FIELD_CALL, exc)
             return {}
         out: dict[tuple[int, int], int | float] = {}
         for entry in entries:
@@ -394,3 +404,7 @@ class DeviceClient:
         elif wanted and all(("field", *p) in self.unsupported for p in wanted):
             self.feature_unsupported.add(feature)
         return out
+
+    def field_unsupported(self, field_id: int, scope_id: int = 0) -> bool:
+        """Whether this GPU answered unsupported for the field (or for the field-value call itself)."""
+        return FIELD_CALL in self.unsupported or ("field", field_id, scope_id) in self.unsupported

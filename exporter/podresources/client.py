@@ -235,6 +235,48 @@ def allocatable_replicas(response: Any) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def _socket_error(socket_path: str, reason: str, detail: str) -> PodResourcesError:
+    return PodResourcesError(reason, socket_path, f"kubelet pod-resources socket {socket_path}: {detail}")
+
+
+def check_socket(socket_path: str) -> None:
+    """Fail with a clear message if ``socket_path`` is not a unix socket this process can connect to.
+
+    Standard library only (no gRPC import): the supervisor checks the socket before it loads
+    grpcio and protobuf, which cost it about 10 MB (docs/performance.md).
+
+    Raises:
+        PodResourcesError: reason ``socket_missing``, ``permission_denied`` or ``not_a_socket``.
+    """
+    try:
+        st = os.stat(socket_path)
+    except FileNotFoundError:
+        raise _socket_error(
+            socket_path,
+            "socket_missing",
+            "does not exist; mount the kubelet's pod-resources directory "
+            "(hostPath /var/lib/kubelet/pod-resources, readOnly) or set "
+            "NVGPU_POD_RESOURCES_SOCKET, or turn the feature off "
+            "(NVGPU_FEATURE_POD_ATTRIBUTION=off)",
+        ) from None
+    except PermissionError as exc:
+        raise _socket_error(socket_path, "permission_denied", f"cannot be looked up: {exc}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise _socket_error(socket_path, "not_a_socket", "exists but is not a unix socket")
+    # connect() on a unix socket needs write permission on the socket file. The kubelet
+    # creates it owned by root and not writable by others, so a non-root exporter is refused
+    # (docs/kubernetes.md, "Pod attribution").
+    if not os.access(socket_path, os.R_OK | os.W_OK):
+        raise _socket_error(
+            socket_path,
+            "permission_denied",
+            f"is not readable and writable by uid {os.geteuid()} (socket owner uid "
+            f"{st.st_uid}, mode {stat.filemode(st.st_mode)}); the kubelet's socket is "
+            "root-owned: run the exporter as uid 0 with no capabilities "
+            "(deploy/kubernetes/components/pod-attribution-root) or turn the feature off",
+        )
+
+
 class PodResourcesClient:
     """Blocking client of the kubelet's PodResources v1 service on a unix socket.
 
@@ -318,39 +360,11 @@ class PodResourcesClient:
     # -- internals ---------------------------------------------------------------------------
 
     def _error(self, reason: str, detail: str) -> PodResourcesError:
-        return PodResourcesError(
-            reason,
-            self.socket_path,
-            f"kubelet pod-resources socket {self.socket_path}: {detail}",
-        )
+        return _socket_error(self.socket_path, reason, detail)
 
     def _check_socket(self) -> None:
         """Fail with a clear message before gRPC turns the same problem into UNAVAILABLE."""
-        try:
-            st = os.stat(self.socket_path)
-        except FileNotFoundError:
-            raise self._error(
-                "socket_missing",
-                "does not exist; mount the kubelet's pod-resources directory "
-                "(hostPath /var/lib/kubelet/pod-resources, readOnly) or set "
-                "NVGPU_POD_RESOURCES_SOCKET, or turn the feature off "
-                "(NVGPU_FEATURE_POD_ATTRIBUTION=off)",
-            ) from None
-        except PermissionError as exc:
-            raise self._error("permission_denied", f"cannot be looked up: {exc}") from None
-        if not stat.S_ISSOCK(st.st_mode):
-            raise self._error("not_a_socket", "exists but is not a unix socket")
-        # connect() on a unix socket needs write permission on the socket file. The kubelet
-        # creates it owned by root and not writable by others, so a non-root exporter is refused
-        # (docs/kubernetes.md, "Pod attribution").
-        if not os.access(self.socket_path, os.R_OK | os.W_OK):
-            raise self._error(
-                "permission_denied",
-                f"is not readable and writable by uid {os.geteuid()} (socket owner uid "
-                f"{st.st_uid}, mode {stat.filemode(st.st_mode)}); the kubelet's socket is "
-                "root-owned: run the exporter as uid 0 with no capabilities "
-                "(deploy/kubernetes/components/pod-attribution-root) or turn the feature off",
-            )
+        check_socket(self.socket_path)
 
     def _get_stub(self) -> Any:
         with self._lock:

@@ -14,11 +14,16 @@ registration); the next ``snapshots`` are kept.
 
 Goldens:
 
-- ``h200x2``: the shipped two-GPU NVLink scenario as it is.
-- ``faults``: the same with a fan-cooled GPU 0 whose power reading fails (UNKNOWN), GPU 1 lost
+- ``h200x1``, ``h200x2``, ``h200x8``: the shipped H200 scenarios as they are, default settings
+  (``tests/test_series_budget.py`` counts their series per GPU against the budget of issue 17).
+- ``detailed``: h200x2 with the switches that add per-GPU series on (``details``, ``nvlink_links``)
+  and link 5 of GPU 0 counting replay errors.
+- ``faults``: h200x2 with a fan-cooled GPU 0 whose power reading fails (UNKNOWN), GPU 1 lost
   (GPU_IS_LOST), ecc switched off and kernel_xid switched on by env, two NVML events on GPU 0 (Xid 79,
   double-bit ECC) and GPU 0 showing the stuck-context signature (100 % busy, no memory, no
-  processes: its one record comes back with pid and memory swapped and is dropped). The test adds
+  processes: its one record comes back with pid and memory swapped and is dropped), link 3 of GPU 0
+  counting recovery errors (its own series by default) and nvlink_throughput off (GPM's NVLink
+  bytes then). The test adds
   the supervisor-side state a worker cannot send: a worker crash in nvlink (quarantined after one
   crash), a readable kernel log and a kubelet pod holding GPU 0.
 - ``processes``: h200x2 with two pods time-slicing GPU 0 (plus a graphics process outside any pod)
@@ -64,6 +69,29 @@ def _h200x2() -> tuple[dict[str, Any], dict[str, str]]:
     return json.loads((SCENARIOS / "h200x2.json").read_text()), {}
 
 
+def _h200x1() -> tuple[dict[str, Any], dict[str, str]]:
+    return json.loads((SCENARIOS / "h200x1.json").read_text()), {}
+
+
+def _h200x8() -> tuple[dict[str, Any], dict[str, str]]:
+    return json.loads((SCENARIOS / "h200x8.json").read_text()), {}
+
+
+def _link_errors(gpu: dict[str, Any], link: int, counter: int, field: int, count: int) -> None:
+    """``count`` errors of one kind on one link, as both the per-call counter and its field report it."""
+    gpu["values"][f"nvmlDeviceGetNvLinkErrorCounter:{link},{counter}"] = count
+    gpu["fields"][f"{field}:{link}"] = count
+
+
+def _detailed() -> tuple[dict[str, Any], dict[str, str]]:
+    """Issue 17: every switch that adds per-GPU series on (details, nvlink_links), with link 5 of
+    GPU 0 replaying."""
+    scenario, _ = _h200x2()
+    scenario["description"] = "golden 'detailed': h200x2 with details and nvlink_links on, link 5 of GPU 0 replaying"
+    _link_errors(scenario["gpus"][0], 5, 0, 161, 12)
+    return scenario, {"details": "on", "nvlink_links": "on"}
+
+
 def _faults() -> tuple[dict[str, Any], dict[str, str]]:
     scenario, _ = _h200x2()
     scenario["description"] = "golden 'faults': h200x2 with fans, a failing power reading, a lost GPU, events"
@@ -79,6 +107,7 @@ def _faults() -> tuple[dict[str, Any], dict[str, str]]:
     scenario["faults"] = [
         {"function": "nvmlDeviceGetUtilizationRates", "gpu": 1, "action": "error", "error": "GPU_IS_LOST"}
     ]
+    _link_errors(scenario["gpus"][0], 3, 1, 162, 2)  # issue 17: an erroring link's own series by default
     scenario["events"] = [
         {"at_s": 0, "gpu": 0, "event_type": "XidCriticalError", "data": 79},
         {"at_s": 0, "gpu": 0, "event_type": "DoubleBitEccError"},
@@ -86,7 +115,7 @@ def _faults() -> tuple[dict[str, Any], dict[str, str]]:
     swapped = {"struct": "swapped", "records": [_rec(9980, 6498025472)]}  # issue 18: pid/memory swapped
     for fn in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"):
         g0[fn] = swapped
-    return scenario, {"ecc": "off", "kernel_xid": "on"}
+    return scenario, {"ecc": "off", "kernel_xid": "on", "nvlink_throughput": "off"}
 
 
 def _gh200() -> tuple[dict[str, Any], dict[str, str]]:
@@ -169,13 +198,25 @@ def _h200x2_mig() -> tuple[dict[str, Any], dict[str, str]]:
 
 
 GOLDENS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, str]]]] = {
+    "h200x1": _h200x1,
     "h200x2": _h200x2,
+    "h200x8": _h200x8,
+    "detailed": _detailed,
     "faults": _faults,
     "gh200": _gh200,
     "processes": _processes,
     "h200x2-mig": _h200x2_mig,
 }
-SNAPSHOTS = {"h200x2": 1, "faults": 2, "gh200": 1, "processes": 1, "h200x2-mig": 1}
+SNAPSHOTS = {
+    "h200x1": 1,
+    "h200x2": 1,
+    "h200x8": 1,
+    "detailed": 1,
+    "faults": 2,
+    "gh200": 1,
+    "processes": 1,
+    "h200x2-mig": 1,
+}
 # Per golden: Config fields for the node around the worker (fake /proc and container logs).
 HOSTS: dict[str, Callable[[Path], dict[str, Any]]] = {"processes": _processes_host}
 

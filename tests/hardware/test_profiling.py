@@ -12,9 +12,11 @@ peer-connected GPUs). About 1.5 minutes. Writes under ``$NVGPU_HW_OUT`` (when se
 - ``gpm_matmul.json``: the same under a bf16 8192x8192 matmul loop on every GPU (expected SM
   activity > 0.8, tensor > 0.6), with utilization, power by scope and the increase of each
   clock-event-reason time counter over the load window;
-- ``gpm_nvlink.json`` (two GPUs): a 1 GiB cuda:0 -> cuda:1 copy loop; over the same two scrapes,
-  the increase of the GPM NVLink byte counter against the per-link NVLink byte counters (fields
-  138/139) and the bytes the loop copied (expected within 5 %);
+- ``gpm_nvlink.json`` (two GPUs): a 1 GiB cuda:0 -> cuda:1 copy loop between two idle moments; the
+  increase of the GPM NVLink byte counter against the NVLink byte counters (fields 138/139, all
+  links, read by this test) and the bytes the loop copied (expected within 5 %). The exporter runs
+  with ``nvlink_throughput`` off, as on H20 / 580: only then does it ask GPM for NVLink traffic
+  (issue 17);
 - ``cost.json``: per GPU, medians of 20 calls, measured in this process with pynvml:
   nvmlGpmSampleGet, nvmlGpmMetricsGet for the gpm feature's 9 metrics, gpm_pipes' 7 and both
   (16), the throttle-time field call (11 fields) against 8 nvmlDeviceGetViolationStatus calls,
@@ -25,7 +27,7 @@ peer-connected GPUs). About 1.5 minutes. Writes under ``$NVGPU_HW_OUT`` (when se
   fabric state/status/health (v3), ECC mode current/pending, the driver and binding versions.
 
 The exporter runs as README says (``python -m exporter``, real NVML, 1 s sample interval,
-``NVGPU_FEATURE_GPM_PIPES=on``) for the whole module.
+``NVGPU_FEATURE_GPM_PIPES=on``, ``NVGPU_FEATURE_NVLINK_THROUGHPUT=off``) for the whole module.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def _record(name: str, data: object) -> None:
 @pytest.fixture(scope="module")
 def exp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exporter]:
     tmp = tmp_path_factory.mktemp("profiling")
-    env = {"NVGPU_NVML_BACKEND": "nvml", "NVGPU_FEATURE_GPM_PIPES": "on"}
+    env = {"NVGPU_NVML_BACKEND": "nvml", "NVGPU_FEATURE_GPM_PIPES": "on", "NVGPU_FEATURE_NVLINK_THROUGHPUT": "off"}
     with Exporter(None, tmp, env=env, interval=INTERVAL) as e:
         e.wait_for(
             lambda s: s.value("nvgpu_up") == 1.0 and len(s.find("nvgpu_gpm_sm_activity_ratio")) == GPU_COUNT,
@@ -216,6 +218,24 @@ def _sum(scrape: Scrape, name: str, gpu: str) -> float:
 
 
 @pytest.mark.skipif(GPU_COUNT < 2, reason="needs two NVLink-connected GPUs")
+def _nvlink_kib(gpus: list[str]) -> dict[str, dict[int, int]]:
+    """Fields 138/139 with the all-links scope, read in this process: GPU -> field -> KiB."""
+    from exporter.nvml.backend import RealNvml
+
+    nvml = RealNvml()
+    nvml.nvmlInit()
+    try:
+        out = {}
+        for gpu in gpus:
+            handle = nvml.nvmlDeviceGetHandleByIndex(int(gpu))
+            entries = nvml.field_values(handle, [(138, 0xFFFFFFFF), (139, 0xFFFFFFFF)])
+            assert all(e.code == 0 for e in entries), entries
+            out[gpu] = {e.field_id: int(e.value) for e in entries}
+        return out
+    finally:
+        nvml.nvmlShutdown()
+
+
 def test_gpm_nvlink_agrees_with_the_nvlink_counters(exp: Exporter) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.device_count() < 2 or not torch.cuda.can_device_access_peer(0, 1):
@@ -233,27 +253,29 @@ def test_gpm_nvlink_agrees_with_the_nvlink_counters(exp: Exporter) -> None:
             torch.cuda.synchronize(1)
             copied[0] += chunk.numel()
 
+    # Idle before and after the copy: GPM's windows (between the exporter's samples) and the field
+    # counters (read here) then see the same traffic whatever their phase.
+    before = _fresh(exp, time.time())
+    fields_before = _nvlink_kib([src, dst])
     with _Loop(copy, [0]):
-        time.sleep(2.0)
-        before = _fresh(exp, time.time())
-        copied_before = copied[0]
         time.sleep(8.0)
-        after = exp.scrape()
-        copied_after = copied[0]
+    time.sleep(1.0)
+    after = _fresh(exp, time.time())
+    fields_after = _nvlink_kib([src, dst])
     window = (after.value("nvgpu_last_sample_timestamp_seconds") or 0) - (
         before.value("nvgpu_last_sample_timestamp_seconds") or 0
     )
     result: dict[str, Any] = {"src_gpu": src, "dst_gpu": dst, "window_s": window}
-    for label, gpu, gpm_name, field_name in (
-        ("src_tx", src, "nvgpu_gpm_nvlink_transmit_bytes_total", "nvgpu_nvlink_transmit_bytes_total"),
-        ("dst_rx", dst, "nvgpu_gpm_nvlink_receive_bytes_total", "nvgpu_nvlink_receive_bytes_total"),
-        ("dst_tx", dst, "nvgpu_gpm_nvlink_transmit_bytes_total", "nvgpu_nvlink_transmit_bytes_total"),
-        ("src_rx", src, "nvgpu_gpm_nvlink_receive_bytes_total", "nvgpu_nvlink_receive_bytes_total"),
+    for label, gpu, gpm_name, field_id in (
+        ("src_tx", src, "nvgpu_gpm_nvlink_transmit_bytes_total", 138),
+        ("dst_rx", dst, "nvgpu_gpm_nvlink_receive_bytes_total", 139),
+        ("dst_tx", dst, "nvgpu_gpm_nvlink_transmit_bytes_total", 138),
+        ("src_rx", src, "nvgpu_gpm_nvlink_receive_bytes_total", 139),
     ):
         g = _sum(after, gpm_name, gpu) - _sum(before, gpm_name, gpu)
-        f = _sum(after, field_name, gpu) - _sum(before, field_name, gpu)
+        f = (fields_after[gpu][field_id] - fields_before[gpu][field_id]) * 1024
         result[label] = {"gpm_bytes": g, "field_bytes": f, "ratio": g / f if f else None}
-    result["copied_bytes_between_scrapes_approx"] = copied_after - copied_before
+    result["copied_bytes"] = copied[0]
     _record("gpm_nvlink", result)
     # The copy may show as the source's TX and destination's RX, or the reverse (reads): take the
     # direction with the data, as tests/hardware/test_real_gpu.py does.

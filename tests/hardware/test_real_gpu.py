@@ -40,7 +40,8 @@ def _record(name: str, data: object) -> None:
 
 
 def test_metrics_match_nvidia_smi(tmp_path: Path) -> None:
-    with Exporter(None, tmp_path, env={"NVGPU_NVML_BACKEND": "nvml"}, interval=1.0) as exp:
+    env = {"NVGPU_NVML_BACKEND": "nvml", "NVGPU_FEATURE_DETAILS": "on"}  # the performance state too (issue 17)
+    with Exporter(None, tmp_path, env=env, interval=1.0) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, timeout=60, what="nvgpu_up on real NVML")
         time.sleep(2.5)
         rows = []
@@ -150,7 +151,7 @@ def test_nvlink_counters_track_a_known_copy(tmp_path: Path) -> None:
                 "src_rx_delta": rx_rev,
                 "tx_ratio": tx / moved,
                 "rx_ratio": rx / moved,
-                "links": len(after.find("nvgpu_nvlink_transmit_bytes_total", gpu=src)),
+                "series": len(after.find("nvgpu_nvlink_transmit_bytes_total", gpu=src)),  # 1: all links
             },
         )
         # The copy may be driven as reads by the destination (then the bytes show as the source's TX

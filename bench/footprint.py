@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""Where the exporter's memory goes: per process, per mapping, per import (issue 17).
+
+Three views, one JSON:
+
+1. **running**: the real exporter (``python -m exporter``) on a backend (``--backend nvml`` on a
+   GPU machine, the fake by default), after two samples and a few scrapes: RSS, USS and PSS of the
+   supervisor, the worker and any probe, and each process's PSS and RSS grouped by mapping from
+   ``/proc/<pid>/smaps`` (``[heap]`` and anonymous memory: Python objects and malloc arenas; the
+   interpreter; each site-packages distribution's shared objects; libnvidia-ml; other libraries);
+2. **imports**: a fresh interpreter importing what each process imports, step by step, with USS
+   and PSS after each step (what one import costs, shared pages counted once per process);
+3. **tracemalloc**: in a second fresh interpreter, the Python allocations each import step left
+   behind (module objects, code, dicts), in MB (tracing costs memory itself, so not in view 2).
+
+::
+
+    python bench/footprint.py [--backend fake:examples/scenarios/h200x2.json] [--json out.json] [--markdown]
+
+About 15 s. Not a test: numbers go to docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import load  # noqa: E402
+
+import bench  # noqa: E402
+
+# What each process imports, in the order it does (exporter/cli.py serve; exporter/worker.py main).
+SUPERVISOR_STEPS: list[tuple[str, list[str]]] = [
+    ("asyncio", ["asyncio"]),
+    ("uvloop", ["uvloop"]),
+    ("aiohttp (web server)", ["aiohttp.web"]),
+    ("prometheus_client", ["prometheus_client.core", "prometheus_client.openmetrics.exposition"]),
+    (
+        "exporter (supervisor side)",
+        [
+            "exporter.cli",
+            "exporter.supervisor",
+            "exporter.web",
+            "exporter.exposition",
+            "exporter.statuspage",
+            "exporter.selfcheck",
+        ],
+    ),
+    ("grpc + protobuf (pod attribution)", ["exporter.podresources.client", "grpc", "google.protobuf"]),
+]
+WORKER_STEPS: list[tuple[str, list[str]]] = [
+    ("exporter (worker side)", ["exporter.worker", "exporter.sampler", "exporter.collectors", "exporter.selfcheck"]),
+    ("pynvml", ["pynvml"]),
+]
+
+_PROBE = r"""
+import importlib, json, sys
+trace = sys.argv[2] == "trace"
+if trace:
+    import tracemalloc
+    tracemalloc.start()
+import psutil
+p = psutil.Process()
+def mem():
+    if trace:
+        return {"python_bytes": tracemalloc.get_traced_memory()[0]}
+    m = p.memory_full_info()
+    return {"rss": m.rss, "uss": m.uss, "pss": getattr(m, "pss", None)}
+steps = json.loads(sys.argv[1])
+out = [{"step": "interpreter (+ psutil)", "modules": len(sys.modules), **mem()}]
+for name, mods in steps:
+    for m in mods:
+        try:
+            importlib.import_module(m)
+        except Exception as exc:
+            out.append({"step": name, "error": f"{m}: {exc!r}"})
+    out.append({"step": name, "modules": len(sys.modules), **mem()})
+print(json.dumps(out))
+"""
+
+
+def _probe(steps: list[tuple[str, list[str]]], mode: str) -> list[dict[str, Any]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cp = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(steps), mode], capture_output=True, text=True, env=env, timeout=120
+    )
+    if cp.returncode != 0:
+        raise RuntimeError(cp.stderr[-2000:])
+    rows: list[dict[str, Any]] = json.loads(cp.stdout.strip().splitlines()[-1])
+    return rows
+
+
+def imports(steps: list[tuple[str, list[str]]]) -> dict[str, Any]:
+    """A fresh interpreter importing ``steps`` in order: USS/PSS after each (no tracing), and in a
+    second interpreter the Python allocations each step left (tracemalloc)."""
+    try:
+        rows = _probe(steps, "memory")
+        traced = _probe(steps, "trace")
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+    prev: dict[str, Any] | None = None
+    prev_py: int | None = None
+    for row, t in zip(rows, traced, strict=False):
+        if "uss" in row:
+            if prev is not None:
+                row["uss_added"] = row["uss"] - prev["uss"]
+                row["pss_added"] = (row["pss"] or 0) - (prev["pss"] or 0)
+            prev = row
+        if "python_bytes" in t:
+            if prev_py is not None:
+                row["python_added"] = t["python_bytes"] - prev_py
+            prev_py = t["python_bytes"]
+    return {"steps": rows}
+
+
+_MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$")
+
+
+def _category(path: str) -> str:
+    if not path:
+        return "anonymous (Python objects, malloc arenas)"
+    if path == "[heap]":
+        return "[heap] (Python objects, malloc)"
+    if path.startswith("["):
+        return path
+    if "libnvidia-ml" in path:
+        return "libnvidia-ml"
+    m = re.search(r"(?:site-packages|dist-packages)/([^/]+)", path)
+    if m:
+        return "site-packages: " + re.split(r"[.-]", m.group(1))[0]
+    if re.search(r"/(python3[.\d]*|libpython[^/]*)$", path) or "/lib/python3" in path:
+        return "interpreter (python, libpython, stdlib .so)"
+    if path.startswith("/memfd:") or "(deleted)" in path:
+        return "shared memory (breadcrumbs)"
+    return "other libraries (libc, libssl, ...)"
+
+
+def smaps(pid: int) -> dict[str, dict[str, int]]:
+    """Pss and Rss in bytes by mapping category (:func:`_category`)."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"pss": 0, "rss": 0})
+    current = ""
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    except OSError as exc:
+        return {"error": {"unreadable": 0, "why": str(exc)}}  # type: ignore[dict-item]
+    for line in lines:
+        m = _MAPPING.match(line)
+        if m:
+            current = _category(m.group(1).strip())
+            continue
+        if line.startswith("Pss:"):
+            out[current]["pss"] += int(line.split()[1]) * 1024
+        elif line.startswith("Rss:"):
+            out[current]["rss"] += int(line.split()[1]) * 1024
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["pss"]))
+
+
+def running(backend: str, settle_s: float = 3.0) -> dict[str, Any]:
+    """The real exporter after two samples and a few scrapes: memory per process and mapping."""
+    with tempfile.TemporaryDirectory(prefix="nvgpu-footprint-") as tmp:
+        env = {"NVGPU_NVML_BACKEND": backend, "NVGPU_STATE_FILE": "", "NVGPU_SAMPLE_INTERVAL_SECONDS": "1"}
+        server = bench.start_exporter(env, load.free_port(), Path(tmp) / "exporter.log")
+        try:
+            server.wait_status("/readyz", 60.0)
+            for _ in range(5):
+                server.get("/metrics")
+                time.sleep(0.5)
+            time.sleep(settle_s)
+            procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+            out = []
+            for p in procs:
+                role = bench.role(p, server.pid)
+                m = p.memory_full_info()
+                out.append(
+                    {
+                        "role": role,
+                        "pid": p.pid,
+                        "rss": m.rss,
+                        "uss": m.uss,
+                        "pss": getattr(m, "pss", None),
+                        "threads": p.num_threads(),
+                        "by_mapping": smaps(p.pid),
+                    }
+                )
+            return {"backend": backend, "processes": out}
+        finally:
+            server.stop()
+
+
+def markdown(result: dict[str, Any]) -> str:
+    def mb(v: float | None) -> str:
+        return "-" if v is None else f"{v / 1e6:.1f}"
+
+    lines = ["| process | RSS MB | USS MB | PSS MB | threads |", "|---|---|---|---|---|"]
+    procs = result["running"]["processes"]
+    for p in procs:
+        lines.append(f"| {p['role']} | {mb(p['rss'])} | {mb(p['uss'])} | {mb(p['pss'])} | {p['threads']} |")
+    lines.append(
+        f"| **all** | {mb(sum(p['rss'] for p in procs))} | {mb(sum(p['uss'] for p in procs))} | "
+        f"{mb(sum(p['pss'] or 0 for p in procs))} | |"
+    )
+    cats = sorted(
+        {c for p in procs for c in p["by_mapping"]},
+        key=lambda c: -sum(p["by_mapping"].get(c, {}).get("pss", 0) for p in procs),
+    )
+    roles = [p["role"] for p in procs]
+    lines += ["", "| PSS by mapping, MB | " + " | ".join(roles) + " |", "|---|" + "---|" * len(roles)]
+    for c in cats:
+        lines.append(f"| {c} | " + " | ".join(mb(p["by_mapping"].get(c, {}).get("pss")) for p in procs) + " |")
+    for name in ("supervisor", "worker"):
+        data = result["imports"][name]
+        if "steps" not in data:
+            continue
+        lines += [
+            "",
+            f"| {name}: import step | USS MB after | USS added | PSS added | of which Python objects | modules |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in data["steps"]:
+            if "error" in row:
+                lines.append(f"| {row['step']} | error: {row['error'][:80]} | | | | |")
+                continue
+            lines.append(
+                f"| {row['step']} | {mb(row['uss'])} | {mb(row.get('uss_added'))} | {mb(row.get('pss_added'))} | "
+                f"{mb(row.get('python_added'))} | {row['modules']} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default=f"fake:{ROOT / 'examples' / 'scenarios' / 'h200x2.json'}")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args(argv)
+    result = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": sys.version.split()[0],
+        "running": running(args.backend),
+        "imports": {"supervisor": imports(SUPERVISOR_STEPS), "worker": imports(WORKER_STEPS)},
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(markdown(result) if args.markdown else json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""Issue 17: NVLink error counters through one batched field-value call, per-GPU totals by default,
+per-link series for the links with errors (kept), every link with ``nvlink_links``; NVLink bytes per
+GPU through the all-links scope."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_device import DEFAULT_ON, DETAILS, Clock, device, fake_of, render
+
+from exporter.collectors import nvlink, nvlink_throughput
+from exporter.nvml.client import DeviceClient
+
+LINKS = 4
+CRC_DATA = (7, 0, 3, 9)  # per link, counter 3: every healthy link may count some (H200 pair: 25-375)
+T0 = 1.0  # a field value stamped at time 0 reads as never written (nvml-notes §4.2): start at 1 s
+KEY = ("0", "GPU-00000000-0000-0000-0000-0000000000aa")
+
+
+def nvlink_gpu(**extra_fields: Any) -> dict[str, Any]:
+    """A GPU with 4 links, all up; replay, recovery and flit CRC 0 by call and by field; data CRC by call."""
+    values: dict[str, Any] = {"nvmlDeviceGetNvLinkState": 1, "nvmlDeviceGetNvLinkErrorCounter": 0}
+    for link, count in enumerate(CRC_DATA):
+        values[f"nvmlDeviceGetNvLinkErrorCounter:{link},3"] = count
+    fields: dict[str, Any] = {f"{fid}:{link}": 0 for fid in (161, 162, 163) for link in range(LINKS)}
+    fields.update({"91": LINKS, f"138:{0xFFFFFFFF}": {"ramp": 0, "per_s": 400}, f"139:{0xFFFFFFFF}": 40})
+    fields.update({f"138:{link}": {"ramp": 0, "per_s": 100} for link in range(LINKS)})
+    fields.update({f"139:{link}": 10 for link in range(LINKS)})
+    fields.update(extra_fields)
+    return {"values": values, "fields": fields, "nvlink_link_count": LINKS}
+
+
+def calls(dev: DeviceClient, function: str) -> int:
+    return fake_of(dev).call_counts().get(function, 0)
+
+
+def test_batched_every_sample_data_crc_by_call_every_30_s(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    dev = device(tmp_path, nvlink_gpu(), clock)
+    r = nvlink.read(dev)
+    assert r == nvlink.Reading(LINKS, {"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 19}, {}, {})
+    assert calls(dev, "nvmlDeviceGetFieldValues") == 1  # 4 links x 3 fields in one call
+    assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == LINKS  # data CRC only: the fields serve the rest
+    for t in (5.0, 10.0, 30.0):
+        clock.t = t
+        assert nvlink.read(dev) == r  # data CRC's last values in between
+    assert calls(dev, "nvmlDeviceGetFieldValues") == 4
+    assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == LINKS
+    clock.t = 31.0
+    nvlink.read(dev)
+    assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == 2 * LINKS
+    fams = render("nvlink", [(dev, r)])
+    assert fams["nvgpu_nvlink_links_up"] == {KEY: 4.0}
+    assert fams["nvgpu_nvlink_errors_total"] == {
+        (*KEY, "replay"): 0.0,
+        (*KEY, "recovery"): 0.0,
+        (*KEY, "crc_flit"): 0.0,
+        (*KEY, "crc_data"): 19.0,
+    }
+    assert "nvgpu_nvlink_link_up" not in fams and "nvgpu_nvlink_link_errors_total" not in fams
+
+
+def test_a_link_with_errors_gets_its_series_and_keeps_them(tmp_path: Path) -> None:
+    """Replay errors on link 2 from t = 10 s; at t = 20 s the counters are reset (nvidia-smi nvlink -r):
+    link 2's series stay, at 0, so they neither appear late nor vanish."""
+    clock = Clock(T0)
+    replay = {"sequence": [{"until_s": 10, "value": 0}, {"until_s": 20, "value": 6}, {"value": 0}]}
+    dev = device(tmp_path, nvlink_gpu(**{"161:2": replay}), clock)
+    assert nvlink.read(dev).link_errors == {}  # type: ignore[union-attr]
+    clock.t = 10.0
+    r = nvlink.read(dev)
+    assert r is not None and r.errors["replay"] == 6
+    assert r.link_up == {2: 1}
+    assert r.link_errors == {"2/replay": 6, "2/recovery": 0, "2/crc_flit": 0, "2/crc_data": 3}
+    fams = render("nvlink", [(dev, r)])
+    assert fams["nvgpu_nvlink_link_errors_total"][(*KEY, "2", "replay")] == 6.0
+    assert fams["nvgpu_nvlink_link_up"] == {(*KEY, "2"): 1.0}
+    clock.t = 20.0
+    r = nvlink.read(dev)
+    assert r is not None and r.link_errors["2/replay"] == 0 and r.link_up == {2: 1}
+    # data CRC alone selects no link: every link of a healthy H200 pair counts some
+    assert set(r.link_up) == {2}
+
+
+def test_every_link_with_nvlink_links(tmp_path: Path) -> None:
+    dev = device(tmp_path, nvlink_gpu(), Clock(T0), DEFAULT_ON | {"nvlink_links"})
+    r = nvlink.read(dev)
+    assert r is not None and r.link_up == dict.fromkeys(range(LINKS), 1)
+    assert len(r.link_errors) == 4 * LINKS and r.link_errors["3/crc_data"] == 9
+    fams = render("nvlink", [(dev, r)])
+    assert len(fams["nvgpu_nvlink_link_errors_total"]) == 16 and len(fams["nvgpu_nvlink_link_up"]) == 4
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {f"{fid}:{link}": {"error": "NOT_SUPPORTED"} for fid in (161, 162, 163) for link in range(LINKS)},
+        {},  # not listed: the fake answers default_field_error (NOT_SUPPORTED) for the entry
+    ],
+    ids=["not_supported", "unlisted"],
+)
+def test_per_call_where_the_driver_lacks_the_fields(tmp_path: Path, fields: dict[str, Any]) -> None:
+    """Blackwell and newer (nvml.h: 161-163 "unsupported for Blackwell+"): every counter by call, every
+    30 s, and the field entries are not asked again."""
+    clock = Clock(T0)
+    gpu = nvlink_gpu()
+    for fid in (161, 162, 163):
+        for link in range(LINKS):
+            del gpu["fields"][f"{fid}:{link}"]
+    gpu["fields"].update(fields)
+    gpu["values"]["nvmlDeviceGetNvLinkErrorCounter:1,1"] = 2  # a recovery on link 1
+    dev = device(tmp_path, gpu, clock)
+    r = nvlink.read(dev)
+    assert r is not None and r.errors == {"replay": 0, "recovery": 2, "crc_flit": 0, "crc_data": 19}
+    assert r.link_up == {1: 1}
+    assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == 4 * LINKS
+    clock.t = 5.0
+    assert nvlink.read(dev) == r
+    assert calls(dev, "nvmlDeviceGetFieldValues") == 1  # every entry unsupported: not asked again
+    assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == 4 * LINKS
+
+
+def test_per_call_when_the_field_value_call_itself_is_unsupported(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    dev = device(
+        tmp_path,
+        nvlink_gpu(),
+        clock,
+        faults=[{"function": "nvmlDeviceGetFieldValues", "action": "error", "error": "NOT_SUPPORTED"}],
+    )
+    r = nvlink.read(dev)
+    assert r is not None and r.errors["crc_data"] == 19 and r.errors["replay"] == 0
+    assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == 4 * LINKS
+    clock.t = 5.0
+    nvlink.read(dev)
+    assert calls(dev, "nvmlDeviceGetFieldValues") == 1  # the whole call is not made again
+
+
+def test_a_link_that_fails_once_does_not_make_the_total_look_reset(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    flaky = {"sequence": [{"until_s": 5, "value": 4}, {"until_s": 10, "value": {"error": "UNKNOWN"}}, {"value": 5}]}
+    dev = device(tmp_path, nvlink_gpu(**{"162:0": flaky}), clock)
+    totals = []
+    for t in (1.0, 5.0, 10.0):
+        clock.t = t
+        r = nvlink.read(dev)
+        assert r is not None
+        totals.append(r.errors["recovery"])
+    assert totals == [4, 4, 5]  # link 0's last value stands in while it does not answer
+    assert dev.client.errors[("nvlink", "UNKNOWN")] == 1
+
+
+def test_no_links_no_reading(tmp_path: Path) -> None:
+    dev = device(tmp_path, {"values": {}}, Clock(T0))
+    assert nvlink.read(dev) is None
+    assert nvlink_throughput.read(dev) is None
+
+
+# -- bytes ------------------------------------------------------------------------------------------
+
+
+def test_bytes_per_gpu_through_the_all_links_scope(tmp_path: Path) -> None:
+    clock = Clock(2.0)
+    dev = device(tmp_path, nvlink_gpu(), clock)
+    r = nvlink_throughput.read(dev)
+    assert r == nvlink_throughput.Reading(None, 800, 40, {}, {})  # 400 KiB/s x 2 s; link count only with details
+    fams = render("nvlink_throughput", [(dev, r)])
+    assert fams == {
+        "nvgpu_nvlink_transmit_bytes_total": {KEY: 800 * 1024.0},
+        "nvgpu_nvlink_receive_bytes_total": {KEY: 40 * 1024.0},
+    }
+    dev = device(tmp_path, nvlink_gpu(), clock, DETAILS)
+    assert nvlink_throughput.read(dev) == nvlink_throughput.Reading(LINKS, 800, 40, {}, {})
+
+
+def test_bytes_summed_per_link_where_the_driver_refuses_the_all_links_scope(tmp_path: Path) -> None:
+    clock = Clock(2.0)
+    gpu = nvlink_gpu(
+        **{f"138:{0xFFFFFFFF}": {"error": "NOT_SUPPORTED"}, f"139:{0xFFFFFFFF}": {"error": "NOT_SUPPORTED"}}
+    )
+    gpu["fields"]["138:1"] = {"sequence": [{"until_s": 3, "value": 200}, {"value": {"error": "UNKNOWN"}}]}
+    dev = device(tmp_path, gpu, clock)
+    r = nvlink_throughput.read(dev)
+    assert r == nvlink_throughput.Reading(None, 800, 40, {}, {})  # 4 links x 200 KiB
+    clock.t = 4.0
+    r = nvlink_throughput.read(dev)
+    assert r is not None and r.tx_kib == 3 * 400 + 200  # link 1's last value while it does not answer
+
+
+def test_bytes_of_every_link_with_nvlink_links(tmp_path: Path) -> None:
+    dev = device(tmp_path, nvlink_gpu(), Clock(2.0), DEFAULT_ON | {"nvlink_links"})
+    r = nvlink_throughput.read(dev)
+    assert r is not None and r.link_tx_kib == dict.fromkeys(range(LINKS), 200) and r.tx_kib == 800
+    fams = render("nvlink_throughput", [(dev, r)])
+    assert len(fams["nvgpu_nvlink_link_transmit_bytes_total"]) == LINKS
+    assert fams["nvgpu_nvlink_transmit_bytes_total"] == {KEY: 800 * 1024.0}
