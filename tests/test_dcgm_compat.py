@@ -312,7 +312,7 @@ NEEDS_DETAILS = {
 
 
 def test_names_that_need_details_say_so() -> None:
-    rows = {line.split("|")[1].strip(" `"): line for line in MIGRATING.read_text().splitlines() if line.startswith("| `DCGM_")}
+    rows = _doc_rows()
     for name in NEEDS_DETAILS:
         assert "NVGPU_FEATURE_DETAILS=on" in rows[name] and "with details" in rows[name], name
     assert NEEDS_DETAILS <= set(recorded_names())

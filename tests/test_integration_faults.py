@@ -245,7 +245,9 @@ def test_lost_gpu_dropped_others_fresh_every_scrape_200(tmp_path: Path) -> None:
         assert statuses and set(statuses) == {200}, Counter(statuses)
 
         def is_down(s: Scrape) -> bool:
-            return s.value("nvgpu_device_up", gpu="2", uuid=uuid2) == 0.0
+            # lost, not merely unknown: before the first sample every GPU's device_up is 0 too
+            lost = s.value("nvgpu_device_state", gpu="2", uuid=uuid2, state="lost") == 1.0
+            return lost and s.value("nvgpu_device_up", gpu="2", uuid=uuid2) == 0.0
 
         # Before the fault (sample started before the earliest possible t = 10 s): GPU 2 complete.
         early = [
