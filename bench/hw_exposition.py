@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -75,6 +76,7 @@ def main() -> int:
             (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
             print(json.dumps({k: summary[k] for k in ("series_per_gpu", "sample_duration_s", "rss")}))
             exp.terminate()
+        shutil.copy(exp.log_path, args.out / "exporter.log")  # the exporter's own JSON log, kept
     return 0
 
 

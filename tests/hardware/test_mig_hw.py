@@ -87,6 +87,7 @@ def _devices() -> tuple[Any, list[Any]]:
 
 def _exporter_run(tmp: Path, env: dict[str, str]) -> list[Scrape]:
     scrapes = []
+    tmp.mkdir(parents=True, exist_ok=True)
     with Exporter(None, tmp, env={"NVGPU_NVML_BACKEND": "nvml", **env}, interval=INTERVAL) as exp:
         first = exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, timeout=60, what="up")
         last_ts = first.value("nvgpu_last_sample_timestamp_seconds") or 0.0

@@ -113,6 +113,11 @@ def _gpus(nvml: Any) -> list[tuple[int, Any, list[int]]]:
     return gpus
 
 
+def _states(scrape: Any, index: str) -> dict[str, float | None]:
+    """GPU ``index``'s nvgpu_device_state series (why it has no readings)."""
+    return {s.labels["state"]: s.value for s in scrape.find("nvgpu_device_state", gpu=index)}
+
+
 def test_batched_fields_equal_the_per_call_counters(nvml: Any) -> None:
     for index, handle, links in _gpus(nvml):
         if not links:
@@ -224,7 +229,8 @@ def test_the_exporter_reads_the_same_totals_every_sample(nvml: Any, tmp_path: Pa
             "samples": len(seen),
         }
         _record()
-        for row in rows.values():
+        for index, row in rows.items():
+            assert row["exported"], f"GPU {index} has no nvgpu_nvlink_errors_total: {_states(scrape, index)}"
             for name in ("replay", "recovery", "crc_flit"):
                 assert row["exported"][name] <= row["per_call_sums"][name], row  # read a moment earlier
             # data CRC is read every 30 s: at most what the driver counts now
