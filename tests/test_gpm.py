@@ -351,3 +351,26 @@ def test_real_binding_fabric_falls_back_to_v2_once(real_device: tuple[DeviceClie
         pynvml.nvmlGpuFabricInfo_v2,
         pynvml.nvmlGpuFabricInfo_v2,
     ]
+
+
+def test_metrics_are_computed_one_thread_at_a_time_on_the_real_exporter(tmp_path: Path) -> None:
+    """The real library's nvmlGpmMetricsGet is not reentrant: two GPU threads inside it at once
+    ended the worker with SIGSEGV on the H200 pair (docs/validation/2026-11-30-h200x2/
+    gpm-concurrency.md). The fake crashes the same way; eight GPUs sampled every 0.2 s for a few
+    seconds must neither crash nor lose a GPU, and every GPU gets its GPM ratios."""
+    from exporter_proc import SCENARIOS, Exporter
+
+    with Exporter(SCENARIOS / "h200x8.json", tmp_path, interval=0.2) as exp:
+        first = exp.wait_for(
+            lambda s: len(s.find("nvgpu_gpm_sm_activity_ratio")) == 8, timeout=30, what="GPM ratios on all 8 GPUs"
+        )
+        t0 = first.value("nvgpu_last_sample_timestamp_seconds") or 0.0
+        last = exp.wait_for(
+            lambda s: (s.value("nvgpu_last_sample_timestamp_seconds") or 0.0) > t0 + 3.0, timeout=30, what="3 s more"
+        )
+        assert sum(s.value for s in last.find("nvgpu_worker_restarts_total")) == 0, exp.logs()[-3000:]
+        assert {s.labels["gpu"] for s in last.find("nvgpu_device_state", state="up") if s.value == 1.0} == {
+            str(i) for i in range(8)
+        }
+        assert len(last.find("nvgpu_gpm_sm_activity_ratio")) == 8
+        assert exp.terminate() == 0

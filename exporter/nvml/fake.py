@@ -275,6 +275,8 @@ class _FakeCore:
         self._lock = threading.Lock()
         self._initialised = 0
         self._gpm_samples: dict[int, _GpmSample] = {}  # address of an allocated sample -> its state
+        self._metrics_get_inside = 0  # threads in nvmlGpmMetricsGet (the real one is not reentrant)
+        self._metrics_get_count = threading.Lock()
 
     # -- time, values, faults ------------------------------------------------------------------
 
@@ -666,6 +668,22 @@ class _FakeGpm(_FakeCore):
         return sample
 
     def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:  # noqa: N802
+        """As the real library: two threads inside at once die by SIGSEGV (measured on the H200 pair,
+        driver 580.159.04: docs/validation/2026-11-30-h200x2/gpm-concurrency.md). The call holds for
+        a moment, so that callers that do not serialize it overlap here as they do on hardware."""
+        with self._metrics_get_count:
+            overlapping = self._metrics_get_inside > 0
+            self._metrics_get_inside += 1
+        try:
+            if overlapping:
+                crash_segfault()
+            time.sleep(0.003)
+            return self._metrics_get(metrics_get)
+        finally:
+            with self._metrics_get_count:
+                self._metrics_get_inside -= 1
+
+    def _metrics_get(self, metrics_get: Any) -> Any:
         fn = "nvmlGpmMetricsGet"
         older = self._gpm_samples.get(ctypes.cast(metrics_get.sample1, ctypes.c_void_p).value or 0)
         self._enter(fn, older.gpu if older is not None else None)  # the GPU, for faults matching "gpu"
@@ -847,11 +865,11 @@ class _FakeMig(_FakeGpm):
         state.gpu, state.gi, state.t = gpu, int(gpu_instance_id), self.now()
         return sample
 
-    def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:  # noqa: N802
+    def _metrics_get(self, metrics_get: Any) -> Any:
         first = self._gpm_samples.get(ctypes.cast(metrics_get.sample1, ctypes.c_void_p).value or 0)
         second = self._gpm_samples.get(ctypes.cast(metrics_get.sample2, ctypes.c_void_p).value or 0)
         if first is None or second is None or (first.gi is None and second.gi is None):
-            return super().nvmlGpmMetricsGet(metrics_get)
+            return super()._metrics_get(metrics_get)
         fn = "nvmlGpmMetricsGet"
         self._enter(fn, first.gpu)
         if metrics_get.version != self.NVML_GPM_METRICS_GET_VERSION:

@@ -9,12 +9,20 @@ cache) and classify every code in :mod:`exporter.nvml.errors`.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from exporter.nvml import errors
 from exporter.nvml.client import DeviceClient, DeviceLost
 from exporter.nvml.errors import ErrorClass
+
+# nvmlGpmMetricsGet is not safe to call from two threads at once: on the H200 pair (driver
+# 580.159.04, nvidia-ml-py 13.610.43, 2026-11-30) two GPU threads inside it together ended the worker
+# with SIGSEGV in 3 of 12 exporter starts (docs/validation/2026-11-30-h200x2/gpm-concurrency.md). It
+# computes on host memory from two sample buffers (no device access, 0.9 ms per GPU measured), so
+# serializing it costs little and cannot make one GPU's hang block another's sampling.
+GPM_METRICS_LOCK = threading.Lock()
 
 
 def versioned(dev: DeviceClient, feature: str, function: str, structs: Sequence[str]) -> Any:
@@ -101,7 +109,9 @@ def gpm_metrics(
     request.sample2 = sample2
     for i, metric_id in enumerate(wanted):
         request.metrics[i].metricId = metric_id
-    if dev.call(feature, "nvmlGpmMetricsGet", request, key=("nvmlGpmMetricsGet",), handle=False) is None:
+    with GPM_METRICS_LOCK:  # one thread at a time: see GPM_METRICS_LOCK
+        answered = dev.call(feature, "nvmlGpmMetricsGet", request, key=("nvmlGpmMetricsGet",), handle=False)
+    if answered is None:
         return {}
     out: dict[int, float] = {}
     for i, metric_id in enumerate(wanted):
