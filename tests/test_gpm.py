@@ -247,6 +247,37 @@ def test_non_finite_values_are_not_exported(tmp_path: Path) -> None:
     assert dev.client.errors[("gpm", "NOT_FINITE")] == 1
 
 
+def test_a_gpu_waits_a_bounded_time_for_another_gpus_metrics_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvmlGpmMetricsGet runs one thread at a time (GPM_METRICS_LOCK); a thread stuck inside it must
+    cost another GPU only that sample's GPM metrics (counted), never its sampling, and the next
+    sample after the lock frees reads normally."""
+    monkeypatch.setattr(structs, "GPM_METRICS_WAIT_S", 0.05)
+    clock = Clock(0.0)
+    dev = device(tmp_path, gpm_gpu(**DEFAULT), clock)
+    gpm.read(dev)
+    calls: list[Any] = []
+    original = dev.client.backend._fake.nvmlGpmMetricsGet
+
+    def counted(request: Any) -> Any:
+        calls.append(request)
+        return original(request)
+
+    dev.client.backend._fake.nvmlGpmMetricsGet = counted
+    clock.t = 1.0
+    assert structs.GPM_METRICS_LOCK.acquire(timeout=1)  # another GPU's thread inside the call
+    try:
+        skipped = gpm.read(dev)
+    finally:
+        structs.GPM_METRICS_LOCK.release()
+    assert calls == [] and dev.client.errors[("gpm", "GPM_LOCK_WAIT")] == 1
+    assert skipped is None or not skipped.activity_percent
+    clock.t = 2.0
+    r = gpm.read(dev)
+    assert len(calls) == 1 and r is not None and gpm.SM_UTIL in r.activity_percent
+
+
 # -- gpm_pipes ---------------------------------------------------------------------------------------
 
 

@@ -19,10 +19,14 @@ from exporter.nvml.errors import ErrorClass
 
 # nvmlGpmMetricsGet is not safe to call from two threads at once: on the H200 pair (driver
 # 580.159.04, nvidia-ml-py 13.610.43, 2026-11-30) two GPU threads inside it together ended the worker
-# with SIGSEGV in 3 of 12 exporter starts (docs/validation/2026-11-30-h200x2/gpm-concurrency.md). It
+# with SIGSEGV in 4 of about 20 exporter starts (docs/validation/2026-11-30-h200x2/gpm-concurrency.md). It
 # computes on host memory from two sample buffers (no device access, 0.9 ms per GPU measured), so
-# serializing it costs little and cannot make one GPU's hang block another's sampling.
+# serializing it costs little. A GPU thread waits at most GPM_METRICS_WAIT_S for its turn (eight GPUs
+# take about 8 ms in all); past that it skips this sample's GPM metrics and counts
+# nvgpu_nvml_errors_total{error="GPM_LOCK_WAIT"}, so a thread stuck inside the call costs the other
+# GPUs their GPM ratios for that sample, never their sampling (the fault domain is the GPU).
 GPM_METRICS_LOCK = threading.Lock()
+GPM_METRICS_WAIT_S = 0.25
 
 
 def versioned(dev: DeviceClient, feature: str, function: str, structs: Sequence[str]) -> Any:
@@ -109,8 +113,13 @@ def gpm_metrics(
     request.sample2 = sample2
     for i, metric_id in enumerate(wanted):
         request.metrics[i].metricId = metric_id
-    with GPM_METRICS_LOCK:  # one thread at a time: see GPM_METRICS_LOCK
+    if not GPM_METRICS_LOCK.acquire(timeout=GPM_METRICS_WAIT_S):  # one thread at a time: see the lock
+        dev.client.errors[(feature, "GPM_LOCK_WAIT")] += 1
+        return {}
+    try:
         answered = dev.call(feature, "nvmlGpmMetricsGet", request, key=("nvmlGpmMetricsGet",), handle=False)
+    finally:
+        GPM_METRICS_LOCK.release()
     if answered is None:
         return {}
     out: dict[int, float] = {}
