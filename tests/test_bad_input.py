@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from exporter_proc import SCENARIOS
+from exporter_proc import load_scenario as shipped
 
 from exporter.nvml.scenario import ScenarioError, load_scenario
 from exporter.web import accepts_gzip
-from exporter_proc import SCENARIOS, load_scenario as shipped
 
 
 def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -31,7 +31,8 @@ def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedPro
         (b'{"gpus": [{"uuid": "GPU-1", "values": {"nvmlDeviceGetPowerUsage": NaN}}]}', "NaN is not a number"),
         (b'{"gpus": [{"uuid": "GPU-1", "values": {"nvmlDeviceGetPowerUsage": {"cycl": [1, 2]}}}]}', "'cycle'"),
         (
-            b'{"gpus": [{"uuid": "GPU-1", "values": {"nvmlDeviceGetPowerUsage": {"cycle": [1], "step_s": 5, "x": 1}}}]}',
+            b'{"gpus": [{"uuid": "GPU-1", "values": '
+            b'{"nvmlDeviceGetPowerUsage": {"cycle": [1], "step_s": 5, "x": 1}}}]}',
             "unknown keys ['x']",
         ),
         (

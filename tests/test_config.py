@@ -376,6 +376,8 @@ def test_a_fake_backend_does_not_resolve_its_pids_in_this_machines_proc(tmp_path
     chosen = Config.from_env({"NVGPU_NVML_BACKEND": f"fake:{tmp_path / 's.json'}", "NVGPU_PROC_PATH": "/tmp/p"})
     assert chosen.proc_path == "/tmp/p" and chosen.container_log_dir == ""
     assert Config.from_env({}).proc_path == "/proc"
+
+
 # -- issue 16 and the HTTP edge of issue 12 ------------------------------------------------------
 
 

@@ -10,7 +10,6 @@ import psutil
 import pytest
 from exporter_proc import SCENARIOS, Exporter, load_scenario, write_scenario
 
-
 UUID0 = "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6"
 UUID1 = "GPU-094221fd-19f9-1561-7ef8-949bb0d57826"
 

@@ -79,11 +79,23 @@ INVALID: dict[str, tuple[Any, str, str]] = {
         "gpus[0].fields['138:3']",
         "unknown NVML error name 'NOPE'",
     ),
-    "cycle_empty": ({"gpus": [gpu(nvmlF={"cycle": [], "step_s": 1})]}, "gpus[0].values['nvmlF']", "cycle to be a non-empty list"),
+    "cycle_empty": (
+        {"gpus": [gpu(nvmlF={"cycle": [], "step_s": 1})]},
+        "gpus[0].values['nvmlF']",
+        "cycle to be a non-empty list",
+    ),
     "cycle_no_step": ({"gpus": [gpu(nvmlF={"cycle": [1, 2]})]}, "gpus[0].values['nvmlF']", "step_s > 0 with cycle"),
-    "cycle_zero_step": ({"gpus": [gpu(nvmlF={"cycle": [1], "step_s": 0})]}, "gpus[0].values['nvmlF']", "step_s > 0 with cycle"),
+    "cycle_zero_step": (
+        {"gpus": [gpu(nvmlF={"cycle": [1], "step_s": 0})]},
+        "gpus[0].values['nvmlF']",
+        "step_s > 0 with cycle",
+    ),
     "ramp_no_rate": ({"gpus": [gpu(nvmlF={"ramp": 0})]}, "gpus[0].values['nvmlF']", "numbers ramp and per_s"),
-    "sequence_not_list": ({"gpus": [gpu(nvmlF={"sequence": {"value": 1}})]}, "gpus[0].values['nvmlF']", "sequence to be a list"),
+    "sequence_not_list": (
+        {"gpus": [gpu(nvmlF={"sequence": {"value": 1}})]},
+        "gpus[0].values['nvmlF']",
+        "sequence to be a list",
+    ),
     "nested_struct": (
         {"gpus": [gpu(nvmlF={"gpu": {"error": "NOPE"}, "memory": 1})]},
         "gpus[0].values['nvmlF'].gpu",

@@ -205,7 +205,9 @@ def test_odd_driver_string_fails_safe_and_says_so(driver: str) -> None:
     )
     assert "nvlink_throughput" in hits and "applied to be safe" in hits["nvlink_throughput"]
     assert len(said) == 1 and repr(driver) in said[0]
-    other = match_known_issues(load_known_issues(), gpu_models=["NVIDIA H200"], driver_version=driver, binding_version=None)
+    other = match_known_issues(
+        load_known_issues(), gpu_models=["NVIDIA H200"], driver_version=driver, binding_version=None
+    )
     assert other == {}  # the model still has to match
 
 

@@ -95,8 +95,10 @@ def test_native_crash_on_one_gpu_then_its_feature(tmp_path: Path) -> None:
         back = exp.wait_for(lambda s: all(fresh(s, g) for g in "013"), what="the other GPUs back")
         assert back.value("nvgpu_device_up", gpu="2") == 0.0
         done = exp.wait_for(
-            lambda s: s.value("nvgpu_feature_enabled", feature="power", reason="quarantined") == 0.0
-            and s.value("nvgpu_device_up", gpu="2") == 1.0,
+            lambda s: (
+                s.value("nvgpu_feature_enabled", feature="power", reason="quarantined") == 0.0
+                and s.value("nvgpu_device_up", gpu="2") == 1.0
+            ),
             timeout=30,
             what="power quarantined and GPU 2 back",
         )
@@ -115,8 +117,10 @@ def test_crash_that_follows_a_feature_across_gpus_quarantines_the_feature(tmp_pa
     scenario["faults"] = [{"function": "nvmlDeviceGetFieldValues", "fields": [138, 139], "action": "segfault"}]
     with Exporter(write_scenario(tmp_path, scenario), tmp_path, interval=INTERVAL) as exp:
         s = exp.wait_for(
-            lambda s: s.value("nvgpu_feature_enabled", feature="nvlink_throughput", reason="quarantined") == 0.0
-            and all(fresh(s, g) for g in "01"),
+            lambda s: (
+                s.value("nvgpu_feature_enabled", feature="nvlink_throughput", reason="quarantined") == 0.0
+                and all(fresh(s, g) for g in "01")
+            ),
             timeout=30,
             what="nvlink_throughput quarantined, both GPUs up",
         )
@@ -204,7 +208,7 @@ def test_nvml_lost_for_good_fails_liveness_after_the_bound(tmp_path: Path) -> No
     env = {"NVGPU_UNHEALTHY_AFTER_SECONDS": "3"}
     with Exporter(write_scenario(tmp_path, scenario), tmp_path, env=env, interval=INTERVAL) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="up")
-        s = exp.wait_for(lambda s: (s.value("nvgpu_nvml_init_failures_total", error="UNKNOWN") or 0) >= 1, timeout=15)
+        exp.wait_for(lambda s: (s.value("nvgpu_nvml_init_failures_total", error="UNKNOWN") or 0) >= 1, timeout=15)
         assert exp.get("/healthz")[0] == 200  # not yet: the bound has not passed
         deadline = time.monotonic() + 20
         while exp.get("/healthz")[0] == 200:
@@ -270,7 +274,9 @@ def test_sigkill_of_the_supervisor_ends_its_worker(tmp_path: Path) -> None:
     """SIGKILL the supervisor while the worker is inside an NVML call that ignores SIGTERM: the worker
     is gone within 1 s (PR_SET_PDEATHSIG), so no orphan NVML client blocks a GPU reset."""
     scenario = load_scenario("h200x1")
-    scenario["faults"] = [{"function": "nvmlDeviceGetPowerUsage", "from_s": 2.0, "action": "hang", "ignore_sigterm": True}]
+    scenario["faults"] = [
+        {"function": "nvmlDeviceGetPowerUsage", "from_s": 2.0, "action": "hang", "ignore_sigterm": True}
+    ]
     env = {"NVGPU_SAMPLE_DEADLINE_SECONDS": "60"}
     with Exporter(write_scenario(tmp_path, scenario), tmp_path, env=env, interval=INTERVAL) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="up")

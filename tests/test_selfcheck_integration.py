@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from exporter_proc import ROOT, SCENARIOS, Exporter, free_port, load_scenario, write_scenario
 
 import exporter
-from exporter_proc import ROOT, SCENARIOS, Exporter, free_port, load_scenario, write_scenario
 
 
 def _module_rows(scrape, process: str, module: str):  # type: ignore[no-untyped-def]

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import psutil
-
 from exporter_proc import SCENARIOS, Exporter, load_scenario, write_scenario
 
 UUID0 = "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6"
@@ -55,8 +54,10 @@ def test_stuck_signature_and_kernel_log_xids(tmp_path: Path) -> None:
     gpu0["nvmlGpmMetricsGet:1"] = 100.0
     kmsg = tmp_path / "kern.log"
     kmsg.write_text(
-        "6,100,5000000,-;NVRM: Xid (PCI:0000:00:06): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0)\n"
-        "6,101,5000100,-;NVRM: Xid (PCI:0000:00:06): 31, pid=4242, name=python3, Ch 00000008, intr 00000000. MMU Fault\n"
+        "6,100,5000000,-;NVRM: Xid (PCI:0000:00:06): 13, pid=4242, name=python3, "
+        "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0)\n"
+        "6,101,5000100,-;NVRM: Xid (PCI:0000:00:06): 31, pid=4242, name=python3, "
+        "Ch 00000008, intr 00000000. MMU Fault\n"
         "6,102,6000000,-;NVRM: Xid (PCI:0000:00:06): 43, pid=4242, name=python3, Ch 00000008\n"
     )
     env = {"NVGPU_FEATURE_KERNEL_XID": "on", "NVGPU_KMSG_PATH": str(kmsg), "NVGPU_STUCK_AFTER_SECONDS": "2"}

@@ -412,9 +412,7 @@ def test_power_scope_fabric_and_ecc(exp: Exporter) -> None:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             fields = {
-                f"{fid}:{scope}": list(_field_call(h, [(fid, scope)])[0])
-                for fid in (185, 186)
-                for scope in (0, 1, 2)
+                f"{fid}:{scope}": list(_field_call(h, [(fid, scope)])[0]) for fid in (185, 186) for scope in (0, 1, 2)
             }
             info = pynvml.c_nvmlGpuFabricInfo_v3_t()
             try:

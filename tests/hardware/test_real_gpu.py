@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from exporter_proc import Exporter, Scrape
+
 from tests.hardware.conftest import GPU_COUNT
 
 SMI_FIELDS = (
@@ -30,7 +30,7 @@ def _smi() -> list[dict[str, str]]:
         check=True,
     ).stdout
     keys = SMI_FIELDS.split(",")
-    return [dict(zip(keys, (c.strip() for c in line.split(",")))) for line in out.strip().splitlines()]
+    return [dict(zip(keys, (c.strip() for c in line.split(",")), strict=True)) for line in out.strip().splitlines()]
 
 
 def _record(name: str, data: object) -> None:
