@@ -221,13 +221,16 @@ def _quarantine(config: Config, args: argparse.Namespace) -> int:
         return protocol.EXIT_ERROR
     if args.clear or args.clear_all:
         cleared = store.clear(None if args.clear_all else args.clear)
-        print(
-            f"cleared: {', '.join(cleared) or 'nothing'} "
-            f"(state file {config.state_file or '(none)'}); restart the exporter"
-        )
+        state = f"state file {config.state_file or '(none)'}"
+        if cleared:
+            print(f"cleared: {', '.join(cleared)} ({state}); restart the exporter")
+        else:
+            print(f"cleared: nothing, {args.clear or 'no feature'} was not quarantined ({state})")
         return protocol.EXIT_OK
     details = store.details()
     where = f"state file {config.state_file}" if config.state_file else "no state file (NVGPU_STATE_FILE is empty)"
+    if config.state_file and not os.path.exists(config.state_file):
+        where += " (not there yet: the exporter writes it at the first quarantine; is this the path it uses?)"
     if not details:
         print(f"{where}: no feature is quarantined")
     else:

@@ -307,7 +307,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--nvml-backend",
         "nvml",
         _backend,
-        "'nvml' (the real library) or 'fake:<scenario>': a shipped name (h200x1, h200x2, h200x8, "
+        "'nvml' (the real library) or 'fake:<scenario>': a shipped name (h200x1, h200x2, h200x8, h200x2-mig, "
         "h200x2-nvlink-crash, h200x2-xid79) or a scenario file",
     ),
     Setting(

@@ -317,6 +317,13 @@ class PodAttribution(Extension):
             *unmapped.done(),
         ]
 
+    @staticmethod
+    def _say_down(exc: Exception) -> None:
+        # Outside Kubernetes there is no kubelet to ask: a missing socket is expected, said at INFO.
+        missing = getattr(exc, "reason", None) == "socket_missing"
+        level = _level() if missing else logging.WARNING
+        log.log(level, "pod_attribution: %s; nvgpu_pod_attribution_up is 0, nothing else changes", exc)
+
     async def run(self, host: Host) -> None:
         from exporter.podresources import PodResourcesClient, PodResourcesError, check_socket, unsupported_reason
 
@@ -328,7 +335,7 @@ class PodAttribution(Extension):
                 break
             except PodResourcesError as exc:
                 if self._last_error != str(exc):
-                    log.warning("pod_attribution: %s; nvgpu_pod_attribution_up is 0, nothing else changes", exc)
+                    self._say_down(exc)
                     self._last_error = str(exc)
                 if self.up is not False:
                     self.up = False
@@ -352,9 +359,7 @@ class PodAttribution(Extension):
                     self.up, self._last_error = True, None
                 except PodResourcesError as exc:
                     if self._last_error != str(exc):
-                        # Outside Kubernetes there is no kubelet to ask: expected, said at INFO.
-                        level = _level() if exc.reason == "socket_missing" else logging.WARNING
-                        log.log(level, "pod_attribution: %s; nvgpu_pod_attribution_up is 0, nothing else changes", exc)
+                        self._say_down(exc)
                     self.up, self._last_error = False, str(exc)
                     self.assignments, self.unparsed = {}, {}
                 if (self.up, self.assignments, self.unparsed) != before:

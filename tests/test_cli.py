@@ -46,7 +46,10 @@ def test_state_file_flag_after_the_subcommand_and_the_listing_names_it(tmp_path:
 def test_empty_listing_names_the_file_too(tmp_path: Path) -> None:
     proc = run(["quarantine", "--state-file", str(tmp_path / "none.json")], tmp_path)
     assert proc.returncode == 0
-    assert proc.stdout.strip() == f"state file {tmp_path / 'none.json'}: no feature is quarantined"
+    assert proc.stdout.strip() == (
+        f"state file {tmp_path / 'none.json'} (not there yet: the exporter writes it at the first quarantine;"
+        " is this the path it uses?): no feature is quarantined"
+    )
     proc = run(["quarantine", "--state-file", ""], tmp_path)
     assert "no state file (NVGPU_STATE_FILE is empty)" in proc.stdout
 

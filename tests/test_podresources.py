@@ -6,6 +6,8 @@ generated servicer), the same wire contract the kubelet serves. Nothing about gR
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
 import shutil
@@ -517,7 +519,39 @@ async def main():
 asyncio.run(main())
 print(ext.up, host.changes, "grpc" in sys.modules, "google.protobuf" in sys.modules)
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": "10.0.0.1"}  # in a pod: said at WARNING, on stderr
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.split() == ["False", "1", "False", "False"], proc.stdout
     assert proc.stderr.count("socket_missing") + proc.stderr.count("does not exist") >= 1, proc.stderr
+
+
+@pytest.mark.parametrize(("in_kubernetes", "level"), [(False, logging.INFO), (True, logging.WARNING)])
+async def test_a_missing_socket_is_a_warning_only_in_kubernetes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, in_kubernetes: bool, level: int
+) -> None:
+    """On a workstation (no KUBERNETES_SERVICE_HOST) a missing kubelet socket is expected and said
+    at INFO, so the first line a new user reads is not a warning about Kubernetes; in a pod it is a
+    deployment fault (a missing hostPath mount) and said at WARNING. Once either way."""
+    from exporter.config import Config
+    from exporter.pods import PodAttribution
+
+    if in_kubernetes:
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    else:
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+
+    class Host:
+        changes = 0
+
+        def changed(self) -> None:
+            self.changes += 1
+
+    ext = PodAttribution(Config(pod_resources_socket=str(tmp_path / "kubelet.sock"), pod_refresh_s=0.02))
+    caplog.set_level(logging.INFO, logger="exporter.pods")
+    task = asyncio.ensure_future(ext.run(Host()))  # type: ignore[arg-type]
+    await asyncio.sleep(0.2)
+    task.cancel()
+    said = [r for r in caplog.records if "kubelet.sock" in r.getMessage()]
+    assert [r.levelno for r in said] == [level], said
+    assert ext.up is False
