@@ -14,7 +14,6 @@ import importlib.util
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -26,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from exporter_proc import ROOT, Exporter, free_port, load_scenario, write_scenario
+from exporter_proc import ROOT, Exporter, load_scenario, write_scenario
+from prometheus_proc import running_prometheus
 from tls_material import PASSWORD, USER, Material, bcrypt_hash, make_material
 
 yaml = pytest.importorskip("yaml")
@@ -213,7 +213,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # gpm_pipes on: the DCGM_FI_PROF_PIPE_FP*_ACTIVE rules read it (off by default)
     env = {"NVGPU_WEB_CONFIG_FILE": str(web), "NVGPU_FEATURE_GPM_PIPES": "on"}
     exporter = Exporter(write_scenario(tmp, data), tmp, env=env, interval=0.5)
-    prom: subprocess.Popen[bytes] | None = None
     try:
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
@@ -232,42 +231,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 }
             ],
         }
-        (tmp / "prometheus.yml").write_text(json.dumps(config))
-        port = free_port()
-        log = tmp / "prometheus.log"
-        with open(log, "wb") as fh:
-            prom = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={tmp / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    "--log.level=warn",
-                ],
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        st = Stack(f"http://127.0.0.1:{port}", exporter, prom, log)
-
-        def ready() -> bool:
-            if prom.poll() is not None:
-                raise AssertionError(f"prometheus exited with {prom.returncode}:\n{st.logs()}")
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                pass
-            with urllib.request.urlopen(f"{st.base}/-/ready", timeout=2) as resp:
-                return resp.status == 200
-
-        _wait(ready, 30, "prometheus /-/ready", st)
-        yield st
+        with running_prometheus(binary, tmp, config) as prom:
+            yield Stack(prom.base, exporter, prom.process, prom.log)
     finally:
-        if prom is not None and prom.poll() is None:
-            prom.terminate()
-            try:
-                prom.wait(15)
-            except subprocess.TimeoutExpired:
-                prom.kill()
-                prom.wait()
         exporter.__exit__(None, None, None)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from exporter_proc import ROOT, Exporter, free_port, load_scenario, write_scenario
+from exporter_proc import ROOT, Exporter, load_scenario, write_scenario
 from fakeproc import Container, make_container_logs, make_proc
+from prometheus_proc import running_prometheus
 
 sys.path.insert(0, str(ROOT))
 from dashboards.queries import Query, panel_queries, variable_queries  # noqa: E402
@@ -230,7 +230,6 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         server, sock = _fake_kubelet(sock_dir)
         env.update(NVGPU_POD_RESOURCES_SOCKET=sock, NVGPU_POD_REFRESH_SECONDS="1")
     exporter = Exporter(write_scenario(tmp, _scenario()), tmp, env=env, interval=0.5)
-    prom: subprocess.Popen[bytes] | None = None
     try:
         targets = tmp / "targets.json"
         targets.write_text(
@@ -244,49 +243,17 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
                 {"job_name": "nvgpu-exporter", "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}
             ],
         }
-        (tmp / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-        port = free_port()
-        log = tmp / "prometheus.log"
-        with open(log, "wb") as fh:
-            prom = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={tmp / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    "--log.level=warn",
-                ],
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+        with running_prometheus(binary, tmp, config) as prom:
+            st = Stack(request.param, prom.base, exporter, prom.process, prom.log, rules_loaded)
+            # At least three scrapes of the exporter.
+            _wait(
+                lambda: st.query('count_over_time(up{job="nvgpu-exporter"}[1m]) >= 3')["data"]["result"],
+                30,
+                "three scrapes of the exporter",
+                st,
             )
-        st = Stack(request.param, f"http://127.0.0.1:{port}", exporter, prom, log, rules_loaded)
-
-        def ready() -> bool:
-            if prom.poll() is not None:
-                raise AssertionError(f"prometheus exited with {prom.returncode}:\n{st.logs()}")
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                pass
-            with urllib.request.urlopen(f"{st.base}/-/ready", timeout=2) as resp:
-                return resp.status == 200
-
-        _wait(ready, 30, "prometheus /-/ready", st)
-        # At least three scrapes of the exporter.
-        _wait(
-            lambda: st.query('count_over_time(up{job="nvgpu-exporter"}[1m]) >= 3')["data"]["result"],
-            30,
-            "three scrapes of the exporter",
-            st,
-        )
-        yield st
+            yield st
     finally:
-        if prom is not None and prom.poll() is None:
-            prom.terminate()
-            try:
-                prom.wait(15)
-            except subprocess.TimeoutExpired:
-                prom.kill()
-                prom.wait()
         exporter.__exit__(None, None, None)
         if server is not None:
             server.stop(grace=None).wait(5)
