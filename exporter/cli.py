@@ -14,10 +14,14 @@ import signal
 import ssl
 import sys
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter import __version__, protocol
 from exporter.config import SETTINGS, Config, ConfigError, Setting, environment_problems, state_file_problem
+
+if TYPE_CHECKING:  # imported where used: the CLI's subcommands must not pay for aiohttp
+    from exporter.supervisor import Supervisor
+    from exporter.webconfig import WebConfigWatcher
 
 log = logging.getLogger("exporter")
 
@@ -260,23 +264,9 @@ async def serve(config: Config) -> int:
     cap = connection_cap(config.web_max_connections, soft_limit)
     supervisor = Supervisor(config)
     state = supervisor.state
-    why = state_file_problem(config.state_file)
-    if why:
-        log.error(
-            "state file %s cannot be written (%s): a quarantine will not survive a restart; mount a writable volume "
-            "(an emptyDir) there, or set NVGPU_STATE_FILE='' to keep quarantines in memory",
-            config.state_file,
-            why,
-        )
-    sup_check = state.selfchecks["supervisor"]
-    for problem in sup_check.problems:
-        log.warning("self-check (supervisor): %s", problem)
-    if sup_check.problems and config.selfcheck == "strict":
-        log.error("NVGPU_SELFCHECK=strict: refusing to start:\n  %s", "\n  ".join(sup_check.problems))
-        supervisor.close()
-        return protocol.EXIT_SELFCHECK
-    if config.selfcheck == "off":
-        state.selfchecks.clear()
+    refused = _startup_checks(config, supervisor)
+    if refused is not None:
+        return refused
     stats = state.extension(HttpEdge)
     if stats is None:  # default_extensions always attaches it; a custom list may not
         stats = HttpEdge()
@@ -314,6 +304,56 @@ async def serve(config: Config) -> int:
         await runner.cleanup()
         supervisor.close()
         return protocol.EXIT_ERROR
+    _log_listening(config, watcher, cap, soft_limit)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    task = asyncio.ensure_future(supervisor.run())
+    app[SUPERVISOR_TASK] = task
+    extra_tasks = [asyncio.ensure_future(t) for t in extras]
+    stop_wait = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    await _drain(config, supervisor, task)
+    for t in extra_tasks:
+        t.cancel()
+    stop_wait.cancel()
+    listener.close()
+    await runner.cleanup()
+    supervisor.close()
+    if supervisor.fatal_exit is not None:
+        return supervisor.fatal_exit
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        return protocol.EXIT_ERROR
+    return protocol.EXIT_OK
+
+
+def _startup_checks(config: Config, supervisor: Supervisor) -> int | None:
+    """Say what would go wrong later (an unwritable state file) and apply the supervisor's
+    self-check; returns the exit code when ``NVGPU_SELFCHECK=strict`` refuses to start."""
+    why = state_file_problem(config.state_file)
+    if why:
+        log.error(
+            "state file %s cannot be written (%s): a quarantine will not survive a restart; mount a writable volume "
+            "(an emptyDir) there, or set NVGPU_STATE_FILE='' to keep quarantines in memory",
+            config.state_file,
+            why,
+        )
+    state = supervisor.state
+    sup_check = state.selfchecks["supervisor"]
+    for problem in sup_check.problems:
+        log.warning("self-check (supervisor): %s", problem)
+    if sup_check.problems and config.selfcheck == "strict":
+        log.error("NVGPU_SELFCHECK=strict: refusing to start:\n  %s", "\n  ".join(sup_check.problems))
+        supervisor.close()
+        return protocol.EXIT_SELFCHECK
+    if config.selfcheck == "off":
+        state.selfchecks.clear()
+    return None
+
+
+def _log_listening(config: Config, watcher: WebConfigWatcher | None, cap: int, soft_limit: int) -> None:
+    """The one start-up line an operator reads, and the warnings that go with it."""
+    host, port = config.listen_address
     log.info(
         "nvgpu-exporter %s listening on %s:%d, metrics at %s (%s; NVML backend %s, sample interval %g s, "
         "stale after %g s)",
@@ -335,14 +375,11 @@ async def serve(config: Config) -> int:
             soft_limit,
             soft_limit - cap,
         )
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    task = asyncio.ensure_future(supervisor.run())
-    app[SUPERVISOR_TASK] = task
-    extra_tasks = [asyncio.ensure_future(t) for t in extras]
-    stop_wait = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+
+
+async def _drain(config: Config, supervisor: Supervisor, task: asyncio.Future[Any]) -> None:
+    """Stop the supervisor: drain the worker for at most ``NVGPU_SHUTDOWN_TIMEOUT_SECONDS``, then
+    kill it (no worker is ever left behind, issue 12)."""
     log.info("stopping: draining the worker (at most %g s)", config.shutdown_timeout_s)
     await supervisor.stop()
     try:
@@ -352,14 +389,3 @@ async def serve(config: Config) -> int:
         await supervisor.kill_now()
     except Exception:  # noqa: BLE001 - report and exit non-zero below
         log.exception("supervisor loop failed")
-    for t in extra_tasks:
-        t.cancel()
-    stop_wait.cancel()
-    listener.close()
-    await runner.cleanup()
-    supervisor.close()
-    if supervisor.fatal_exit is not None:
-        return supervisor.fatal_exit
-    if task.done() and not task.cancelled() and task.exception() is not None:
-        return protocol.EXIT_ERROR
-    return protocol.EXIT_OK
