@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from exporter_proc import ROOT, Exporter, load_scenario, write_scenario
-from prometheus_proc import running_prometheus
+from prometheus_proc import running_prometheus, wait_until
 from tls_material import PASSWORD, USER, Material, bcrypt_hash, make_material
 
 yaml = pytest.importorskip("yaml")
@@ -174,20 +174,12 @@ class Stack:
 
 
 def _wait(pred: Any, timeout: float, what: str, stack: Stack) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            got = pred()
-        except (OSError, ValueError):
-            got = None
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout} s waiting for {what}\nprometheus log:\n{stack.logs()}"
-                f"\nexporter log:\n{stack.exporter.logs()[-3000:]}"
-            )
-        time.sleep(0.5)
+    return wait_until(
+        pred,
+        timeout,
+        what,
+        lambda: f"prometheus log:\n{stack.logs()}\nexporter log:\n{stack.exporter.logs()[-3000:]}",
+    )
 
 
 @pytest.fixture(scope="module")

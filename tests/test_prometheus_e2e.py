@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from exporter_proc import ROOT, Exporter, load_scenario, write_scenario
 from fakeproc import Container, make_container_logs, make_proc
-from prometheus_proc import running_prometheus
+from prometheus_proc import running_prometheus, wait_until
 
 sys.path.insert(0, str(ROOT))
 from dashboards.queries import Query, panel_queries, variable_queries  # noqa: E402
@@ -161,18 +161,7 @@ class Stack:
 
 
 def _wait(pred: Any, timeout: float, what: str, stack: Stack | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            got = pred()
-        except (OSError, ValueError):
-            got = None
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            extra = f"\nprometheus log:\n{stack.logs()}" if stack else ""
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}{extra}")
-        time.sleep(0.25)
+    return wait_until(pred, timeout, what, (lambda: f"prometheus log:\n{stack.logs()}") if stack else None)
 
 
 def _fake_kubelet(directory: Path) -> Any:
