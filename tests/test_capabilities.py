@@ -156,3 +156,13 @@ def test_the_document_explains_the_table() -> None:
     for heading in ("## Capability table", "## NVML facts per generation", "## Scenario recipes"):
         assert heading in text, heading
     assert "docs/capabilities.json" in text
+
+
+def test_the_json_is_what_its_generator_writes():
+    """docs/capabilities.json is generated: a hand edit that the generator would undo fails here."""
+    import subprocess
+    import sys
+
+    gen = Path(__file__).resolve().parent.parent / "docs" / "generate_capabilities.py"
+    done = subprocess.run([sys.executable, str(gen), "--check"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
