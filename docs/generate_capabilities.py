@@ -1483,8 +1483,8 @@ def normalize(table):
         call_notes = {}
         long_names = {}
         fallbacks = set()
-        for g, bs in gens.items():
-            for b, c in bs.items():
+        for bs in gens.values():
+            for c in bs.values():
                 if c["fallback"]:
                     fallbacks.add(c["fallback"])
         shared_fb = fallbacks.pop() if len(fallbacks) == 1 else None
