@@ -198,7 +198,7 @@ def test_churning_processes_stay_bounded(tmp_path: Path) -> None:
         seen.update(r.processes)
     assert len(seen) > 100  # the series really churned
     state = processes._STATES[UUID]
-    assert gpu.dev.cache == {} and len(processes._STATES) == 1
+    assert len(processes._STATES) == 1
     assert len(state.dropped) == 0 and len(state.start) == 0
     assert len(processes._NODES) == 1 and len(processes._NODES[next(iter(processes._NODES))].logs) == 0
 
@@ -304,7 +304,7 @@ def test_the_drop_counter_and_the_fallback_survive_a_reprobe(tmp_path: Path) -> 
     struct fallback is a property of this binding and driver, kept for the worker's life."""
     gpu = Gpu(tmp_path, {V3: {"struct": "r535_v3", "records": TRUTH}, V2: TRUTH})
     first = gpu.read()
-    gpu.dev.cache.clear()  # what a re-probe does (DeviceClient.forget)
+    gpu.dev.forget()  # a re-probe
     again = gpu.read()
     assert again.dropped == first.dropped and again.functions["compute"] == V2 and gpu.calls(V3) == 1
 

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FEATURE = "processes"
+NEEDS: tuple[str, ...] = ()
 UTILIZATION_FUNCTION = "nvmlDeviceGetProcessUtilization"
 VARIANTS: dict[str, tuple[str, ...]] = {
     "compute": ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"),
