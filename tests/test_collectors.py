@@ -11,6 +11,7 @@ import pytest
 from fake_device import Clock, devices
 
 from exporter import collectors, scenarios
+from exporter import process_attribution as attribution
 from exporter.collectors import gpm
 from exporter.gpustate import GpuState, Lifetime
 from exporter.nvml.client import DeviceClient
@@ -90,6 +91,24 @@ def test_a_collector_that_reads_another_collectors_state_needs_it(
     monkeypatch.setattr(DeviceClient, "state_of", spy)
     _sample_everything(tmp_path, reading)
     assert reached == {f: set(c.NEEDS) for f, c in collectors.COLLECTORS.items()}
+
+
+def test_sampling_leaves_every_collector_modules_globals_as_they_were(tmp_path: Path) -> None:
+    """Per-GPU state lives in the device client's states: a module-level dict, list or set that a
+    read fills would be a second home (shared by every GPU, outliving the test that filled it)."""
+    modules = [*collectors.COLLECTORS.values(), attribution]
+
+    def containers() -> dict[str, str]:
+        return {
+            f"{m.__name__}.{name}": repr(value)  # type: ignore[attr-defined]
+            for m in modules
+            for name, value in vars(m).items()
+            if isinstance(value, (dict, list, set))
+        }
+
+    before = containers()
+    _sample_everything(tmp_path, [""])
+    assert containers() == before and any(name.endswith(".VARIANTS") for name in before)
 
 
 def _state_classes() -> list[type[GpuState]]:
