@@ -14,7 +14,9 @@ A GPU whose calls answer NOT_SUPPORTED is re-probed every ``reprobe_s`` seconds 
 MIG configuration change, a recovery-action event or a readmission (:meth:`GpuSlot.request_reprobe`),
 or when a collector saw the GPU change under it (``DeviceClient.reprobe_requested``: the MIG
 collector reading a new MIG mode): the device client forgets what it cached as unsupported and
-every static reading.
+every static reading (its ``Lifetime.PROBE`` states, :mod:`exporter.gpustate`). A GPU lost and
+attached again gets a new device client: only its ``Lifetime.WORKER`` states, kept here by UUID,
+carry over.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from exporter import collectors, logs
 from exporter.breadcrumb import gpu_slot
 from exporter.collectors.base import Collector
+from exporter.gpustate import GpuStates, Lifetime
 from exporter.nvml import errors
 from exporter.nvml.client import DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
 from exporter.snapshot import GpuSample
@@ -97,6 +100,8 @@ class GpuSlot:
         self.hung_in = ("", "")  # (feature, function) of the call that did not return
         self.next_reprobe = time.monotonic() + reprobe_s
         self._reprobe_now = False
+        # GPU UUID -> the states of its last device client here; bounded by the GPUs seen at this index
+        self._states: dict[str, GpuStates] = {}
 
     # -- what the main thread asks --------------------------------------------------------------
 
@@ -206,7 +211,9 @@ class GpuSlot:
         if self.uuid and uuid != self.uuid:
             log.warning("GPU %d is now %s (was %s): the index moved", self.index, uuid, self.uuid)
         self.uuid = uuid
-        self.dev = DeviceClient(self.client, self.index, uuid, handle)
+        before = self._states.get(uuid)
+        states = self._states[uuid] = GpuStates() if before is None else before.reattached()
+        self.dev = DeviceClient(self.client, self.index, uuid, handle, states)
         self.state, self.detail = "up", ""
         return True
 
@@ -239,7 +246,7 @@ class GpuSlot:
             return
         self._reprobe_now = dev.reprobe_requested = False
         self.next_reprobe = now + self.reprobe_s
-        if dev.unsupported or dev.cache:
+        if dev.unsupported or dev.states.holds(Lifetime.PROBE):
             log.debug("GPU %d: asking unsupported calls and static readings again", self.index)
         dev.forget()
 

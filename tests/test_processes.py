@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +75,13 @@ class Gpu:
         return int(self.backend._fake.call_counts().get(fn, 0))
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def fresh_log_once() -> None:
+    """For a test that counts log lines: forget what earlier tests logged once."""
     _once_keys.clear()
-    processes._NODES.clear()
-    processes._STATES.clear()
 
 
+@pytest.mark.usefixtures("fresh_log_once")
 def test_r535_misread_v3_falls_back_to_v2_for_good(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     gpu = Gpu(tmp_path, {V3: {"struct": "r535_v3", "records": TRUTH}, V2: TRUTH})
     with caplog.at_level(logging.WARNING):
@@ -98,6 +99,7 @@ def test_r535_misread_v3_falls_back_to_v2_for_good(tmp_path: Path, caplog: pytes
     assert "535.43-535.86" in text
 
 
+@pytest.mark.usefixtures("fresh_log_once")
 def test_swapped_records_without_a_clean_alternative_are_dropped_and_counted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -197,10 +199,9 @@ def test_churning_processes_stay_bounded(tmp_path: Path) -> None:
         assert r.other is None or r.other[0] == r.count - 8
         seen.update(r.processes)
     assert len(seen) > 100  # the series really churned
-    state = processes._STATES[UUID]
-    assert gpu.dev.cache == {} and len(processes._STATES) == 1
+    state = gpu.dev.state_of(processes.State)
     assert len(state.dropped) == 0 and len(state.start) == 0
-    assert len(processes._NODES) == 1 and len(processes._NODES[next(iter(processes._NODES))].logs) == 0
+    assert state.host is not None and len(state.host.logs) == 0
 
 
 def test_per_pod_sums_on_a_time_sliced_gpu(tmp_path: Path) -> None:
@@ -283,6 +284,7 @@ def test_families_render_every_series_with_its_labels(tmp_path: Path) -> None:
     assert "gpu" not in fams["nvgpu_process_api_info"].samples[0].labels
 
 
+@pytest.mark.usefixtures("fresh_log_once")
 def test_a_pid_that_resolves_to_the_exporters_own_pod_is_not_attributed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -304,9 +306,22 @@ def test_the_drop_counter_and_the_fallback_survive_a_reprobe(tmp_path: Path) -> 
     struct fallback is a property of this binding and driver, kept for the worker's life."""
     gpu = Gpu(tmp_path, {V3: {"struct": "r535_v3", "records": TRUTH}, V2: TRUTH})
     first = gpu.read()
-    gpu.dev.cache.clear()  # what a re-probe does (DeviceClient.forget)
+    gpu.dev.forget()  # a re-probe
     again = gpu.read()
     assert again.dropped == first.dropped and again.functions["compute"] == V2 and gpu.calls(V3) == 1
+
+
+def test_the_drop_counter_and_the_fallback_survive_the_gpu_attached_again(tmp_path: Path) -> None:
+    """A GPU lost and attached again gets a new device client (a new handle): the counter exported
+    as counted since the worker started, and the fallback, carry over to it by UUID."""
+    gpu = Gpu(tmp_path, {V3: {"struct": "r535_v3", "records": TRUTH}, V2: TRUTH})
+    first = gpu.read()
+    handle = gpu.client.raw("t", "nvmlDeviceGetHandleByIndex", "", 0)
+    gpu.dev = DeviceClient(gpu.client, 0, UUID, handle, gpu.dev.states.reattached())
+    again = gpu.read()
+    assert again.dropped == first.dropped and again.functions["compute"] == V2 and gpu.calls(V3) == 1
+    fresh = DeviceClient(gpu.client, 0, UUID, handle)  # another worker: nothing carried
+    assert fresh.state_of(processes.State).dropped == Counter()
 
 
 def test_forked_clients_keep_the_options(tmp_path: Path) -> None:

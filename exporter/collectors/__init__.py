@@ -1,14 +1,20 @@
 """Collector registry: feature name -> collector module, in sampling order.
 
-Identity comes first so a GPU's labels are known before anything else is read, then MIG, whose
-layout (mode, GPU instances) utilization and GPM read in the same pass. The features
-without a per-sample collector are listed in :data:`NOT_COLLECTORS` (an NVML event thread in the
-worker; the kernel log and the kubelet in the supervisor); ``tests/test_collectors.py`` checks that
-the two together name exactly ``guards.features.FEATURES``.
+The order is the order of ``guards.features.FEATURES`` (each GPU's pass reads the collectors in it,
+and the exposition renders their families in it). Identity comes first so a GPU's labels are known
+before anything else is read. A collector that reads what another keeps about the GPU declares it
+in ``NEEDS`` (``utilization``, ``gpm`` and ``gpm_pipes`` need ``mig``'s layout);
+:func:`order_problems` says where an order breaks that, and ``tests/test_collectors.py`` holds the
+registry to it.
+
+The features without a per-sample collector are listed in :data:`NOT_COLLECTORS` (an NVML event
+thread in the worker; the kernel log and the kubelet in the supervisor); ``tests/test_collectors.py``
+checks that the two together name exactly ``guards.features.FEATURES``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from exporter.collectors import (
@@ -35,7 +41,7 @@ from exporter.collectors.base import Collector
 
 _ORDER: tuple[Collector, ...] = (
     identity,
-    mig,  # before utilization and gpm: they read the MIG layout it leaves in dev.cache
+    mig,
     utilization,
     memory,
     power,
@@ -54,6 +60,27 @@ _ORDER: tuple[Collector, ...] = (
     processes,
 )
 COLLECTORS: dict[str, Collector] = {c.FEATURE: c for c in _ORDER}
+
+
+def order_problems(order: Iterable[Collector]) -> list[str]:
+    """Where ``order`` samples a collector before one it ``NEEDS`` (or needs one not in it).
+
+    Returns:
+        One sentence per broken need, naming both features; empty when the order holds.
+    """
+    problems: list[str] = []
+    seen: set[str] = set()
+    collectors = list(order)
+    present = {c.FEATURE for c in collectors}
+    for c in collectors:
+        for need in c.NEEDS:
+            if need not in present:
+                problems.append(f"{c.FEATURE} needs {need}, which is not a collector here")
+            elif need not in seen:
+                problems.append(f"{c.FEATURE} needs {need} sampled before it, but {need} comes later")
+        seen.add(c.FEATURE)
+    return problems
+
 
 # Features that are not read per sample by a collector, and who serves them.
 NOT_COLLECTORS: dict[str, str] = {

@@ -3,6 +3,10 @@
 A collector is a module with (checked by ``mypy --strict`` through :class:`Collector`):
 
 - ``FEATURE``: its feature name (a key of ``guards.features.FEATURES``);
+- ``NEEDS``: the features whose collectors must run before it in a GPU's sample pass, because its
+  ``read`` uses what they keep about the GPU (``utilization`` and ``gpm`` read the MIG layout:
+  ``(mig.FEATURE,)``); ``()`` for most. The registry's order is checked against it
+  (:func:`exporter.collectors.order_problems`);
 - ``Reading``: a frozen dataclass in NVML's native units, field names carrying the unit
   (``usage_mw``, ``energy_mj``, ``clock_mhz``);
 - ``METRICS``: the :class:`~exporter.metric.MetricDef` of every family it can emit;
@@ -11,6 +15,9 @@ A collector is a module with (checked by ``mypy --strict`` through :class:`Colle
 - ``families(samples, system) -> Iterable[Metric]``: runs in the supervisor, pure. ``samples`` is
   a list of (``GpuKey``, ``Reading``) for every GPU that produced a reading in the snapshot;
   ``system`` carries the versions (identity uses them).
+
+What a collector remembers about a GPU between passes is declared as a state class and reached
+through ``dev.state_of(Kind)`` (:mod:`exporter.gpustate`), never a module global.
 
 Conversions to base units happen only in ``families()``, through the helpers below.
 """
@@ -33,6 +40,9 @@ class Collector(Protocol):
 
     @property
     def FEATURE(self) -> str: ...  # noqa: N802 - module constants
+
+    @property
+    def NEEDS(self) -> tuple[str, ...]: ...  # noqa: N802
 
     @property
     def Reading(self) -> type[Any]: ...  # noqa: N802

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.collectors.base import mhz_to_hertz
+from exporter.gpustate import GpuState, Lifetime
 from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "clocks"
+NEEDS: tuple[str, ...] = ()
 DETAILS = "details"  # the switch that adds the series outside the default budget
 CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))
 DEFAULT_CLOCKS = ("sm", "memory")
@@ -73,6 +75,14 @@ class Reading:
     event_reasons: int | None
 
 
+@dataclass
+class MaxClocks(GpuState):
+    """The maximum clocks (static; ~1.4 ms to read), until the next re-probe."""
+
+    LIFETIME = Lifetime.PROBE
+    mhz: dict[str, int] | None = None
+
+
 def read(dev: DeviceClient) -> Reading | None:
     details = DETAILS in dev.enabled
     current = {}
@@ -82,7 +92,8 @@ def read(dev: DeviceClient) -> Reading | None:
         value = dev.get(FEATURE, "nvmlDeviceGetClockInfo", clock_type)
         if value is not None:
             current[name] = int(value)
-    maxima = dev.cache.get("max_clock_mhz")
+    static = dev.state_of(MaxClocks)
+    maxima = static.mhz
     if maxima is None:
         maxima = {}
         for name, clock_type in CLOCKS:
@@ -91,7 +102,7 @@ def read(dev: DeviceClient) -> Reading | None:
             value = dev.get(FEATURE, "nvmlDeviceGetMaxClockInfo", clock_type)
             if value is not None:
                 maxima[name] = int(value)
-        dev.cache["max_clock_mhz"] = maxima
+        static.mhz = maxima
     pstate = reasons = None
     if details:
         pstate = dev.get(FEATURE, "nvmlDeviceGetPerformanceState")

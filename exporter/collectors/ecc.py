@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "ecc"
+NEEDS: tuple[str, ...] = ()
 DETAILS = "details"
 ERROR_TYPES = (("corrected", 0), ("uncorrected", 1))
 NVML_VOLATILE_ECC = 0

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "fabric"
+NEEDS: tuple[str, ...] = ()
 FUNCTION = "nvmlDeviceGetGpuFabricInfoV"
 STRUCTS = ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t")  # newest first
 STATE_NOT_SUPPORTED = 0

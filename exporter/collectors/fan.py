@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.collectors.base import percent_to_ratio
+from exporter.gpustate import GpuState, Lifetime
 from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "fan"
+NEEDS: tuple[str, ...] = ()
 
 FAN_SPEED = MetricDef(
     "nvgpu_fan_speed_ratio", "Intended fan speed as a fraction of maximum (nvmlDeviceGetFanSpeed_v2)", ("fan",)
@@ -35,13 +37,22 @@ class Reading:
     speeds_percent: tuple[int, ...]
 
 
+@dataclass
+class Fans(GpuState):
+    """The fan count (static: fans do not come and go), until the next re-probe."""
+
+    LIFETIME = Lifetime.PROBE
+    count: int | None = None
+
+
 def read(dev: DeviceClient) -> Reading | None:
-    count = dev.cache.get("fan_count")
+    fans = dev.state_of(Fans)
+    count = fans.count
     if count is None:
         value = dev.get(FEATURE, "nvmlDeviceGetNumFans")
         if value is None:  # unsupported (cached by the client) or transient (asked again next time)
             return None
-        count = dev.cache["fan_count"] = int(value)  # static: fans do not come and go
+        count = fans.count = int(value)
     if count <= 0:
         # A passive board may answer 0 instead of NOT_SUPPORTED: unsupported here, said once.
         dev.nothing_to_read(FEATURE, "nvmlDeviceGetNumFans", "0 fans")

@@ -7,8 +7,8 @@ gives what dcgm-exporter users read in its ``DCGM_FI_PROF_*`` fields: how many S
 full they were, how much of the time the tensor pipes ran, how much DRAM bandwidth was used.
 
 How a reading is made: GPM computes each metric over the window between two samples of the GPU's
-performance counters. The worker keeps two sample buffers per GPU in the device client's state
-(``dev.state``, which survives a re-probe) and alternates them: each sample pass fills one and asks
+performance counters. The worker keeps two sample buffers per GPU (:class:`Windows`, kept across
+re-probes for the device client's life) and alternates them: each sample pass fills one and asks
 for the metrics between it and the previous one, so a reading covers the previous sample interval
 (the first pass after a worker starts gives none). A failed sample or metrics call keeps the older sample, so the next
 window simply spans two intervals. Activity is exported as gauges of the last window (0 to 1).
@@ -54,10 +54,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from exporter.collectors import mig
 from exporter.collectors.base import percent_to_ratio
+from exporter.gpustate import GpuState, Lifetime
 from exporter.metric import GpuKey, MetricDef
 from exporter.nvml import errors, structs
 
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "gpm"
+NEEDS: tuple[str, ...] = (mig.FEATURE,)  # mig.layout: whole GPU or per GPU instance
 MIB = 1 << 20
 
 # NVML_GPM_METRIC_* ids (nvml.h, nvidia-ml-py 13.615).
@@ -233,6 +235,24 @@ class Window:
     totals: dict[int, float] = field(default_factory=dict)
 
 
+@dataclass
+class Windows(GpuState):
+    """The open windows of one GPU, by key (one per feature and scope, see :func:`take`): kept across
+    re-probes, since their buffers and byte totals must be."""
+
+    LIFETIME = Lifetime.DEVICE
+    open: dict[str, Window] = field(default_factory=dict)
+
+
+@dataclass
+class Unavailable(GpuState):
+    """Keys of the windows that cannot open on this GPU (unsupported, MIG enabled), until the next
+    re-probe."""
+
+    LIFETIME = Lifetime.PROBE
+    keys: set[str] = field(default_factory=set)
+
+
 def device_sample(dev: DeviceClient, feature: str) -> Callable[[Any], Any]:
     """The sampling call for a whole GPU: ``nvmlGpmSampleGet(handle, buffer)``."""
     return lambda buffer: dev.call(feature, "nvmlGpmSampleGet", buffer, key=("nvmlGpmSampleGet",))
@@ -253,8 +273,8 @@ def instance_sample(dev: DeviceClient, feature: str, gpu_instance_id: int) -> Ca
 
 def release(dev: DeviceClient, feature: str, cache_key: str) -> None:
     """Free the window kept under ``cache_key`` (a GPU instance that went away, MIG going on)."""
-    window = dev.state.pop(cache_key, None)
-    if isinstance(window, Window):
+    window = dev.state_of(Windows).open.pop(cache_key, None)
+    if window is not None:
         _free(dev, feature, window.buffers)
 
 
@@ -263,7 +283,7 @@ def _free(dev: DeviceClient, feature: str, buffers: Iterable[Any]) -> None:
         dev.call(feature, "nvmlGpmSampleFree", buffer, key=("nvmlGpmSampleFree",), handle=False)
 
 
-def _open(dev: DeviceClient, feature: str, per_instance: bool = False) -> Window | None | bool:
+def _open(dev: DeviceClient, feature: str, per_instance: bool = False) -> Window | Literal[False] | None:
     """Support checks and buffers. Returns a Window, False (never on this GPU), or None (retry).
 
     A whole-GPU window is refused on a MIG-enabled GPU; a per-GPU-instance one (``per_instance``)
@@ -305,8 +325,8 @@ def _open(dev: DeviceClient, feature: str, per_instance: bool = False) -> Window
 
 def _close(dev: DeviceClient, feature: str, cache_key: str, window: Window, why: str, function: str) -> None:
     _free(dev, feature, window.buffers)
-    dev.state.pop(cache_key, None)
-    dev.cache[cache_key] = None
+    dev.state_of(Windows).open.pop(cache_key, None)
+    dev.state_of(Unavailable).keys.add(cache_key)
     dev.nothing_to_read(feature, function, why, announce=False)
 
 
@@ -324,9 +344,9 @@ def take(
     Args:
         dev: the GPU.
         feature: the feature making the calls (breadcrumbs, error accounting).
-        cache_key: where the window lives in ``dev.state`` (one per feature and scope: it survives a
-            re-probe, its buffers and byte totals must); None in ``dev.cache`` under the same key means
-            "not on this GPU" (unsupported, MIG enabled) until the next re-probe clears the cache.
+        cache_key: the window's key in :class:`Windows` (one per feature and scope: the feature's
+            name for a whole GPU); the same key in :class:`Unavailable` means "not on this GPU"
+            (unsupported, MIG enabled) until the next re-probe.
         metric_ids: ``NVML_GPM_METRIC_*`` ids to compute.
         sample: fills a buffer (default :func:`device_sample`); returns None on failure.
         sample_key: the unsupported-cache key of the sampling call (``("nvmlGpmMigSampleGet",)`` per
@@ -341,18 +361,19 @@ def take(
         DeviceLost: the GPU is gone.
         NvmlFatal: NVML is unusable.
     """
-    window = dev.state.get(cache_key)
+    windows = dev.state_of(Windows).open
+    window = windows.get(cache_key)
     if window is None:
-        if cache_key in dev.cache:  # None: not on this GPU (until a re-probe)
+        unavailable = dev.state_of(Unavailable).keys
+        if cache_key in unavailable:  # not on this GPU (until a re-probe)
             return None
         opened = _open(dev, feature, per_instance)
         if opened is None:
             return None
         if opened is False:
-            dev.cache[cache_key] = None
+            unavailable.add(cache_key)
             return None
-        window = dev.state[cache_key] = opened
-    assert isinstance(window, Window)
+        window = windows[cache_key] = opened
     target = 0 if window.newest is None else 1 - window.newest
     got = (sample or device_sample(dev, feature))(window.buffers[target])
     now = dev.client.now()
@@ -387,11 +408,11 @@ def metric_ids(dev: DeviceClient) -> tuple[int, ...]:
 def read(dev: DeviceClient) -> Reading | None:
     state = mig.layout(dev)
     if state is not None and state.enabled:
-        release(dev, FEATURE, "gpm")  # MIG went on under a running worker
+        release(dev, FEATURE, FEATURE)  # MIG went on under a running worker
         return _read_instances(dev, state)
-    for key in [k for k in dev.state if k.startswith(MIG_WINDOW_PREFIX)]:
+    for key in [k for k in dev.state_of(Windows).open if k.startswith(MIG_WINDOW_PREFIX)]:
         release(dev, FEATURE, key)  # MIG went off: no GPU instances any more
-    got = take(dev, FEATURE, "gpm", metric_ids(dev))
+    got = take(dev, FEATURE, FEATURE, metric_ids(dev))
     if got is None:
         return None
     window, values, seconds = got
@@ -422,7 +443,7 @@ def _read_instances(dev: DeviceClient, state: mig.Reading) -> Reading | None:
         if got is not None:
             values = {m: v for m, v in got[1].items() if v >= 0}
             out.append(InstanceActivity(gi.gpu_instance_id, gi.profile, values))
-    for key in [k for k in dev.state if k.startswith(MIG_WINDOW_PREFIX) and k not in live]:
+    for key in [k for k in dev.state_of(Windows).open if k.startswith(MIG_WINDOW_PREFIX) and k not in live]:
         release(dev, FEATURE, key)
     return Reading({}, {}, tuple(out)) if out else None
 

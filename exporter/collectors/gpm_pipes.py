@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from exporter.collectors import mig
 from exporter.collectors.base import percent_to_ratio
 from exporter.collectors.gpm import take
 from exporter.metric import GpuKey, MetricDef
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "gpm_pipes"
+NEEDS: tuple[str, ...] = (mig.FEATURE,)  # gpm.take reads mig.layout
 # pipe label value -> NVML_GPM_METRIC_* id (nvml.h)
 PIPES: tuple[tuple[str, int], ...] = (
     ("hmma", 7),  # HMMA_TENSOR_UTIL: half-precision (FP16/BF16) tensor
@@ -55,7 +57,7 @@ class Reading:
 
 
 def read(dev: DeviceClient) -> Reading | None:
-    got = take(dev, FEATURE, "gpm_pipes", METRIC_IDS)
+    got = take(dev, FEATURE, FEATURE, METRIC_IDS)
     if got is None:
         return None
     _, values, _ = got

@@ -1,8 +1,8 @@
 """GPU identity: ``nvgpu_gpu_info`` (name, PCI bus id, serial, architecture, versions).
 
 Sources: nvmlDeviceGetName, nvmlDeviceGetPciInfo (``busId``), nvmlDeviceGetSerial (boards with an
-inforom only), nvmlDeviceGetArchitecture. Read once per worker life: these do not change without a
-driver reload, which restarts the worker anyway. System versions come with the snapshot.
+inforom only), nvmlDeviceGetArchitecture. Read once, and again only at a re-probe: these do not
+change without a driver reload, which restarts the worker anyway. System versions come with the snapshot.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from exporter.gpustate import GpuState, Lifetime
 from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "identity"
+NEEDS: tuple[str, ...] = ()
 
 GPU_INFO = MetricDef(
     "nvgpu_gpu_info",
@@ -60,10 +62,18 @@ class Reading:
     architecture: int | None
 
 
+@dataclass
+class Static(GpuState):
+    """The identity as first read, until the next re-probe."""
+
+    LIFETIME = Lifetime.PROBE
+    reading: Reading | None = None
+
+
 def read(dev: DeviceClient) -> Reading | None:
-    cached = dev.cache.get(FEATURE)
-    if isinstance(cached, Reading):
-        return cached
+    static = dev.state_of(Static)
+    if static.reading is not None:
+        return static.reading
     name = dev.get(FEATURE, "nvmlDeviceGetName")
     pci = dev.get(FEATURE, "nvmlDeviceGetPciInfo")
     serial = dev.get(FEATURE, "nvmlDeviceGetSerial")
@@ -75,7 +85,7 @@ def read(dev: DeviceClient) -> Reading | None:
         serial=_text(serial) if serial is not None else None,
         architecture=int(arch) if arch is not None else None,
     )
-    dev.cache[FEATURE] = reading
+    static.reading = reading
     return reading
 
 

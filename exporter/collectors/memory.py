@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "memory"
+NEEDS: tuple[str, ...] = ()
 DETAILS = "details"  # free (total - reserved - used) and BAR1: outside the default budget (issue 17)
 NVML_MEMORY_V2 = 0x02000028  # sizeof(nvmlMemory_v2_t) | 2 << 24
 _SRC = "nvmlDeviceGetMemoryInfo, v2 when available"

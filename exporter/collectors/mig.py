@@ -49,7 +49,7 @@ Instance GPU Management" and "Device Queries"), Ampere and newer, Linux only:
   compute instance id names another instance is left to that instance.
 
 Per-GPU-instance GPM activity (``nvmlGpmMigSampleGet``) is read by the ``gpm`` feature
-(:mod:`exporter.collectors.gpm`) from the layout this collector leaves in ``dev.cache``; device-wide
+(:mod:`exporter.collectors.gpm`) from the layout this collector keeps (:func:`layout`); device-wide
 utilization on a MIG GPU (NOT_SUPPORTED there, "not supported with MIG enabled") is left absent by
 :mod:`exporter.collectors.utilization`, with ``nvgpu_gpu_feature_unsupported{feature="utilization"}``
 and ``nvgpu_mig_mode`` saying why.
@@ -64,9 +64,10 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from exporter.gpustate import GpuState, Lifetime
 from exporter.logs import log_once
 from exporter.metric import GpuKey, MetricDef
 from exporter.nvml import errors
@@ -81,12 +82,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FEATURE = "mig"
+NEEDS: tuple[str, ...] = ()
 MIG_ENABLE = 1  # NVML_DEVICE_MIG_ENABLE
 NVML_MEMORY_V2 = 0x02000028  # as exporter.collectors.memory
 PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT (nvidia-ml-py 13.615); older bindings: fewer
 PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
 _MIG = errors.Context.MIG_DEVICE
-_UNREAD = object()
 
 GI_LABELS = ("gpu_instance_id", "mig_profile")
 DEVICE_LABELS = ("gpu_instance_id", "compute_instance_id", "mig_profile", "mig_uuid")
@@ -205,11 +206,45 @@ class Reading:
         return device.profile or self.profile_of(device.gpu_instance_id)
 
 
+Shape = tuple[int, int, tuple[tuple[int, int, str], ...]]  # modes, (GI, CI, MIG UUID) of each MIG device
+
+
+@dataclass
+class Static(GpuState):
+    """What this collector keeps until the next re-probe (or MIG configuration change event).
+
+    Attributes:
+        layout: the last reading (the MIG layout utilization and gpm read: :func:`layout`).
+        no_mig: the GPU answered NOT_SUPPORTED to the mode: no call until the next re-probe.
+        max_devices: ``nvmlDeviceGetMaxMigDeviceCount``.
+        profiles: GPU instance profile id -> name (``1g.18gb``).
+        profiles_scanned: every profile index was asked once (the by-id call is missing).
+    """
+
+    LIFETIME = Lifetime.PROBE
+    layout: Reading | None = None
+    no_mig: bool = False
+    max_devices: int | None = None
+    profiles: dict[int, str] = field(default_factory=dict)
+    profiles_scanned: bool = False
+
+
+@dataclass
+class Logged(GpuState):
+    """The MIG shape last logged (kept across re-probes, so a re-probe logs nothing new)."""
+
+    LIFETIME = Lifetime.DEVICE
+    shape: Shape | None = None
+
+
 def layout(dev: DeviceClient) -> Reading | None:
     """This GPU's MIG state as this pass (or the last one) read it; None when not read (the ``mig``
-    feature off, or before its first answer since the last re-probe) or the GPU has no MIG."""
-    value = dev.cache.get(FEATURE)
-    return value if isinstance(value, Reading) else None
+    feature off, or before its first answer since the last re-probe) or the GPU has no MIG.
+
+    The collectors that read it name ``mig`` in their ``NEEDS`` (so the registry samples ``mig``
+    before them in each pass: ``tests/test_collectors.py`` checks the order).
+    """
+    return dev.state_of(Static).layout
 
 
 # -- reading (worker) --------------------------------------------------------------------------------
@@ -220,39 +255,41 @@ def read(dev: DeviceClient) -> Reading | None:
 
     Returns:
         None on a GPU without MIG (NOT_SUPPORTED: cached until a re-probe) or when the mode read
-        failed this sample (counted; the last layout stays in ``dev.cache`` for the other collectors).
+        failed this sample (counted; the last layout stays for the other collectors: :func:`layout`).
 
     Raises:
         DeviceLost, NvmlFatal: from the device client.
     """
-    cached = dev.cache.get(FEATURE, _UNREAD)
-    if cached is None:
+    static = dev.state_of(Static)
+    if static.no_mig:
         return None  # no MIG on this GPU (until a re-probe)
-    if isinstance(cached, Reading) and not cached.enabled:
+    cached = static.layout
+    if cached is not None and not cached.enabled:
         return cached  # MIG off: asked again at the next re-probe or MIG configuration change event
     mode = dev.get(FEATURE, "nvmlDeviceGetMigMode")
     if mode is None:
         if ("nvmlDeviceGetMigMode",) in dev.unsupported:
-            dev.cache[FEATURE] = None
+            static.layout, static.no_mig = None, True
         return None
     current, pending = int(mode[0]), int(mode[1])
-    if isinstance(cached, Reading) and cached.current_mode != current:
+    if cached is not None and cached.current_mode != current:
         # MIG went off under a running worker: utilization, remapped rows and GPM answer again
         # without waiting for the periodic re-probe.
         dev.reprobe_requested = True
     reading = Reading(current, pending) if current != MIG_ENABLE else _enumerate(dev, current, pending)
-    dev.cache[FEATURE] = reading
+    static.layout = reading
     _log_layout(dev, reading)
     return reading
 
 
 def _enumerate(dev: DeviceClient, current: int, pending: int) -> Reading:
     """Every MIG device and GPU instance of a MIG-enabled GPU, read now."""
-    count = dev.cache.get("mig_max_devices")
-    if count is None:
+    static = dev.state_of(Static)
+    if static.max_devices is None:
         count = dev.get(FEATURE, "nvmlDeviceGetMaxMigDeviceCount")
         if count is not None:
-            dev.cache["mig_max_devices"] = count = int(count)
+            static.max_devices = int(count)
+    count = static.max_devices
     handles: dict[int, tuple[Any, MigDevice]] = {}
     for index in range(int(count or 0)):
         handle = dev.call(
@@ -335,7 +372,8 @@ def _profile_name(dev: DeviceClient, profile_id: int | None) -> str:
     """The GPU instance profile's name (``1g.18gb``) from its id; "" when NVML does not say."""
     if profile_id is None:
         return ""
-    names: dict[int, str] = dev.cache.setdefault("mig_profiles", {})
+    static = dev.state_of(Static)
+    names = static.profiles
     if profile_id in names:
         return names[profile_id]
     by_id = ("nvmlDeviceGetGpuInstanceProfileInfoById",)
@@ -344,9 +382,9 @@ def _profile_name(dev: DeviceClient, profile_id: int | None) -> str:
         if info is not None:
             names[profile_id] = _name(getattr(info, "name", b""))
             return names[profile_id]
-    if by_id in dev.unsupported and "mig_profiles_scanned" not in dev.cache:
+    if by_id in dev.unsupported and not static.profiles_scanned:
         # The by-id call is missing: ask every profile index once (until the next re-probe).
-        dev.cache["mig_profiles_scanned"] = True
+        static.profiles_scanned = True
         count = int(getattr(dev.client.backend, "NVML_GPU_INSTANCE_PROFILE_COUNT", PROFILE_COUNT))
         for index in range(count):
             info = dev.call(
@@ -410,15 +448,14 @@ def _with_processes(dev: DeviceClient, handle: Any, device: MigDevice, memory_to
 
 
 def _log_layout(dev: DeviceClient, reading: Reading) -> None:
-    """One INFO line whenever a GPU's MIG mode or layout changes (kept in ``dev.state``, which a
-    re-probe does not clear)."""
-    shape = (
+    """One INFO line whenever a GPU's MIG mode or layout changes (:class:`Logged`)."""
+    shape: Shape = (
         reading.current_mode,
         reading.pending_mode,
         tuple((d.gpu_instance_id, d.compute_instance_id, d.uuid) for d in reading.devices),
     )
-    before = dev.state.get("mig_shape")
-    dev.state["mig_shape"] = shape
+    logged = dev.state_of(Logged)
+    before, logged.shape = logged.shape, shape
     if before == shape or (before is None and not reading.enabled and reading.pending_mode != MIG_ENABLE):
         return
     if not reading.enabled:

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from exporter.gpustate import GpuState, Lifetime
 from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "nvlink"
+NEEDS: tuple[str, ...] = ()
 LINKS_SWITCH = "nvlink_links"  # every link's series
 MAX_LINKS = 36
 COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))
@@ -99,8 +101,16 @@ class Reading:
 
 
 @dataclass
-class LinkCounters:
-    """One GPU's error counters as last read (kept in ``dev.state``: survives a re-probe).
+class Links(GpuState):
+    """The GPU's links (link 0, 1, … while the state query answers), until the next re-probe."""
+
+    LIFETIME = Lifetime.PROBE
+    links: list[int] | None = None
+
+
+@dataclass
+class LinkCounters(GpuState):
+    """One GPU's error counters as last read (kept across re-probes).
 
     Attributes:
         last: (link, error type) -> the last value read.
@@ -109,6 +119,7 @@ class LinkCounters:
             fake) of the last per-call read; None before the first.
     """
 
+    LIFETIME = Lifetime.DEVICE
     last: dict[tuple[int, str], int] = field(default_factory=dict)
     selected: set[int] = field(default_factory=set)
     slow_at: float | None = None
@@ -116,16 +127,16 @@ class LinkCounters:
 
 def links_of(dev: DeviceClient) -> list[int]:
     """The GPU's links (cached until a re-probe): link 0, 1, … while the state query answers."""
-    links: list[int] | None = dev.cache.get("nvlink_links")
-    if links is None:
+    static = dev.state_of(Links)
+    if static.links is None:
         links = []
         for link in range(MAX_LINKS):
             state = dev.probe(FEATURE, "nvmlDeviceGetNvLinkState", link)
             if state is None:
                 break
             links.append(link)
-        dev.cache["nvlink_links"] = links
-    return links
+        static.links = links
+    return static.links
 
 
 def read_counters(dev: DeviceClient, links: Sequence[int], counters: LinkCounters, now: float) -> None:
@@ -160,7 +171,7 @@ def read(dev: DeviceClient) -> Reading | None:
         state = dev.get(FEATURE, "nvmlDeviceGetNvLinkState", link)
         if state is not None:
             up[link] = int(bool(state))
-    counters = dev.state.setdefault("nvlink_counters", LinkCounters())
+    counters = dev.state_of(LinkCounters)
     read_counters(dev, links, counters, dev.client.now())
     totals: dict[str, int] = {}
     for (link, name), value in counters.last.items():

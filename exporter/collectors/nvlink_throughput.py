@@ -18,10 +18,11 @@ once per worker life (no links: nothing else is asked) and exported with the ``d
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporter.collectors.base import kib_to_bytes
+from exporter.gpustate import GpuState, Lifetime
 from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "nvlink_throughput"
+NEEDS: tuple[str, ...] = ()
 LINKS_SWITCH = "nvlink_links"
 DETAILS = "details"
 NVML_FI_DEV_NVLINK_LINK_COUNT = 91
@@ -80,20 +82,36 @@ class Reading:
     link_rx_kib: dict[int, int]
 
 
+@dataclass
+class LinkCount(GpuState):
+    """The GPU's NVLink count, until the next re-probe."""
+
+    LIFETIME = Lifetime.PROBE
+    count: int | None = None
+
+
+@dataclass
+class LastBytes(GpuState):
+    """Each link's counters as last read (field id -> link -> KiB); kept across re-probes."""
+
+    LIFETIME = Lifetime.DEVICE
+    last: dict[int, dict[int, int]] = field(default_factory=lambda: {TX: {}, RX: {}})
+
+
 def _link_count(dev: DeviceClient) -> int | None:
-    count: int | None = dev.cache.get("nvlink_link_count")
-    if count is None:
+    static = dev.state_of(LinkCount)
+    if static.count is None:
         got = dev.fields(FEATURE, [(NVML_FI_DEV_NVLINK_LINK_COUNT, 0)])
         value = got.get((NVML_FI_DEV_NVLINK_LINK_COUNT, 0))
         if value is None:
             return None
-        count = dev.cache["nvlink_link_count"] = int(value)
-    return count
+        static.count = int(value)
+    return static.count
 
 
 def _per_link(dev: DeviceClient, count: int) -> tuple[dict[int, int], dict[int, int]]:
     """Every link's counters, the last value kept for a link that does not answer this time."""
-    last: dict[int, dict[int, int]] = dev.state.setdefault("nvlink_throughput_last", {TX: {}, RX: {}})
+    last = dev.state_of(LastBytes).last
     pairs = [(fid, link) for link in range(count) for fid in (TX, RX)]
     for (fid, link), value in dev.fields(FEATURE, pairs).items():
         last[fid][link] = int(value)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from exporter.gpustate import GpuState, Lifetime
 from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "pcie"
+NEEDS: tuple[str, ...] = ()
 DETAILS = "details"  # the static maxima: outside the default budget (issue 17)
 
 LINK_GENERATION = MetricDef(
@@ -57,16 +59,25 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+@dataclass
+class MaxLink(GpuState):
+    """The static maxima (generation, width) as NVML answered them, until the next re-probe."""
+
+    LIFETIME = Lifetime.PROBE
+    read: bool = False
+    generation: Any = None
+    width: Any = None
+
+
 def read(dev: DeviceClient) -> Reading | None:
-    static = dev.cache.get("pcie_max")
-    if DETAILS not in dev.enabled:
-        static = (None, None)
-    elif static is None:
-        static = (
-            dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkGeneration"),
-            dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkWidth"),
-        )
-        dev.cache["pcie_max"] = static
+    static: tuple[Any, Any] = (None, None)
+    if DETAILS in dev.enabled:
+        maxima = dev.state_of(MaxLink)
+        if not maxima.read:
+            maxima.generation = dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkGeneration")
+            maxima.width = dev.get(FEATURE, "nvmlDeviceGetMaxPcieLinkWidth")
+            maxima.read = True
+        static = (maxima.generation, maxima.width)
     r = Reading(
         generation=_int(dev.get(FEATURE, "nvmlDeviceGetCurrPcieLinkGeneration")),
         max_generation=_int(static[0]),

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "power"
+NEEDS: tuple[str, ...] = ()
 NVML_FI_DEV_POWER_AVERAGE = 185
 NVML_POWER_SCOPE_MODULE = 1
 NVML_POWER_SCOPE_MEMORY = 2

@@ -15,7 +15,8 @@ Sources (worker side, per GPU and sample):
   (nothing new) is not an error.
 - ``nvmlDeviceGetMemoryInfo`` once, for the total that bounds a record's memory.
 - ``/proc/<pid>/cgroup`` and ``/comm`` (:mod:`exporter.procfs`; needs ``hostPID``) and the kubelet's
-  ``/var/log/containers`` names (:mod:`exporter.containerlogs`) for the pod of each process.
+  ``/var/log/containers`` names (:mod:`exporter.containerlogs`) for the pod of each process
+  (:mod:`exporter.process_attribution`).
 
 What it exports (``families``): the compute process count and memory (validated records only),
 ``nvgpu_process_records_dropped_total`` by reason, ``nvgpu_process_api_info`` (which struct
@@ -32,19 +33,20 @@ attribution and are not exported.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from exporter import process_attribution as attribution
 from exporter.collectors.base import percent_to_ratio
-from exporter.containerlogs import DEFAULT_DIR, ContainerLogIndex
+from exporter.containerlogs import DEFAULT_DIR
+from exporter.gpustate import GpuState, Lifetime
 from exporter.logs import log_once
 from exporter.metric import GpuKey, MetricDef
+from exporter.process_attribution import HostView, Other, PodUsage, Proc, Usage
 from exporter.process_records import (
     KINDS,
-    PID_MAX_LIMIT,
     ProcessRecord,
     UtilizationSample,
     merge,
@@ -52,7 +54,7 @@ from exporter.process_records import (
     validate_records,
     validate_samples,
 )
-from exporter.procfs import DEFAULT_ROOT, ProcFs
+from exporter.procfs import DEFAULT_ROOT
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FEATURE = "processes"
+NEEDS: tuple[str, ...] = ()
 UTILIZATION_FUNCTION = "nvmlDeviceGetProcessUtilization"
 VARIANTS: dict[str, tuple[str, ...]] = {
     "compute": ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"),
@@ -70,7 +73,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "mps": ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2"),
 }
 DEFAULT_SERIES_PER_GPU = 16
-PID_MAX_REFRESH_S = 60.0
 OTHER = "other"  # the pid label of the series that sums processes past the cap
 
 COUNT = MetricDef("nvgpu_compute_processes", "Compute processes on the GPU (nvmlDeviceGetComputeRunningProcesses)")
@@ -133,9 +135,6 @@ METRICS = (
     PROCESS_DECODER,
 )
 
-# (memory bytes, SM %, memory %, encoder %, decoder %); None = unknown
-Usage = tuple[int | None, int | None, int | None, int | None, int | None]
-
 
 @dataclass(frozen=True)
 class Reading:
@@ -168,8 +167,8 @@ class Reading:
     fallbacks: dict[str, str] = field(default_factory=dict)
     processes: dict[int, Usage] = field(default_factory=dict)
     labels: dict[int, tuple[str, str, str, str]] = field(default_factory=dict)
-    other: tuple[int, int | None, int | None, int | None, int | None, int | None] | None = None
-    pods: dict[str, tuple[int | None, int | None, int]] = field(default_factory=dict)
+    other: Other | None = None
+    pods: dict[str, PodUsage] = field(default_factory=dict)
     pod_names: dict[str, tuple[str, str]] = field(default_factory=dict)
     sources: dict[str, int] = field(default_factory=dict)
 
@@ -177,60 +176,51 @@ class Reading:
 # -- worker-side state ------------------------------------------------------------------------------
 
 
-class _Node:
-    """Node-wide helpers shared by every GPU of the worker: /proc and the container log index."""
-
-    def __init__(self, proc_path: str, log_dir: str) -> None:
-        self.proc = ProcFs(proc_path)
-        self.logs = ContainerLogIndex(log_dir)
-        self._pid_max: int | None = None
-        self._pid_max_at = -PID_MAX_REFRESH_S
-        self.versions: tuple[str, str] | None = None
-
-    def pid_max(self) -> int:
-        """The kernel's pid_max, re-read every minute; PID_MAX_LIMIT when unreadable."""
-        now = time.monotonic()
-        if now - self._pid_max_at >= PID_MAX_REFRESH_S:
-            self._pid_max, self._pid_max_at = self.proc.pid_max(), now
-        return self._pid_max or PID_MAX_LIMIT
-
-
-_NODES: dict[tuple[str, str], _Node] = {}
-
-
-def _node(opts: Mapping[str, Any]) -> _Node:
-    key = (str(opts.get("proc_path", DEFAULT_ROOT)), str(opts.get("container_log_dir", DEFAULT_DIR)))
-    node = _NODES.get(key)
-    if node is None:
-        node = _NODES[key] = _Node(*key)
-    return node
-
-
 @dataclass
-class _GpuState:
-    """What one GPU's reads remember for the worker's life (by UUID, not in ``DeviceClient.cache``,
-    which a re-probe clears: the drop counter and the struct fallback must not reset with it).
-    Each GPU's state is used by that GPU's sampling only."""
+class State(GpuState):
+    """What one GPU's reads remember for the worker's life: kept by UUID across re-probes and a GPU
+    attached again, since the drop counter is exported as counted since the worker started and the
+    struct fallback is a property of this binding and driver.
 
-    start: dict[str, int] = field(default_factory=dict)  # list -> index of the variant to begin with
+    Attributes:
+        start: list -> index in :data:`VARIANTS` of the variant to begin with.
+        fallbacks: list -> why not the newest struct version.
+        dropped: reason -> records dropped by validation.
+        last_seen_us: the newest utilization sample's timestamp (the next call's lastSeenTimeStamp).
+        memory_total: the GPU's total memory (bounds a record's memory); None when unreadable.
+        memory_total_read: ``nvmlDeviceGetMemoryInfo`` was asked.
+        versions: (nvidia-ml-py version, driver version) for log lines, once read.
+        host: ``/proc`` and the container log index at the configured paths, once used: one per
+            GPU, so no GPU's thread shares it with another's.
+    """
+
+    LIFETIME = Lifetime.WORKER
+    start: dict[str, int] = field(default_factory=dict)
     fallbacks: dict[str, str] = field(default_factory=dict)
     dropped: Counter[str] = field(default_factory=Counter)
     last_seen_us: int = 0
     memory_total: int | None = None
     memory_total_read: bool = False
+    versions: tuple[str, str] | None = None
+    host: HostView | None = None
+
+    def dropped_so_far(self) -> dict[str, int]:
+        """Reason -> records dropped since the worker started, sorted, without zeros."""
+        return {r: n for r, n in sorted(self.dropped.items()) if n}
+
+    def fallbacks_of(self, functions: Mapping[str, str]) -> dict[str, str]:
+        """The fallbacks of the lists that answered this time (``functions``' keys), sorted."""
+        return {k: v for k, v in sorted(self.fallbacks.items()) if k in functions}
 
 
-_STATES: dict[str, _GpuState] = {}  # GPU UUID -> state; bounded by the GPUs of the node
+def _host(st: State, opts: Mapping[str, Any]) -> HostView:
+    paths = (str(opts.get("proc_path", DEFAULT_ROOT)), str(opts.get("container_log_dir", DEFAULT_DIR)))
+    if st.host is None or st.host.paths != paths:
+        st.host = HostView(*paths)
+    return st.host
 
 
-def _state(dev: DeviceClient) -> _GpuState:
-    st = _STATES.get(dev.uuid)
-    if st is None:
-        st = _STATES[dev.uuid] = _GpuState()
-    return st
-
-
-def _memory_total(dev: DeviceClient, st: _GpuState) -> int | None:
+def _memory_total(dev: DeviceClient, st: State) -> int | None:
     if not st.memory_total_read:
         st.memory_total_read = True
         info = dev.get(FEATURE, "nvmlDeviceGetMemoryInfo")
@@ -249,7 +239,7 @@ class _List:
 
 
 def _validated(
-    dev: DeviceClient, st: _GpuState, function: str, kind: str, pid_max: int
+    dev: DeviceClient, st: State, function: str, kind: str, pid_max: int
 ) -> tuple[list[ProcessRecord], Counter[str]] | None:
     """One call and its validation; None when the call gave nothing (error or unsupported).
 
@@ -264,7 +254,20 @@ def _validated(
     return validate_records(raw, kind, pid_max=pid_max, memory_total=total, drops=drops), drops
 
 
-def _read_list(dev: DeviceClient, st: _GpuState, node: _Node, kind: str, drops: Counter[str]) -> _List | None:
+def _read_lists(dev: DeviceClient, st: State, host: HostView, drops: Counter[str]) -> dict[str, _List] | None:
+    """Every list that answers, by kind; None when the compute list gives no answer."""
+    lists: dict[str, _List] = {}
+    for kind in KINDS:
+        got = _read_list(dev, st, host, kind, drops)
+        if got is None:
+            if kind == "compute":
+                return None
+            continue
+        lists[kind] = got
+    return lists
+
+
+def _read_list(dev: DeviceClient, st: State, host: HostView, kind: str, drops: Counter[str]) -> _List | None:
     """The newest struct version that answers with plausible records.
 
     A version whose records fail validation is kept only when the next older one fails too;
@@ -272,7 +275,7 @@ def _read_list(dev: DeviceClient, st: _GpuState, node: _Node, kind: str, drops: 
     the older one is used for the rest of this worker's life (logged once).
     """
     variants = VARIANTS[kind]
-    pid_max = node.pid_max()
+    pid_max = host.pid_max()
     candidates = [fn for fn in variants[st.start.get(kind, 0) :] if (fn,) not in dev.unsupported]
     for i, fn in enumerate(candidates):
         got = _validated(dev, st, fn, kind, pid_max)
@@ -294,10 +297,10 @@ def _read_list(dev: DeviceClient, st: _GpuState, node: _Node, kind: str, drops: 
                     st.fallbacks[kind] = "records_invalid"
                     drops.update(local)
                     drops.update(alt[1])
-                    _log_mismatch(dev, node, kind, fn, bad, len(records) + sum(bad.values()), older)
+                    _log_mismatch(dev, st, kind, fn, bad, len(records) + sum(bad.values()), older)
                     return _List(older, alt[0])
                 break
-            _log_mismatch(dev, node, kind, fn, bad, len(records) + sum(bad.values()), None)
+            _log_mismatch(dev, st, kind, fn, bad, len(records) + sum(bad.values()), None)
         drops.update(local)
         if fn != variants[0]:
             st.fallbacks.setdefault(kind, "unsupported")
@@ -305,9 +308,9 @@ def _read_list(dev: DeviceClient, st: _GpuState, node: _Node, kind: str, drops: 
     return None
 
 
-def _versions(dev: DeviceClient, node: _Node) -> tuple[str, str]:
+def _versions(dev: DeviceClient, st: State) -> tuple[str, str]:
     """(nvidia-ml-py version, driver version) for log lines, read once; "unknown" where unreadable."""
-    if node.versions is None:
+    if st.versions is None:
         try:
             binding = str(dev.client.backend.binding_version() or "unknown")
         except Exception:  # noqa: BLE001 - informational
@@ -317,15 +320,15 @@ def _versions(dev: DeviceClient, node: _Node) -> tuple[str, str]:
             driver = raw.decode() if isinstance(raw, bytes) else str(raw)
         except Exception:  # noqa: BLE001 - informational; Stopping is a BaseException and propagates
             driver = "unknown"
-        node.versions = (binding, driver)
-    return node.versions
+        st.versions = (binding, driver)
+    return st.versions
 
 
 def _log_mismatch(
-    dev: DeviceClient, node: _Node, kind: str, function: str, bad: Mapping[str, int], listed: int, older: str | None
+    dev: DeviceClient, st: State, kind: str, function: str, bad: Mapping[str, int], listed: int, older: str | None
 ) -> None:
     """Once per GPU, list and function: which records failed, and the versions that disagree."""
-    binding, driver = _versions(dev, node)
+    binding, driver = _versions(dev, st)
     kept = listed - sum(bad.values())
     action = (
         f"{older} reads the list clean and is used for this GPU from now on"
@@ -359,7 +362,7 @@ def _log_mismatch(
 
 
 def _utilization(
-    dev: DeviceClient, st: _GpuState, node: _Node, drops: Counter[str]
+    dev: DeviceClient, st: State, host: HostView, drops: Counter[str]
 ) -> dict[int, UtilizationSample] | None:
     """Samples newer than the last read, latest per pid; {} when there is nothing new; None when
     NVML gave no answer (unsupported, error)."""
@@ -369,95 +372,67 @@ def _utilization(
     stamps = [ts for ts in (getattr(s, "timeStamp", None) for s in raw) if isinstance(ts, int)]
     if stamps:
         st.last_seen_us = max(st.last_seen_us, *stamps)
-    return validate_samples(raw, pid_max=node.pid_max(), drops=drops)
+    return validate_samples(raw, pid_max=host.pid_max(), drops=drops)
 
 
-@dataclass
-class _Proc:
-    """One pid's usage and attribution over its records (a pid can hold several MIG instances)."""
-
-    memory: int | None = None
-    utilization: tuple[int, int, int, int] | None = None
-    name: str = ""
-    pod_uid: str = ""
-    names: tuple[str, str, str] = ("", "", "")  # namespace, pod, container
-
-    def usage(self) -> Usage:
-        sm, mem, enc, dec = self.utilization if self.utilization is not None else (None, None, None, None)
-        return (self.memory, sm, mem, enc, dec)
+def _with_usage(dev: DeviceClient, st: State, host: HostView, procs: Mapping[int, Proc], drops: Counter[str]) -> bool:
+    """Each process's latest utilization sample ((0, 0, 0, 0) for one with none new: NVML reports
+    only busy processes); False when NVML gave no answer (the processes keep none)."""
+    samples = _utilization(dev, st, host, drops)
+    if samples is None:
+        return False
+    for pid, p in procs.items():
+        s = samples.get(pid)
+        p.utilization = (s.sm, s.memory, s.encoder, s.decoder) if s else (0, 0, 0, 0)
+    return True
 
 
-def _add(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else a + b
+def _attributed(
+    dev: DeviceClient,
+    st: State,
+    host: HostView,
+    merged: Sequence[ProcessRecord],
+    options: tuple[bool, bool],
+    drops: Counter[str],
+) -> tuple[dict[int, Proc], bool]:
+    """(pid -> usage and attribution, whether utilization answered), when per-process or per-pod
+    usage is on (``options``: (per_process, per_pod)); utilization is asked only when a row or a
+    pod needs it."""
+    per_process, per_pod = options
+    if not merged or not (per_process or per_pod):
+        return {}, False
+    procs = attribution.attribute(merged, host, per_process)
+    if not per_process and not any(p.pod_uid for p in procs.values()):
+        return procs, False
+    return procs, _with_usage(dev, st, host, procs, drops)
 
 
-def _processes(merged: Sequence[ProcessRecord], node: _Node, names: bool) -> dict[int, _Proc]:
-    """One entry per pid: summed memory, and its name and pod from /proc where visible."""
-    out: dict[int, _Proc] = {}
-    for rec in merged:
-        p = out.setdefault(rec.pid, _Proc())
-        p.memory = _add(p.memory, rec.memory_bytes)
-    own = node.proc.own_pod() if out else None
-    for pid, p in out.items():
-        cg = node.proc.pod(pid)
-        if own is not None and cg is not None and cg.pod_uid == own.pod_uid:
-            # a PID of another namespace that names one of our own processes (see ProcFs.own_pod)
-            log_once(
-                log,
-                logging.WARNING,
-                ("own-pod-pid",),
-                "GPU process pid %d resolves to the exporter's own pod in %s: NVML reports PIDs of another PID "
-                "namespace (give the exporter hostPID: true); such processes are not named or attributed",
-                pid,
-                node.proc.root,
-            )
-            continue
-        if names:
-            p.name = node.proc.name(pid) or ""
-        if cg is not None:
-            p.pod_uid = cg.pod_uid
-            ref = node.logs.lookup(cg.container_id)
-            if ref is not None:
-                p.names = (ref.namespace, ref.pod, ref.container)
-    return out
+def _per_process(
+    procs: Mapping[int, Proc], cap: int
+) -> tuple[dict[int, Usage], dict[int, tuple[str, str, str, str]], Other | None]:
+    """(pid -> usage, pid -> labels) of the ``cap`` largest processes, and the rest summed."""
+    own, rest = attribution.top(procs, cap)
+    rows = {pid: procs[pid].usage() for pid in own}
+    labels = {pid: (procs[pid].name, *procs[pid].names) for pid in own}
+    return rows, labels, attribution.other(procs, rest)
 
 
-def _top(procs: Mapping[int, _Proc], cap: int) -> tuple[list[int], list[int]]:
-    """(pids with their own series, pids summed under "other"): largest memory, then SM, then pid."""
-
-    def order(pid: int) -> tuple[int, int, int]:
-        u = procs[pid].usage()
-        return (-(u[0] or 0), -(u[1] or 0), pid)
-
-    ranked = sorted(procs, key=order)
-    return ranked[:cap], ranked[cap:]
-
-
-def _other(
-    procs: Mapping[int, _Proc], pids: Sequence[int]
-) -> tuple[int, int | None, int | None, int | None, int | None, int | None] | None:
-    if not pids:
-        return None
-    sums: list[int | None] = [None] * 5
-    for pid in pids:
-        for i, v in enumerate(procs[pid].usage()):
-            sums[i] = _add(sums[i], v)
-    return (len(pids), sums[0], sums[1], sums[2], sums[3], sums[4])
+def _per_pod(
+    procs: Mapping[int, Proc], host: HostView
+) -> tuple[dict[str, PodUsage], dict[str, tuple[str, str]], dict[str, int]]:
+    """Per-pod sums and names, and which attribution sources work (see :class:`Reading`)."""
+    pods, pod_names = attribution.pods(procs)
+    sources = {
+        "proc": int(bool(host.proc.host_pid_namespace()) or bool(pods)),
+        "container_logs": int(bool(host.logs.check())),
+    }
+    return pods, pod_names, sources
 
 
-def _pods(
-    procs: Mapping[int, _Proc],
-) -> tuple[dict[str, tuple[int | None, int | None, int]], dict[str, tuple[str, str]]]:
-    sums: dict[str, tuple[int | None, int | None, int]] = {}
-    names: dict[str, tuple[str, str]] = {}
-    for p in procs.values():
-        if not p.pod_uid:
-            continue
-        mem, sm, n = sums.get(p.pod_uid, (None, None, 0))
-        sums[p.pod_uid] = (_add(mem, p.memory), _add(sm, p.utilization[0] if p.utilization else None), n + 1)
-        if p.names[1]:
-            names[p.pod_uid] = (p.names[0], p.names[1])
-    return dict(sorted(sums.items())), dict(sorted(names.items()))
+def _compute_memory(compute: Sequence[ProcessRecord]) -> int | None:
+    """The compute processes' summed memory where known; None when none of them is known."""
+    known = [r.memory_bytes for r in compute if r.memory_bytes is not None]
+    return sum(known) if known or not compute else None
 
 
 def read(dev: DeviceClient) -> Reading | None:
@@ -474,59 +449,32 @@ def read(dev: DeviceClient) -> Reading | None:
     """
     opts = dev.client.options.get(FEATURE, {})
     per_process, per_pod = bool(opts.get("per_process")), bool(opts.get("per_pod"))
-    st, node = _state(dev), _node(opts)
+    st = dev.state_of(State)
+    host = _host(st, opts)
     drops: Counter[str] = Counter()
-    lists: dict[str, _List] = {}
-    for kind in KINDS:
-        got = _read_list(dev, st, node, kind, drops)
-        if got is None:
-            if kind == "compute":
-                st.dropped.update(drops)
-                return None
-            continue
-        lists[kind] = got
-    merged = merge(lst.records for lst in lists.values())
-    compute = lists["compute"].records
-    known = [r.memory_bytes for r in compute if r.memory_bytes is not None]
+    lists = _read_lists(dev, st, host, drops)
+    if lists is None:
+        st.dropped.update(drops)
+        return None
     functions = {kind: lst.function for kind, lst in lists.items()}
-
-    procs: dict[int, _Proc] = {}
-    if merged and (per_process or per_pod):
-        procs = _processes(merged, node, per_process)
-        if per_process or any(p.pod_uid for p in procs.values()):
-            samples = _utilization(dev, st, node, drops)
-            if samples is not None:
-                functions["utilization"] = UTILIZATION_FUNCTION
-                for pid, p in procs.items():
-                    s = samples.get(pid)
-                    p.utilization = (s.sm, s.memory, s.encoder, s.decoder) if s else (0, 0, 0, 0)
+    merged = merge(lst.records for lst in lists.values())
+    procs, utilization = _attributed(dev, st, host, merged, (per_process, per_pod), drops)
+    if utilization:
+        functions["utilization"] = UTILIZATION_FUNCTION
     st.dropped.update(drops)
-
     rows: dict[int, Usage] = {}
     labels: dict[int, tuple[str, str, str, str]] = {}
     other = None
     if per_process:
-        cap = int(opts.get("series_per_gpu") or DEFAULT_SERIES_PER_GPU)
-        own, rest = _top(procs, cap)
-        rows = {pid: procs[pid].usage() for pid in own}
-        labels = {pid: (procs[pid].name, *procs[pid].names) for pid in own}
-        other = _other(procs, rest)
-    pods: dict[str, tuple[int | None, int | None, int]] = {}
-    pod_names: dict[str, tuple[str, str]] = {}
-    sources: dict[str, int] = {}
-    if per_pod:
-        pods, pod_names = _pods(procs)
-        host = node.proc.host_pid_namespace()
-        sources = {
-            "proc": int(bool(host) or bool(pods)),
-            "container_logs": int(bool(node.logs.check())),
-        }
+        rows, labels, other = _per_process(procs, int(opts.get("series_per_gpu") or DEFAULT_SERIES_PER_GPU))
+    pods, pod_names, sources = _per_pod(procs, host) if per_pod else ({}, {}, {})
+    compute = lists["compute"].records
     return Reading(
         count=len(compute),
-        memory_used_bytes=sum(known) if known or not compute else None,
-        dropped={r: n for r, n in sorted(st.dropped.items()) if n},
+        memory_used_bytes=_compute_memory(compute),
+        dropped=st.dropped_so_far(),
         functions=functions,
-        fallbacks={k: v for k, v in sorted(st.fallbacks.items()) if k in functions},
+        fallbacks=st.fallbacks_of(functions),
         processes=rows,
         labels=labels,
         other=other,

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "remapped_rows"
+NEEDS: tuple[str, ...] = ()
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 
 REMAPPED_ROWS = MetricDef("nvgpu_remapped_rows", "Rows remapped, by cause (nvmlDeviceGetRemappedRows)", ("cause",))

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "temperature"
+NEEDS: tuple[str, ...] = ()
 NVML_TEMPERATURE_GPU = 0
 NVML_FI_DEV_MEMORY_TEMP = 82
 

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from exporter.gpustate import GpuState, Lifetime
 from exporter.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "throttle_time"
+NEEDS: tuple[str, ...] = ()
 DETAILS = "details"
 DEFAULT_REASONS = frozenset(
     {
@@ -60,7 +62,8 @@ NS_PER_S = 1e9
 NEW_REASON_FIELDS_FROM = (580, 82)
 
 # (reason label, field id, perf policy for nvmlDeviceGetViolationStatus or None, needs the 580.82 numbering)
-REASONS: tuple[tuple[str, int, int | None, bool], ...] = (
+Reason = tuple[str, int, int | None, bool]
+REASONS: tuple[Reason, ...] = (
     ("sw_power_cap", 74, 0, False),  # NVML_FI_DEV_PERF_POLICY_POWER = ..._CLOCKS_EVENT_REASON_SW_POWER_CAP
     ("thermal", 75, 1, False),  # NVML_FI_DEV_PERF_POLICY_THERMAL
     ("sync_boost", 76, 2, False),  # NVML_FI_DEV_PERF_POLICY_SYNC_BOOST
@@ -95,11 +98,19 @@ def driver_branch(version: str) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
-def _wanted(dev: DeviceClient) -> tuple[tuple[str, int, int | None, bool], ...]:
+@dataclass
+class Wanted(GpuState):
+    """The reasons this GPU's driver numbers as :data:`REASONS` says, until the next re-probe."""
+
+    LIFETIME = Lifetime.PROBE
+    reasons: tuple[Reason, ...] | None = None
+
+
+def _wanted(dev: DeviceClient) -> tuple[Reason, ...]:
     """The reasons to ask this GPU for: the 269-271 ones only on a driver that numbers them so."""
-    cached = dev.cache.get("throttle_time_reasons")
-    if cached is not None:
-        return tuple(cached)
+    static = dev.state_of(Wanted)
+    if static.reasons is not None:
+        return static.reasons
     version = dev.call(
         FEATURE, "nvmlSystemGetDriverVersion", key=("nvmlSystemGetDriverVersion",), handle=False, discovery=True
     )
@@ -109,7 +120,7 @@ def _wanted(dev: DeviceClient) -> tuple[tuple[str, int, int | None, bool], ...]:
     branch = driver_branch(text)
     new_numbering = branch is not None and branch >= NEW_REASON_FIELDS_FROM
     wanted = tuple(r for r in REASONS if new_numbering or not r[3])
-    dev.cache["throttle_time_reasons"] = wanted
+    static.reasons = wanted
     return wanted
 
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from exporter.snapshot import SystemInfo
 
 FEATURE = "utilization"
+NEEDS: tuple[str, ...] = (mig.FEATURE,)  # mig.layout: absent on a MIG-enabled GPU
 DETAILS = "details"  # encoder and decoder utilization: outside the default budget (issue 17)
 
 GPU_UTILIZATION = MetricDef(

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from exporter.breadcrumb import SLOT_SAMPLER, BreadcrumbWriter
+from exporter.gpustate import GpuStates, S
 from exporter.logs import log_once
 from exporter.nvml import errors
 from exporter.nvml.backend import UNPOPULATED, FieldValue
@@ -148,16 +149,21 @@ class DeviceClient:
         enabled: every feature enabled in this worker, collectors or not, set by the sampler before
             each pass: a collector reads the series a switch adds (``details``, ``nvlink_links``)
             only when that switch is in here.
+        states: what collectors remember about this GPU, by kind and lifetime
+            (:mod:`exporter.gpustate`); reached through :meth:`state_of`.
+
+    Args:
+        states: the states to start from (``GpuStates.reattached()`` of the GPU's previous device
+            client, which keeps the worker-lived ones); new and empty when None.
     """
 
-    def __init__(self, client: NvmlClient, index: int, uuid: str, handle: Any) -> None:
+    def __init__(self, client: NvmlClient, index: int, uuid: str, handle: Any, states: GpuStates | None = None) -> None:
         self.client = client
         self.index = index
         self.uuid = uuid
         self.handle = handle
         self.unsupported: dict[tuple[Any, ...], tuple[str, str]] = {}  # key -> (feature, error name)
-        self.cache: dict[str, Any] = {}  # static readings (identity, max clocks, link lists): cleared on re-probe
-        self.state: dict[str, Any] = {}  # worker-side state that survives a re-probe (GPM buffers, byte totals)
+        self.states = GpuStates() if states is None else states
         self.feature_ok: set[str] = set()  # features with at least one successful call this life
         self.feature_unsupported: set[str] = set()
         # Set by a collector that saw the GPU change under it (MIG mode): the GPU's thread re-probes
@@ -165,13 +171,19 @@ class DeviceClient:
         self.reprobe_requested = False
         self.enabled: frozenset[str] = frozenset()
 
+    def state_of(self, kind: type[S]) -> S:
+        """This GPU's state of ``kind`` (a :class:`~exporter.gpustate.GpuState` subclass a collector
+        declares), made on first use in its lifetime."""
+        return self.states.of(kind)
+
     def forget(self) -> None:
-        """Forget the unsupported answers that can change, and every static reading: ask again (a
-        re-probe after a MIG change, a reset or a recovery event, or periodically). A function the
-        binding or driver lacks (FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH, DEPRECATED) stays
-        unsupported: that changes only with a new driver, which restarts the worker anyway."""
+        """Forget the unsupported answers that can change, and every static reading (the
+        ``Lifetime.PROBE`` states): ask again (a re-probe after a MIG change, a reset or a recovery
+        event, or periodically). A function the binding or driver lacks (FUNCTION_NOT_FOUND,
+        ARGUMENT_VERSION_MISMATCH, DEPRECATED) stays unsupported: that changes only with a new
+        driver, which restarts the worker anyway. The other states stay."""
         self.unsupported = {k: v for k, v in self.unsupported.items() if v[1] in errors.PERMANENTLY_UNSUPPORTED}
-        self.cache.clear()
+        self.states.forget()
         self.feature_ok.clear()
         self.feature_unsupported = {feature for feature, _ in self.unsupported.values()}
 
