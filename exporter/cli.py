@@ -17,7 +17,8 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from exporter import __version__, protocol
-from exporter.config import SETTINGS, Config, ConfigError, Setting, environment_problems, state_file_problem
+from exporter.checks import environment_problems, state_file_problem
+from exporter.config import SETTINGS, Config, ConfigError, Setting
 
 if TYPE_CHECKING:  # imported where used: the CLI's subcommands must not pay for aiohttp
     from exporter.supervisor import Supervisor
