@@ -229,12 +229,13 @@ def _web_config(name: str, text: str) -> str:
     path = text.strip()
     if not path:
         return ""
-    from exporter.webconfig import WebConfigError, load  # reads the file and every file it names
+    from exporter.webconfig import WebConfigError
+    from exporter.webtls import load_with_context  # reads the file and every file it names
 
     try:
-        load(path)
-    except WebConfigError as exc:
-        raise ValueError(f"{name}={text!r}: {exc}") from None
+        load_with_context(path)
+    except WebConfigError as exc:  # one line per problem of the file, each naming the setting
+        raise ConfigError([f"{name}={text!r}: {problem}" for problem in exc.problems]) from None
     return os.path.abspath(path)
 
 
@@ -622,6 +623,8 @@ class Config:
                 continue  # derived below
             try:
                 values[s.attr] = s.parse(source, text)
+            except ConfigError as exc:  # a setting that names a file with several problems
+                problems.extend(exc.problems)
             except ValueError as exc:
                 problems.append(str(exc))
         modes, feature_problems = gf.parse_feature_env(environ)
