@@ -31,6 +31,7 @@ Python's ``ssl`` module cannot do what a value asks, the value is refused rather
 
 The rest of the web edge builds on this: :mod:`exporter.webtls` (the TLS context, reloads when a
 file changes) and :mod:`exporter.webauth` (basic auth, client SANs, the rate limit per request).
+``tests/fixtures/webconfig/`` holds a corpus of good and bad files with the problems expected.
 """
 
 from __future__ import annotations

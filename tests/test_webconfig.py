@@ -1,8 +1,10 @@
-"""exporter.webconfig: the exporter-toolkit web config file, parsed strictly, every problem at once."""
+"""exporter.webconfig: the exporter-toolkit web config file, parsed strictly, every problem at once;
+and the conformance corpus in tests/fixtures/webconfig (good/ loads, bad/ names its problems)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +15,10 @@ from tls_material import Material, make_material
 from exporter import webconfig
 from exporter.config import Config, ConfigError
 from exporter.webconfig import WebConfigError, load
+from exporter.webtls import load_with_context
 
 ROOT = Path(__file__).resolve().parent.parent
+CORPUS = Path(__file__).parent / "fixtures" / "webconfig"
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +180,121 @@ def test_a_file_that_is_not_a_mapping_is_one_problem(tmp_path: Path) -> None:
         with pytest.raises(WebConfigError) as info:
             load(write(tmp_path, text))
         assert len(info.value.problems) == 1, info.value.problems
+
+
+# -- the conformance corpus ------------------------------------------------------------------------
+
+# exporter-toolkit's web/testdata YAML files (prometheus/exporter-toolkit at 19a7c2d): each is a case
+# the corpus covers with a file of its own, named on the file's "# toolkit:" line.
+TOOLKIT_CASES = {
+    "tls_config_noAuth.requireandverifyclientcert.good.yml",
+    "tls_config_noAuth.requireanyclientcert.good.yml",
+    "tls_config_noAuth.requireanyclientcertkeyinline.good.yml",
+    "web_config_auth_clientCAs_invalid.bad.yml",
+    "web_config_auth_clientCAs_missing.bad.yml",
+    "web_config_auth_client_san.bad.yaml",
+    "web_config_auth_client_san.good.yaml",
+    "web_config_auth_user_list_invalid.bad.yml",
+    "web_config_empty.yml",
+    "web_config_headers.good.yml",
+    "web_config_headers_content_type_options.bad.yml",
+    "web_config_headers_extra_header.bad.yml",
+    "web_config_headers_frame_options.bad.yml",
+    "web_config_junk.yml",
+    "web_config_junk_key.yml",
+    "web_config_noAuth.bad.yml",
+    "web_config_noAuth.good.blocking.yml",
+    "web_config_noAuth.good.yml",
+    "web_config_noAuth_allCiphers.good.yml",
+    "web_config_noAuth_allCurves.good.yml",
+    "web_config_noAuth_certPath_empty.bad.yml",
+    "web_config_noAuth_certPath_invalid.bad.yml",
+    "web_config_noAuth_certPath_keyPath_empty.bad.yml",
+    "web_config_noAuth_certPath_keyPath_invalid.bad.yml",
+    "web_config_noAuth_cert_empty.bad.yml",
+    "web_config_noAuth_inventedCiphers.bad.yml",
+    "web_config_noAuth_inventedCurves.bad.yml",
+    "web_config_noAuth_keyPath_empty.bad.yml",
+    "web_config_noAuth_keyPath_invalid.bad.yml",
+    "web_config_noAuth_key_empty.bad.yml",
+    "web_config_noAuth_noHTTP2.good.yml",
+    "web_config_noAuth_noHTTP2Cipher.bad.yml",
+    "web_config_noAuth_someCiphers.good.yml",
+    "web_config_noAuth_someCiphers_noOrder.good.yml",
+    "web_config_noAuth_someCurves.good.yml",
+    "web_config_noAuth_tlsInline.good.yml",
+    "web_config_noAuth_wrongTLSVersion.bad.yml",
+    "web_config_rate_limiter_nonblocking.yaml",
+    "web_config_rate_limiter_one_second.yaml",
+    "web_config_users.good.yml",
+    "web_config_users_noTLS.good.yml",
+}
+_TOOLKIT_LINE = re.compile(r"# toolkit: (?P<names>[^(]*?)\s*(?:\((?P<verdict>loads|refuses)[^)]*\))?$")
+
+
+def corpus(kind: str) -> list[Path]:
+    return sorted((CORPUS / kind).glob("*.yml"))
+
+
+def header(path: Path, key: str) -> list[str]:
+    """The values of the file's ``# <key>: ...`` comment lines."""
+    prefix = f"# {key}: "
+    return [line[len(prefix) :] for line in path.read_text().splitlines() if line.startswith(prefix)]
+
+
+def toolkit(path: Path) -> tuple[set[str], str | None]:
+    """(the toolkit cases the file stands for, the toolkit's verdict on them: loads, refuses or None)."""
+    (line,) = [line for line in path.read_text().splitlines() if line.startswith("# toolkit: ")]
+    match = _TOOLKIT_LINE.fullmatch(line)
+    assert match is not None, f"{path.name}: malformed toolkit line {line!r}"
+    names = {n.strip() for n in match["names"].split(",") if n.strip() not in ("", "-")}
+    return names, match["verdict"]
+
+
+def materialise(source: Path, directory: Path) -> Path:
+    """The corpus file, written beside the test certificates, each ``@<file>`` line replaced by
+    that file's PEM at the same indentation."""
+    lines = []
+    for line in source.read_text().splitlines():
+        name = line.strip()
+        if name.startswith("@"):
+            indent = line[: len(line) - len(line.lstrip())]
+            lines += [indent + pem for pem in (directory / name[1:]).read_text().splitlines()]
+        else:
+            lines.append(line)
+    target = directory / f"{source.parent.name}-{source.name}"
+    target.write_text("\n".join(lines) + "\n")
+    return target
+
+
+@pytest.mark.parametrize("source", corpus("good"), ids=lambda p: p.name)
+def test_every_good_file_loads_with_its_tls_context(source: Path, tls: Material) -> None:
+    cfg = load_with_context(str(materialise(source, tls.dir)))
+    assert (cfg.context is None) == (cfg.tls is None)
+    _names, verdict = toolkit(source)
+    if verdict == "refuses":
+        assert header(source, "why"), f"{source.name}: the toolkit refuses what we accept: say why"
+
+
+@pytest.mark.parametrize("source", corpus("bad"), ids=lambda p: p.name)
+def test_every_bad_file_names_each_of_its_problems(source: Path, tls: Material) -> None:
+    path = materialise(source, tls.dir)
+    expected = [e.replace("<dir>", str(tls.dir)) for e in header(source, "expect")]
+    assert expected, f"{source.name}: a bad file lists its problems on '# expect:' lines"
+    with pytest.raises(WebConfigError) as info:
+        load_with_context(str(path))
+    problems = info.value.problems
+    assert len(problems) == len(expected), problems
+    for want in expected:
+        assert sum(want in p for p in problems) == 1, (want, problems)
+    assert all(p.startswith(f"{path}: ") for p in problems), problems
+    _names, verdict = toolkit(source)
+    if verdict == "loads":
+        assert header(source, "why"), f"{source.name}: the toolkit accepts what we refuse: say why"
+
+
+def test_the_corpus_covers_every_case_of_the_toolkits_testdata() -> None:
+    covered: set[str] = set()
+    for source in corpus("good") + corpus("bad"):
+        covered |= toolkit(source)[0]
+    assert covered == TOOLKIT_CASES, (TOOLKIT_CASES - covered, covered - TOOLKIT_CASES)
