@@ -182,7 +182,7 @@ def main() -> int:
         users = ""
         auth: dict[str, str] = {}
         if "bcrypt" not in missing:
-            from exporter.webconfig import hash_password
+            from exporter.webauth import hash_password
 
             users = f"basic_auth_users:\n  prometheus: {hash_password(PASSWORD)}\n"
             auth = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}

@@ -17,11 +17,12 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from exporter import __version__, protocol
-from exporter.config import SETTINGS, Config, ConfigError, Setting, environment_problems, state_file_problem
+from exporter.checks import environment_problems, state_file_problem
+from exporter.config import SETTINGS, Config, ConfigError, Setting
 
 if TYPE_CHECKING:  # imported where used: the CLI's subcommands must not pay for aiohttp
     from exporter.supervisor import Supervisor
-    from exporter.webconfig import WebConfigWatcher
+    from exporter.webtls import WebConfigWatcher
 
 log = logging.getLogger("exporter")
 
@@ -182,7 +183,7 @@ def _run(main: Coroutine[Any, Any, int]) -> int:
 def _hash_password(cost: int) -> int:
     import getpass
 
-    from exporter.webconfig import hash_password
+    from exporter.webauth import hash_password
 
     if sys.stdin.isatty():
         password = getpass.getpass("password: ")
@@ -251,7 +252,9 @@ async def serve(config: Config) -> int:
     from exporter.httpedge import HttpEdge, Listener, connection_cap, raise_open_file_limit
     from exporter.supervisor import Supervisor
     from exporter.web import SUPERVISOR_TASK, Edge, Renderer, make_app
-    from exporter.webconfig import WebConfigError, WebConfigWatcher, peer_problem
+    from exporter.webauth import peer_problem
+    from exporter.webconfig import WebConfigError
+    from exporter.webtls import WebConfigWatcher
 
     watcher = None
     if config.web_config_file:

@@ -8,13 +8,10 @@ strict (``NVGPU_LOG_FORMAT=jsn`` is an error, not a default), durations are floa
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import math
 import os
 import re
-import socket
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,7 +134,7 @@ def parse_listen_address(name: str, text: str) -> tuple[str, int]:
     The host is an IP literal (``127.0.0.1``, ``[::1]``, ``[fe80::1%eth0]``) or empty: a name would be
     resolved at bind time, may resolve to addresses that are not on this machine or to several, and
     a Kubernetes pod listens on every interface anyway. ``--check-config`` also checks that the
-    address belongs to this machine (:func:`environment_problems`).
+    address belongs to this machine (:func:`exporter.checks.environment_problems`).
     """
     text = text.strip()
     host, sep, port_text = text.rpartition(":")
@@ -232,12 +229,13 @@ def _web_config(name: str, text: str) -> str:
     path = text.strip()
     if not path:
         return ""
-    from exporter.webconfig import WebConfigError, load  # reads the file and every file it names
+    from exporter.webconfig import WebConfigError
+    from exporter.webtls import load_with_context  # reads the file and every file it names
 
     try:
-        load(path)
-    except WebConfigError as exc:
-        raise ValueError(f"{name}={text!r}: {exc}") from None
+        load_with_context(path)
+    except WebConfigError as exc:  # one line per problem of the file, each naming the setting
+        raise ConfigError([f"{name}={text!r}: {problem}" for problem in exc.problems]) from None
     return os.path.abspath(path)
 
 
@@ -625,6 +623,8 @@ class Config:
                 continue  # derived below
             try:
                 values[s.attr] = s.parse(source, text)
+            except ConfigError as exc:  # a setting that names a file with several problems
+                problems.extend(exc.problems)
             except ValueError as exc:
                 problems.append(str(exc))
         modes, feature_problems = gf.parse_feature_env(environ)
@@ -713,55 +713,3 @@ class Config:
             lines.append(f"{s.env}={value}")
         lines.extend(f"{gf.env_var(k)}={v.value}" for k, v in self.feature_modes.items())
         return lines
-
-
-def environment_problems(config: Config) -> list[str]:
-    """What this machine would refuse at run time, for ``--check-config`` (and the start-up log).
-
-    Parsing (:meth:`Config.from_env`) checks values; this checks them against the machine, without
-    taking the port or writing the state file: the listen address must be one of this machine's
-    (a bind to port 0), and the state file's directory must take a new file (a temporary file is
-    created there and removed; a missing directory is judged by the nearest existing parent).
-
-    Returns:
-        One line per problem, each naming the variable; empty when all is well.
-    """
-    problems = []
-    host, port = config.listen_address
-    if host:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as sock:
-                sock.bind((host, 0))
-        except OSError as exc:
-            what = "is not an address of this machine" if exc.errno == errno.EADDRNOTAVAIL else "cannot be bound"
-            problems.append(f"NVGPU_LISTEN_ADDRESS={host}:{port}: {host} {what} ({exc.strerror or exc})")
-    why = state_file_problem(config.state_file)
-    if why:
-        problems.append(
-            f"NVGPU_STATE_FILE={config.state_file}: {why}; a quarantine would not survive a restart "
-            "(mount a writable volume there, e.g. an emptyDir, or set NVGPU_STATE_FILE='' to keep it in memory)"
-        )
-    return problems
-
-
-def state_file_problem(path: str) -> str | None:
-    """Why the quarantine state file could not be written, or None ("" path: memory only, fine)."""
-    if not path:
-        return None
-    target = os.path.abspath(path)
-    if os.path.isdir(target):
-        return "is a directory"
-    directory = os.path.dirname(target)
-    probe = directory
-    while not os.path.isdir(probe):
-        if os.path.exists(probe):
-            return f"{probe} is not a directory"
-        probe = os.path.dirname(probe)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".nvgpu-check-", dir=probe)
-    except OSError as exc:
-        return f"{probe} does not take new files ({exc.strerror or exc})"
-    os.close(fd)
-    os.unlink(tmp)
-    return None

@@ -48,7 +48,7 @@ from exporter.metric import MetricDef, single
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from exporter.webconfig import WebConfigWatcher
+    from exporter.webtls import WebConfigWatcher
 
 log = logging.getLogger(__name__)
 

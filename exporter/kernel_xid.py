@@ -1,11 +1,12 @@
 """The ``kernel_xid`` feature: Xid lines from ``/dev/kmsg`` (or a file), counted once.
 
 A supervisor extension (:mod:`exporter.extensions`). Every :data:`KMSG_POLL_S` seconds it reads
-new kernel-log records in a thread (:class:`exporter.xid.kmsg.KmsgReader`, which keeps a cursor
-across restarts), maps each Xid's PCI bus id to the GPU's UUID through the last snapshot, and
-counts it unless the same Xid already arrived as an NVML event (:class:`XidDeduplicator`, both
-directions: :meth:`KernelXid.accept_xid` filters the NVML side). A kernel log that cannot be read
-switches the feature off with reason ``unsupported``; nothing else is affected.
+new kernel-log records in a thread (:class:`exporter.xid.reader.KmsgReader`, which keeps a
+cursor across restarts), maps each Xid's PCI bus id to the GPU's UUID through the last snapshot,
+and counts it unless the same Xid already arrived as an NVML event
+(:class:`exporter.xid.dedupe.XidDeduplicator`, both directions: :meth:`KernelXid.accept_xid`
+filters the NVML side). A kernel log that cannot be read switches the feature off with reason
+``unsupported``; nothing else is affected.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
     from exporter.config import Config
     from exporter.snapshot import Snapshot
-    from exporter.xid.kmsg import KernelXidEvent
+    from exporter.xid.parse import KernelXidEvent
 
 log = logging.getLogger(__name__)
 KMSG_POLL_S = 2.0
@@ -59,7 +60,8 @@ class KernelXid(Extension):
     metrics = METRICS
 
     def __init__(self, config: Config) -> None:
-        from exporter.xid.kmsg import KmsgReader, XidDeduplicator
+        from exporter.xid.dedupe import XidDeduplicator
+        from exporter.xid.reader import KmsgReader
 
         cursor = config.kmsg_cursor_file or (
             os.path.join(os.path.dirname(config.state_file), "kmsg-cursor.json") if config.state_file else None
@@ -103,7 +105,7 @@ class KernelXid(Extension):
             host.changed()
 
     async def run(self, host: Host) -> None:
-        from exporter.xid.kmsg import KernelLogUnavailable
+        from exporter.xid.reader import KernelLogUnavailable
 
         while True:
             try:

@@ -31,7 +31,8 @@ from exporter.config import PROBE_PATHS
 from exporter.httpedge import HttpEdge, Listener
 from exporter.served import ServedState
 from exporter.supervisor import Supervisor
-from exporter.webconfig import BasicAuth, RateLimiter, WebConfigWatcher
+from exporter.webauth import BasicAuth, RateLimiter
+from exporter.webtls import WebConfigWatcher
 
 log = logging.getLogger(__name__)
 

@@ -71,7 +71,7 @@ def _state() -> None:
 
 
 def _kernel_log() -> None:
-    from exporter.xid.kmsg import KmsgReader
+    from exporter.xid.reader import KmsgReader
 
     real = KmsgReader.poll
     seen = [0]

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from exporter.xid import SEVERITIES, classify, codes_of_class, load_catalog
-from exporter.xid.kmsg import KmsgReader
+from exporter.xid.reader import KmsgReader
 
 ROOT = Path(__file__).resolve().parents[1]
 PROM = ROOT / "deploy" / "prometheus"

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from exporter.checks import environment_problems, state_file_problem
 from exporter.config import (
     DEFAULT_PORT,
     SETTINGS,
     Config,
     ConfigError,
-    environment_problems,
     parse_listen_address,
-    state_file_problem,
 )
 from guards import features as gf
 

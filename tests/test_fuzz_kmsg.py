@@ -20,8 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_kmsg import FakeKmsg
 
-from exporter.xid import kmsg
-from exporter.xid.kmsg import KernelXidEvent, KmsgReader, normalize_pci_bus_id, parse_kmsg_record, parse_line
+from exporter.xid import reader as kmsg_reader
+from exporter.xid.parse import KernelXidEvent, normalize_pci_bus_id, parse_kmsg_record, parse_line
+from exporter.xid.reader import KmsgReader
 
 NVML_BUS = re.compile(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]")
 HEX = "0123456789abcdefABCDEF"
@@ -107,8 +108,8 @@ PIECES = st.one_of(
             b"\n",
             b"NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.\n",
             b"4,1203,864022016,-;NVRM: Xid (PCI:0000:00:07): 31, pid=9, name=b, MMU Fault\n",
-            b"x" * (kmsg._MAX_LINE - 10),
-            b"y" * (kmsg._MAX_LINE + 10) + b" NVRM: Xid (PCI:0000:00:06): 48, inside a dropped line\n",
+            b"x" * (kmsg_reader._MAX_LINE - 10),
+            b"y" * (kmsg_reader._MAX_LINE + 10) + b" NVRM: Xid (PCI:0000:00:06): 48, inside a dropped line\n",
         ]
     ),
 )

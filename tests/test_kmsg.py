@@ -1,4 +1,5 @@
-"""Tests for the kernel-log Xid parser, the cursor-keeping reader and the NVML/kernel dedupe."""
+"""Tests for the kernel-log Xid parser (exporter.xid.parse) and the cursor-keeping reader
+(exporter.xid.reader); the NVML/kernel dedupe is tests/test_xid_dedupe.py."""
 
 from __future__ import annotations
 
@@ -10,18 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.xid.kmsg import (
-    KernelLogUnavailable,
-    KernelXidEvent,
-    KernelXidParser,
-    KmsgReader,
-    XidDeduplicator,
-    XidSighting,
-    dedupe,
-    normalize_pci_bus_id,
-    parse_kmsg_record,
-    parse_line,
-)
+from exporter.xid.parse import KernelXidEvent, KernelXidParser, normalize_pci_bus_id, parse_kmsg_record, parse_line
+from exporter.xid.reader import KernelLogUnavailable, KmsgReader
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kmsg"
 BOOT_WALL = 1_773_000_000.0  # injected wall time of boot for the fixtures
@@ -573,57 +564,3 @@ def test_real_dev_kmsg(real_kmsg: str, cursor: Path) -> None:
     with KmsgReader(real_kmsg, cursor) as reader:
         again = reader.poll()
     assert all(e.seq is not None and e.seq > saved["seq"] for e in again)
-
-
-# -- deduplication ----------------------------------------------------------------------------
-
-
-def test_dedup_drops_kernel_copy_of_an_nvml_event() -> None:
-    dedup = XidDeduplicator(window_s=5)
-    assert dedup.offer_nvml("GPU-a", 79, 1000.0)
-    assert not dedup.offer_kernel("GPU-a", 79, 998.2)
-    assert dedup.offer_kernel("GPU-a", 79, 1000.5)  # the NVML report is already paired
-    assert dedup.offer_kernel("GPU-b", 79, 1000.0)  # another GPU
-    assert dedup.offer_kernel("GPU-a", 48, 1000.0)  # another Xid
-    assert dedup.duplicates == 1
-
-
-def test_dedup_either_order_and_outside_window() -> None:
-    dedup = XidDeduplicator(window_s=5)
-    assert dedup.offer_kernel("GPU-a", 13, 100.0)
-    assert not dedup.offer_nvml("GPU-a", 13, 103.0)
-    assert dedup.offer_nvml("GPU-a", 13, 200.0)
-    assert dedup.offer_kernel("GPU-a", 13, 206.0)
-
-
-def test_dedup_is_one_to_one_for_bursts() -> None:
-    dedup = XidDeduplicator(window_s=5)
-    counted = [dedup.offer_nvml("GPU-a", 13, 10.0 + i * 0.01) for i in range(3)]
-    counted += [dedup.offer_kernel("GPU-a", 13, 10.0 + i * 0.01) for i in range(4)]
-    assert counted == [True, True, True, False, False, False, True]
-
-
-def test_dedup_forgets_after_retention() -> None:
-    dedup = XidDeduplicator(window_s=5, retention_s=60)
-    assert dedup.offer_nvml("GPU-a", 13, 0.0)
-    assert dedup.offer_nvml("GPU-b", 31, 100.0)  # moves time on, prunes GPU-a's report
-    assert dedup.offer_kernel("GPU-a", 13, 4.0)
-
-
-def test_dedup_rejects_bad_window() -> None:
-    with pytest.raises(ValueError):
-        XidDeduplicator(window_s=10, retention_s=5)
-
-
-def test_batch_dedupe() -> None:
-    nvml = [XidSighting("GPU-a", 13, 100.0), XidSighting("GPU-a", 43, 101.0)]
-    kernel = [
-        XidSighting("GPU-a", 13, 99.9),
-        XidSighting("GPU-a", 31, 100.0),
-        XidSighting("GPU-a", 43, 130.0),
-        XidSighting("GPU-a", 43, 100.8),
-    ]
-    assert dedupe(nvml, kernel) == [
-        XidSighting("GPU-a", 31, 100.0),
-        XidSighting("GPU-a", 43, 130.0),
-    ]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from test_kmsg import FIXTURES, FakeKmsg, device_reader, kmsg_records, xids
 
-from exporter.xid import kmsg
-from exporter.xid.kmsg import KernelLogUnavailable, KmsgReader
+from exporter.xid import reader as kmsg_reader
+from exporter.xid.reader import KernelLogUnavailable, KmsgReader
 
 XID = b"[ 5.0] NVRM: Xid (PCI:0000:00:06): 13, pid=7, name=x, Graphics SM Warp Exception\n"
 
@@ -38,7 +38,7 @@ class CountingPread:
 @pytest.fixture
 def pread(monkeypatch: pytest.MonkeyPatch) -> Iterator[CountingPread]:
     counting = CountingPread()
-    monkeypatch.setattr(kmsg.os, "pread", counting)
+    monkeypatch.setattr(kmsg_reader.os, "pread", counting)
     yield counting
 
 
@@ -55,10 +55,10 @@ def test_line_without_newline_is_read_once_in_bounded_polls(tmp_path: Path, prea
         while pread.bytes < size:
             before = pread.bytes
             assert reader.poll() == []
-            assert pread.bytes - before <= kmsg._POLL_BYTES
+            assert pread.bytes - before <= kmsg_reader._POLL_BYTES
             polls += 1
-        assert polls == size // kmsg._POLL_BYTES
-        assert max(pread.calls) <= kmsg._FILE_CHUNK
+        assert polls == size // kmsg_reader._POLL_BYTES
+        assert max(pread.calls) <= kmsg_reader._FILE_CHUNK
         assert len(reader._lines.carry) == 0 and reader._lines.skipping
         assert reader.poll() == [] and pread.bytes == size  # at the end: nothing read again
         with path.open("ab") as fh:
@@ -85,16 +85,16 @@ def test_partial_line_is_not_read_again(tmp_path: Path, pread: CountingPread) ->
 
 def test_long_line_between_xids_is_dropped_alone(tmp_path: Path) -> None:
     path = tmp_path / "kern.log"
-    path.write_bytes(XID + b"x" * (kmsg._MAX_LINE + 1) + b" NVRM: Xid (PCI:0000:00:06): 48, hidden\n" + XID)
+    path.write_bytes(XID + b"x" * (kmsg_reader._MAX_LINE + 1) + b" NVRM: Xid (PCI:0000:00:06): 48, hidden\n" + XID)
     with KmsgReader(path, None) as reader:
         events = reader.poll()
     assert xids(events) == [13, 13] and [e.seq for e in events] == [1, 3]
 
 
-@pytest.mark.parametrize("split", [1, 7, 100, kmsg._MAX_LINE])
+@pytest.mark.parametrize("split", [1, 7, 100, kmsg_reader._MAX_LINE])
 def test_line_buffer_is_independent_of_chunking(split: int) -> None:
-    data = XID * 3 + b"y" * (kmsg._MAX_LINE + 5) + b"\n" + XID + b"partial"
-    buffer = kmsg._LineBuffer()
+    data = XID * 3 + b"y" * (kmsg_reader._MAX_LINE + 5) + b"\n" + XID + b"partial"
+    buffer = kmsg_reader._LineBuffer()
     lines: list[bytes | None] = []
     done = 0
     for start in range(0, len(data), split):
@@ -112,7 +112,7 @@ def test_rss_stays_flat_on_300_mib_without_newline(tmp_path: Path) -> None:
         fh.truncate(300 << 20)
     code = f"""
 import resource
-from exporter.xid.kmsg import KmsgReader
+from exporter.xid.reader import KmsgReader
 reader = KmsgReader({str(path)!r}, None)
 reader.open()
 reader.poll()
@@ -147,14 +147,14 @@ def test_device_that_never_runs_dry_returns_within_a_bound(tmp_path: Path) -> No
     with reader:
         first = reader.poll()
         second = reader.poll()
-    assert len(first) == len(second) == kmsg._POLL_READS
-    assert [e.seq for e in first + second] == list(range(1, 2 * kmsg._POLL_READS + 1))
+    assert len(first) == len(second) == kmsg_reader._POLL_READS
+    assert [e.seq for e in first + second] == list(range(1, 2 * kmsg_reader._POLL_READS + 1))
 
 
 def test_cursor_held_across_a_bounded_poll(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cursor lies beyond what one poll may read: the reader keeps skipping on the next poll
     instead of taking an unfinished catch-up for a new boot (which would count history twice)."""
-    monkeypatch.setattr(kmsg, "_POLL_READS", 2)
+    monkeypatch.setattr(kmsg_reader, "_POLL_READS", 2)
     records = kmsg_records(FIXTURES / "overwritten.kmsg")
     cursor = tmp_path / "cursor.json"
     cursor.write_text(json.dumps({"version": 1, "path": "/dev/null", "kind": "device", "boot_id": None, "seq": 251}))

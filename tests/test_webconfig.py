@@ -1,19 +1,24 @@
-"""exporter.webconfig: the exporter-toolkit web config file, parsed strictly; basic auth; reloads."""
+"""exporter.webconfig: the exporter-toolkit web config file, parsed strictly, every problem at once;
+and the conformance corpus in tests/fixtures/webconfig (good/ loads, bad/ names its problems)."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import os
-import ssl
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from tls_material import PASSWORD, USER, Material, bcrypt_hash, make_material
+from tls_material import Material, make_material
 
 from exporter import webconfig
 from exporter.config import Config, ConfigError
-from exporter.webconfig import BasicAuth, RateLimiter, WebConfigError, WebConfigWatcher, load, peer_problem
+from exporter.webconfig import WebConfigError, load
+from exporter.webtls import load_with_context
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = Path(__file__).parent / "fixtures" / "webconfig"
 
 
 @pytest.fixture(scope="module")
@@ -27,66 +32,10 @@ def write(directory: Path, text: str, name: str = "web.yml") -> str:
     return str(path)
 
 
-def full_config(tls: Material, users: str = "") -> str:
-    return f"""
-tls_server_config:
-  cert_file: {tls.path("server.crt")}
-  key_file: {tls.path("server.key")}
-  client_auth_type: RequireAndVerifyClientCert
-  client_ca_file: {tls.path("ca.crt")}
-  client_allowed_sans: [prometheus.monitoring.svc]
-  min_version: TLS12
-  max_version: TLS13
-  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_AES_128_GCM_SHA256]
-  prefer_server_cipher_suites: true
-  curve_preferences: [CurveP256]
-http_server_config:
-  http2: true
-  headers:
-    X-Content-Type-Options: nosniff
-    Strict-Transport-Security: max-age=31536000
-basic_auth_users:
-  {USER}: {bcrypt_hash()}
-{users}
-rate_limit:
-  interval: 100ms
-  burst: 20
-"""
-
-
-def test_a_full_exporter_toolkit_file_loads(tls: Material, tmp_path: Path) -> None:
-    cfg = load(write(tmp_path, full_config(tls)))
-    assert cfg.tls is not None and cfg.context is not None
-    assert cfg.tls.requires_client_cert and cfg.tls.client_allowed_sans == ("prometheus.monitoring.svc",)
-    assert cfg.tls.min_version is ssl.TLSVersion.TLSv1_2 and cfg.tls.ciphers == "ECDHE-ECDSA-AES128-GCM-SHA256"
-    assert cfg.tls.curve == "prime256v1"
-    assert cfg.context.verify_mode is ssl.CERT_OPTIONAL  # refused in HTTP so probes can pass
-    assert load(cfg.path, require_client_cert=True).context.verify_mode is ssl.CERT_REQUIRED  # type: ignore[union-attr]
-    assert set(cfg.users) == {USER} and cfg.headers["X-Content-Type-Options"] == "nosniff"
-    assert cfg.rate_interval_s == pytest.approx(0.1) and cfg.rate_burst == 20
-    assert cfg.files() == (cfg.path, tls.path("server.crt"), tls.path("server.key"), tls.path("ca.crt"))
-    assert "TLS" in cfg.describe() and "basic auth for 1 user(s)" in cfg.describe()
-
-
 def test_relative_paths_are_relative_to_the_file(tls: Material) -> None:
     path = write(tls.dir, "tls_server_config: {cert_file: server.crt, key_file: server.key}\n", "relative.yml")
     cfg = load(path)
     assert cfg.tls is not None and cfg.tls.cert_file == tls.path("server.crt")
-
-
-def test_inline_pem_works_like_files(tls: Material, tmp_path: Path) -> None:
-    cert = (tls.dir / "server.crt").read_text()
-    key = (tls.dir / "server.key").read_text()
-    ca = (tls.dir / "ca.crt").read_text()
-    indent = lambda pem: "\n".join("    " + line for line in pem.splitlines())  # noqa: E731
-    text = (
-        "tls_server_config:\n"
-        f"  cert: |\n{indent(cert)}\n  key: |\n{indent(key)}\n  client_ca: |\n{indent(ca)}\n"
-        "  client_auth_type: RequireAndVerifyClientCert\n"
-    )
-    cfg = load(write(tmp_path, text))
-    assert cfg.context is not None and cfg.context.verify_mode is ssl.CERT_OPTIONAL
-    assert not any(p.name.startswith("nvgpu-tls-") for p in Path(os.environ.get("TMPDIR", "/tmp")).iterdir())
 
 
 def test_empty_file_is_plain_http_without_auth(tmp_path: Path) -> None:
@@ -153,12 +102,6 @@ def test_bad_files_are_clear_errors(tmp_path: Path, text: str, says: str) -> Non
     assert says in str(info.value) and str(info.value).startswith(f"{path}: "), str(info.value)
 
 
-def test_mismatched_key_and_certificate(tls: Material, tmp_path: Path) -> None:
-    text = f"tls_server_config: {{cert_file: {tls.path('server.crt')}, key_file: {tls.path('client.key')}}}\n"
-    with pytest.raises(WebConfigError, match="cannot load cert_file"):
-        load(write(tmp_path, text))
-
-
 def test_unreadable_and_missing_files(tmp_path: Path) -> None:
     with pytest.raises(WebConfigError, match="cannot read"):
         load(str(tmp_path / "absent.yml"))
@@ -170,9 +113,12 @@ def test_unreadable_and_missing_files(tmp_path: Path) -> None:
 def test_check_config_reports_the_web_config_file(tmp_path: Path) -> None:
     path = write(tmp_path, "tls_server_config: {cert_file: x.crt, key_fil: x.key}\n")
     with pytest.raises(ConfigError) as info:
-        Config.from_env({"NVGPU_WEB_CONFIG_FILE": path})
-    (problem,) = info.value.problems
-    assert problem.startswith(f"NVGPU_WEB_CONFIG_FILE={path!r}:") and "did you mean key_file?" in problem
+        Config.from_env({"NVGPU_WEB_CONFIG_FILE": path, "NVGPU_LOG_FORMAT": "jsn"})
+    problems = info.value.problems
+    web = [p for p in problems if p.startswith(f"NVGPU_WEB_CONFIG_FILE={path!r}: {path}: ")]
+    assert len(web) == 3 and len(problems) == 4, problems  # the other one: NVGPU_LOG_FORMAT
+    assert "did you mean key_file?" in web[0] and "key_file (or key) is missing" in web[1]
+    assert "x.crt does not exist" in web[2]
 
 
 def test_go_durations() -> None:
@@ -184,143 +130,171 @@ def test_go_durations() -> None:
             parse(bad)
 
 
-# -- reloads ---------------------------------------------------------------------------------------
+# -- every problem at once -------------------------------------------------------------------------
+
+FIVE_PROBLEMS = """
+tls_server_config:
+  cert_file: missing.crt
+  key_file: missing.key
+  min_version: TLS99
+http_server_config:
+  headrs: {X-Frame-Options: deny}
+basic_auth_users:
+  prometheus: hunter2
+"""
 
 
-def test_watcher_reloads_on_change_and_keeps_the_last_good(tls: Material, tmp_path: Path) -> None:
-    now = [0.0]
-    path = write(tmp_path, f"basic_auth_users:\n  {USER}: {bcrypt_hash()}\n")
-    watcher = WebConfigWatcher(path, clock=lambda: now[0])
-    assert set(watcher.current.users) == {USER} and watcher.last_reload_ok
-    # a new user: picked up at the next check
-    Path(path).write_text(f"basic_auth_users:\n  {USER}: {bcrypt_hash()}\n  grafana: {bcrypt_hash()}\n")
-    assert set(watcher.refresh().users) == {USER}, "checked at most once a second"
-    now[0] += 1.5
-    assert set(watcher.refresh().users) == {USER, "grafana"} and watcher.reloads == 1
-    # a broken edit: the previous configuration stays, reload marked failed
-    Path(path).write_text("basic_auth_users: {grafana: plaintext}\n")
-    now[0] += 1.5
-    assert set(watcher.refresh().users) == {USER, "grafana"}
-    assert watcher.last_reload_ok is False
-    # fixed again
-    Path(path).write_text(f"basic_auth_users:\n  alice: {bcrypt_hash()}\n")
-    now[0] += 1.5
-    assert set(watcher.refresh().users) == {"alice"} and watcher.last_reload_ok is True
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
+    path = write(tmp_path, FIVE_PROBLEMS)
+    with pytest.raises(WebConfigError) as info:
+        load(path)
+    problems = info.value.problems
+    assert [p.split(": ", 1)[0] for p in problems] == [path] * 5, problems
+    for says in (
+        f"cert_file {tmp_path / 'missing.crt'} does not exist",
+        f"key_file {tmp_path / 'missing.key'} does not exist",
+        "min_version 'TLS99' is not one of",
+        "unknown key http_server_config.'headrs'; did you mean headers?",
+        "basic_auth_users.prometheus is not a bcrypt hash",
+    ):
+        assert sum(says in p for p in problems) == 1, (says, problems)
+    assert str(info.value) == "; ".join(problems)
 
 
-def test_watcher_follows_certificate_rotation(tls: Material, tmp_path: Path) -> None:
-    """A Secret update replaces the certificate files; the next context serves the new one."""
-    for name in ("server.crt", "server.key", "client.crt", "client.key"):
-        (tmp_path / name).write_bytes((tls.dir / name).read_bytes())
-    now = [0.0]
-    path = write(tmp_path, "tls_server_config: {cert_file: server.crt, key_file: server.key}\n")
-    watcher = WebConfigWatcher(path, clock=lambda: now[0])
-    first = watcher.current.context
-    # rotate: the "client" pair stands in for a new server certificate
-    (tmp_path / "server.crt").write_bytes((tls.dir / "client.crt").read_bytes())
-    (tmp_path / "server.key").write_bytes((tls.dir / "client.key").read_bytes())
-    now[0] += 2
-    assert watcher.refresh().context is not first and watcher.reloads == 1
-    # a half-written rotation (new certificate, old key) keeps the last good context
-    (tmp_path / "server.crt").write_bytes((tls.dir / "server.crt").read_bytes())
-    now[0] += 2
-    assert watcher.refresh().context is watcher.current.context and watcher.last_reload_ok is False
+def test_check_config_prints_every_web_config_problem_and_exits_2(tmp_path: Path) -> None:
+    path = write(tmp_path, FIVE_PROBLEMS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "--check-config", "--web.config.file", path],
+        env=env, capture_output=True, text=True, timeout=60, cwd=str(ROOT),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "nvgpu-exporter: 5 configuration problem(s):", proc.stderr
+    assert all(line.startswith(f"  - --web.config.file={path!r}: {path}: ") for line in lines[1:]), proc.stderr
+    assert len(lines) == 6 and "did you mean headers?" in proc.stderr and "TLS99" in proc.stderr
 
 
-# -- basic auth ------------------------------------------------------------------------------------
+def test_a_file_that_is_not_a_mapping_is_one_problem(tmp_path: Path) -> None:
+    for text in ("- a\n- b\n", "a: [\n", "? [a, b]\n: 1\n"):
+        with pytest.raises(WebConfigError) as info:
+            load(write(tmp_path, text))
+        assert len(info.value.problems) == 1, info.value.problems
 
 
-def _header(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+# -- the conformance corpus ------------------------------------------------------------------------
+
+# exporter-toolkit's web/testdata YAML files (prometheus/exporter-toolkit at 19a7c2d): each is a case
+# the corpus covers with a file of its own, named on the file's "# toolkit:" line.
+TOOLKIT_CASES = {
+    "tls_config_noAuth.requireandverifyclientcert.good.yml",
+    "tls_config_noAuth.requireanyclientcert.good.yml",
+    "tls_config_noAuth.requireanyclientcertkeyinline.good.yml",
+    "web_config_auth_clientCAs_invalid.bad.yml",
+    "web_config_auth_clientCAs_missing.bad.yml",
+    "web_config_auth_client_san.bad.yaml",
+    "web_config_auth_client_san.good.yaml",
+    "web_config_auth_user_list_invalid.bad.yml",
+    "web_config_empty.yml",
+    "web_config_headers.good.yml",
+    "web_config_headers_content_type_options.bad.yml",
+    "web_config_headers_extra_header.bad.yml",
+    "web_config_headers_frame_options.bad.yml",
+    "web_config_junk.yml",
+    "web_config_junk_key.yml",
+    "web_config_noAuth.bad.yml",
+    "web_config_noAuth.good.blocking.yml",
+    "web_config_noAuth.good.yml",
+    "web_config_noAuth_allCiphers.good.yml",
+    "web_config_noAuth_allCurves.good.yml",
+    "web_config_noAuth_certPath_empty.bad.yml",
+    "web_config_noAuth_certPath_invalid.bad.yml",
+    "web_config_noAuth_certPath_keyPath_empty.bad.yml",
+    "web_config_noAuth_certPath_keyPath_invalid.bad.yml",
+    "web_config_noAuth_cert_empty.bad.yml",
+    "web_config_noAuth_inventedCiphers.bad.yml",
+    "web_config_noAuth_inventedCurves.bad.yml",
+    "web_config_noAuth_keyPath_empty.bad.yml",
+    "web_config_noAuth_keyPath_invalid.bad.yml",
+    "web_config_noAuth_key_empty.bad.yml",
+    "web_config_noAuth_noHTTP2.good.yml",
+    "web_config_noAuth_noHTTP2Cipher.bad.yml",
+    "web_config_noAuth_someCiphers.good.yml",
+    "web_config_noAuth_someCiphers_noOrder.good.yml",
+    "web_config_noAuth_someCurves.good.yml",
+    "web_config_noAuth_tlsInline.good.yml",
+    "web_config_noAuth_wrongTLSVersion.bad.yml",
+    "web_config_rate_limiter_nonblocking.yaml",
+    "web_config_rate_limiter_one_second.yaml",
+    "web_config_users.good.yml",
+    "web_config_users_noTLS.good.yml",
+}
+_TOOLKIT_LINE = re.compile(r"# toolkit: (?P<names>[^(]*?)\s*(?:\((?P<verdict>loads|refuses)[^)]*\))?$")
 
 
-class CountingCheck:
-    """bcrypt, counting calls and the hashes it was given."""
-
-    def __init__(self) -> None:
-        self.calls: list[bytes] = []
-
-    def __call__(self, password: bytes, hashed: bytes) -> bool:
-        self.calls.append(hashed)
-        return webconfig._bcrypt_check(password, hashed)
+def corpus(kind: str) -> list[Path]:
+    return sorted((CORPUS / kind).glob("*.yml"))
 
 
-def test_basic_auth_accepts_refuses_and_caches() -> None:
-    users = {USER: bcrypt_hash().encode()}
-    check = CountingCheck()
-    auth = BasicAuth(check)
-
-    async def run() -> None:
-        assert await auth.check(users, _header(USER, PASSWORD)) == USER
-        assert await auth.check(users, _header(USER, PASSWORD)) == USER
-        assert len(check.calls) == 1, "a verified password is cached"
-        assert await auth.check(users, _header(USER, "wrong")) is None
-        assert await auth.check(users, None) is None
-        assert await auth.check(users, "Bearer abc") is None
-        assert await auth.check(users, "Basic !!!notbase64") is None
-        assert await auth.check(users, "Basic " + base64.b64encode(b"no-colon").decode()) is None
-        assert await auth.check(users, _header(USER, "x" * 100)) is None  # over bcrypt's 72 bytes
-
-    asyncio.run(run())
+def header(path: Path, key: str) -> list[str]:
+    """The values of the file's ``# <key>: ...`` comment lines."""
+    prefix = f"# {key}: "
+    return [line[len(prefix) :] for line in path.read_text().splitlines() if line.startswith(prefix)]
 
 
-@pytest.mark.parametrize("cost", [10, 5])
-def test_unknown_user_costs_a_bcrypt_like_a_wrong_password(cost: int) -> None:
-    """No user-name oracle: an unknown user is checked against a dummy hash of the users' cost."""
-    users = {USER: bcrypt_hash(cost=cost).encode()}
-    check = CountingCheck()
-    auth = BasicAuth(check)
-
-    async def run() -> None:
-        assert await auth.check(users, _header("mallory", PASSWORD)) is None
-        assert await auth.check(users, _header(USER, "wrong")) is None
-
-    asyncio.run(run())
-    dummy, real = check.calls
-    assert real == users[USER]
-    assert dummy != real and dummy[4:7] == f"{cost:02d}$".encode(), dummy
-    if cost == 10:
-        assert dummy == webconfig.DUMMY_HASH
-    assert webconfig.BCRYPT_HASH.fullmatch(dummy.decode())
+def toolkit(path: Path) -> tuple[set[str], str | None]:
+    """(the toolkit cases the file stands for, the toolkit's verdict on them: loads, refuses or None)."""
+    (line,) = [line for line in path.read_text().splitlines() if line.startswith("# toolkit: ")]
+    match = _TOOLKIT_LINE.fullmatch(line)
+    assert match is not None, f"{path.name}: malformed toolkit line {line!r}"
+    names = {n.strip() for n in match["names"].split(",") if n.strip() not in ("", "-")}
+    return names, match["verdict"]
 
 
-def test_hash_password_makes_a_hash_the_loader_and_bcrypt_accept(tmp_path: Path) -> None:
-    hashed = webconfig.hash_password("correct horse", cost=4)
-    cfg = load(write(tmp_path, f"basic_auth_users:\n  alice: {hashed}\n"))
-    assert webconfig._bcrypt_check(b"correct horse", cfg.users["alice"])
-    for bad in ("", "x" * 73):
-        with pytest.raises(ValueError):
-            webconfig.hash_password(bad)
+def materialise(source: Path, directory: Path) -> Path:
+    """The corpus file, written beside the test certificates, each ``@<file>`` line replaced by
+    that file's PEM at the same indentation."""
+    lines = []
+    for line in source.read_text().splitlines():
+        name = line.strip()
+        if name.startswith("@"):
+            indent = line[: len(line) - len(line.lstrip())]
+            lines += [indent + pem for pem in (directory / name[1:]).read_text().splitlines()]
+        else:
+            lines.append(line)
+    target = directory / f"{source.parent.name}-{source.name}"
+    target.write_text("\n".join(lines) + "\n")
+    return target
 
 
-def test_the_cache_is_bounded_and_never_holds_a_password() -> None:
-    users = {USER: bcrypt_hash().encode()}
-    auth = BasicAuth(cache_size=4)
-
-    async def run() -> None:
-        for i in range(10):
-            await auth.check(users, _header(USER, f"guess-{i}"))
-
-    asyncio.run(run())
-    assert len(auth._cache) == 4
-    assert all(len(k) == 32 and b"guess" not in k for k in auth._cache)
+@pytest.mark.parametrize("source", corpus("good"), ids=lambda p: p.name)
+def test_every_good_file_loads_with_its_tls_context(source: Path, tls: Material) -> None:
+    cfg = load_with_context(str(materialise(source, tls.dir)))
+    assert (cfg.context is None) == (cfg.tls is None)
+    _names, verdict = toolkit(source)
+    if verdict == "refuses":
+        assert header(source, "why"), f"{source.name}: the toolkit refuses what we accept: say why"
 
 
-def test_client_allowed_sans(tls: Material, tmp_path: Path) -> None:
-    cfg = load(write(tmp_path, full_config(tls)))
-    assert cfg.tls is not None
-    assert peer_problem(cfg.tls, {"subjectAltName": (("DNS", "prometheus.monitoring.svc"),)}) is None
-    assert peer_problem(cfg.tls, {"subjectAltName": (("DNS", "other.example"),)}) is not None
-    assert peer_problem(cfg.tls, {}) is not None
-    assert peer_problem(cfg.tls, None) is None  # no certificate: the HTTP layer refuses it (probes may pass)
-    v6 = webconfig.TlsSettings(client_allowed_sans=("2001:db8::1",))
-    assert peer_problem(v6, {"subjectAltName": (("IP Address", "2001:DB8:0:0:0:0:0:1\n"),)}) is None
+@pytest.mark.parametrize("source", corpus("bad"), ids=lambda p: p.name)
+def test_every_bad_file_names_each_of_its_problems(source: Path, tls: Material) -> None:
+    path = materialise(source, tls.dir)
+    expected = [e.replace("<dir>", str(tls.dir)) for e in header(source, "expect")]
+    assert expected, f"{source.name}: a bad file lists its problems on '# expect:' lines"
+    with pytest.raises(WebConfigError) as info:
+        load_with_context(str(path))
+    problems = info.value.problems
+    assert len(problems) == len(expected), problems
+    for want in expected:
+        assert sum(want in p for p in problems) == 1, (want, problems)
+    assert all(p.startswith(f"{path}: ") for p in problems), problems
+    _names, verdict = toolkit(source)
+    if verdict == "loads":
+        assert header(source, "why"), f"{source.name}: the toolkit accepts what we refuse: say why"
 
 
-def test_rate_limiter_is_a_token_bucket() -> None:
-    now = [0.0]
-    limiter = RateLimiter(clock=lambda: now[0])
-    assert [limiter.allow(1.0, 3) for _ in range(4)] == [True, True, True, False]
-    now[0] += 1.0
-    assert limiter.allow(1.0, 3) and not limiter.allow(1.0, 3)
-    assert all(limiter.allow(0.0, 0) for _ in range(100)), "interval 0 disables it"
+def test_the_corpus_covers_every_case_of_the_toolkits_testdata() -> None:
+    covered: set[str] = set()
+    for source in corpus("good") + corpus("bad"):
+        covered |= toolkit(source)[0]
+    assert covered == TOOLKIT_CASES, (TOOLKIT_CASES - covered, covered - TOOLKIT_CASES)
