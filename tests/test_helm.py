@@ -394,7 +394,10 @@ def test_image_reference_defaults_to_the_chart_app_version() -> None:
     assert _container(_daemonset("defaults"))["image"] == (
         f"registry.example.com/platform/nvgpu-exporter:{meta['appVersion']}"
     )
-    assert _container(_daemonset("affinity replaced, config"))["image"].endswith(":0.1.0-rc1")
+    tagged = _daemonset("affinity replaced, config")
+    assert _container(tagged)["image"].endswith(":0.1.0-rc1")
+    # the version label says what runs, not the chart's appVersion
+    assert tagged["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/version"] == "0.1.0-rc1"
     digest = _container(_daemonset("canary by digest, other release and namespace"))["image"]
     assert digest == "registry.internal/gpu/nvgpu-exporter@sha256:" + "ab" * 32
 

@@ -28,7 +28,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "nvgpu-exporter.labels" -}}
 helm.sh/chart: {{ include "nvgpu-exporter.chart" . }}
 {{ include "nvgpu-exporter.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- /* the version that runs: the image tag when one is set */}}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
