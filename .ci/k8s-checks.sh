@@ -10,6 +10,8 @@
 #   cloudcoil-models-prometheus-operator            pip, optional: CRD schema check of the
 #                                                   ServiceMonitor/PodMonitor/PrometheusRule
 #   grpcio, protobuf                                pip: the package's [kubernetes] extra
+#   helm-python-sdk                                 pip: Helm's engine (render and lint the chart)
+#   build, twine, wheel                             pip: the release recipe's artefacts
 # The Dockerfile replay (tests/test_dockerfile.py, marked slow) downloads dependency wheels from
 # PyPI, as the image build does. K8S_CHECKS_PYTEST_ARGS adds pytest arguments (e.g. -m "not slow").
 set -euo pipefail
@@ -43,6 +45,14 @@ for dir in deploy/kubernetes/base deploy/kubernetes/overlays/canary deploy/prome
   render "$dir" >/dev/null && echo "ok $dir"
 done
 
+echo "== helm lint (Helm's engine, helm-python-sdk)"
+python3 -c 'import helm_python as h, sys; r = h.lint("deploy/helm/nvgpu-exporter", strict=True); print(r); sys.exit(1 if r["errors"] else 0)'
+
+echo "== release recipe up to the push (release/release.py ci)"
+release_dist=$(mktemp -d)
+python3 release/release.py ci --dist "$release_dist"
+rm -rf "$release_dist"
+
 echo "== pod-resources stubs vs proto"
 python3 -m exporter.podresources.regenerate --check || {
   # The stubs are made with grpcio-tools 1.62.3 (requirements-ci.txt; regenerate.py refuses
@@ -54,3 +64,6 @@ echo "== pytest"
 # shellcheck disable=SC2086
 python3 -m pytest -q -p no:cacheprovider -rs \
   tests/test_podresources.py tests/test_deploy.py tests/test_dockerfile.py ${K8S_CHECKS_PYTEST_ARGS:-}
+# shellcheck disable=SC2086
+python3 -m pytest -q -p no:cacheprovider -rs \
+  tests/test_helm.py tests/test_kustomize_components.py tests/test_release.py ${K8S_CHECKS_PYTEST_ARGS:-}

@@ -4,6 +4,8 @@
 rules.yaml is the source: a plain Prometheus rule file that ``promtool check rules`` and
 ``promtool test rules`` read. The PrometheusRule carries the same ``groups`` under ``spec``.
 ``--set dcgm-compat`` does the same for deploy/prometheus/dcgm-compat/ (dcgm-exporter's names).
+Each run also copies the rule file into the Helm chart (deploy/helm/nvgpu-exporter/files/), which
+can read only its own files; ``--check`` checks that copy too.
 
 Usage:
     python deploy/prometheus/gen_prometheusrule.py          # rewrite prometheusrule.yaml
@@ -25,6 +27,9 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 HERE = Path(__file__).resolve().parent
 RULES = HERE / "rules.yaml"
 OUTPUT = HERE / "prometheusrule.yaml"
+CHART_FILES = HERE.parent / "helm" / "nvgpu-exporter" / "files"
+# name -> the chart's copy of the rule file (tests/test_helm.py checks it too)
+CHART_COPIES = {"alerts": CHART_FILES / "rules.yaml", "dcgm-compat": CHART_FILES / "dcgm-compat-rules.yaml"}
 # name -> (rule file, output, PrometheusRule name, app.kubernetes.io/component, the test that checks it)
 SETS = {
     "alerts": (RULES, OUTPUT, "nvgpu-exporter", "alerting-rules", "tests/test_alert_rules.py"),
@@ -112,14 +117,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="rule_set", choices=sorted(SETS), default="alerts", help="which rule file")
     args = parser.parse_args(argv)
     rules, output, *_ = SETS[args.rule_set]
-    text = render(rules.read_text(encoding="utf-8"), args.rule_set)
+    source = rules.read_text(encoding="utf-8")
+    text = render(source, args.rule_set)
+    chart_copy = CHART_COPIES[args.rule_set]
     if args.check:
-        current = output.read_text(encoding="utf-8") if output.exists() else ""
-        if current != text:
-            print(f"{output} is out of date: run {Path(__file__).name} --set {args.rule_set}", file=sys.stderr)
-            return 1
-        return 0
+        stale = [
+            path
+            for path, want in ((output, text), (chart_copy, source))
+            if (path.read_text(encoding="utf-8") if path.exists() else "") != want
+        ]
+        for path in stale:
+            print(f"{path} is out of date: run {Path(__file__).name} --set {args.rule_set}", file=sys.stderr)
+        return 1 if stale else 0
     output.write_text(text, encoding="utf-8")
+    chart_copy.write_text(source, encoding="utf-8")
     return 0
 
 
