@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_kmsg import FIXTURES, FakeKmsg, device_reader, kmsg_records, xids
+from fake_kmsg import FIXTURES, FakeKmsg, device_reader, kmsg_records, xids
 
 from exporter.xid import kmsg
 from exporter.xid.kmsg import KernelLogUnavailable, KmsgReader

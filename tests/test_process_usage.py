@@ -168,7 +168,7 @@ def _kubelet(directory: Path) -> tuple[Any, str]:
     """A real gRPC PodResourcesLister: two pods time-slice GPU 0, two share GPU 1 through MPS
     (replica ids ``<uuid>::<n>``, as NVIDIA's device plugin advertises both)."""
     grpc = pytest.importorskip("grpc", reason="grpcio not installed (nvgpu-exporter[kubernetes])")
-    from test_podresources import FakeKubelet
+    from fake_kubelet import FakeKubelet
 
     from exporter.podresources.v1 import api_pb2, api_pb2_grpc
 

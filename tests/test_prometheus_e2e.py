@@ -56,10 +56,10 @@ NO_DATA_ALLOWED: dict[tuple[str, str], str] = {}
 
 try:  # pod attribution needs grpcio (the `kubernetes` extra, installed in CI)
     import grpc
-    from test_podresources import FakeKubelet
+    from fake_kubelet import FakeKubelet
 
     from exporter.podresources.v1 import api_pb2, api_pb2_grpc
-except (ImportError, pytest.skip.Exception) as exc:  # test_podresources skips itself without grpc
+except ImportError as exc:  # grpcio missing: fake_kubelet and the stubs need it
     grpc = None
     NO_DATA_ALLOWED[("NVIDIA GPU fleet (nvgpu-exporter)", "Pods on each GPU")] = (
         f"pod attribution needs grpcio (pip install -e '.[kubernetes]'): {exc}"
