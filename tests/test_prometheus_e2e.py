@@ -35,7 +35,8 @@ from typing import Any
 import pytest
 from exporter_proc import ROOT, Exporter, load_scenario, write_scenario
 from fakeproc import Container, make_container_logs, make_proc
-from prometheus_proc import running_prometheus, wait_until
+from prometheus_proc import running_prometheus
+from waiting import wait_until
 
 sys.path.insert(0, str(ROOT))
 from dashboards.queries import Query, panel_queries, variable_queries  # noqa: E402
@@ -161,7 +162,8 @@ class Stack:
 
 
 def _wait(pred: Any, timeout: float, what: str, stack: Stack | None = None) -> Any:
-    return wait_until(pred, timeout, what, (lambda: f"prometheus log:\n{stack.logs()}") if stack else None)
+    logs = (lambda: f"prometheus log:\n{stack.logs()}") if stack else None
+    return wait_until(pred, timeout, what, logs, every=0.25)
 
 
 def _fake_kubelet(directory: Path) -> Any:
