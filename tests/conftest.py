@@ -142,7 +142,7 @@ def integration_reason(item: pytest.Item) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         reason = integration_reason(item)
-        if reason is not None:
+        if reason is not None and item.get_closest_marker("integration") is None:
             item.add_marker(pytest.mark.integration(reason=reason))
 
 
