@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "exporter" / "scenarios"
@@ -97,6 +99,7 @@ class Exporter:
         fault: str | None = None,
     ) -> None:
         self.port = free_port()
+        self.interval = interval
         self.log_path = tmp_path / f"exporter-{self.port}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
         full_env.update(
@@ -157,17 +160,69 @@ class Exporter:
         return Scrape(body.decode())
 
     def wait_for(self, pred: Callable[[Scrape], Any], timeout: float = 20.0, what: str = "condition") -> Scrape:
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = self.scrape()
-            if pred(last):
-                return last
-            time.sleep(0.1)
-        raise AssertionError(
-            f"timed out waiting for {what}; last scrape:\n{last.text[-4000:] if last else ''}"
-            f"\nlogs:\n{self.logs()[-4000:]}"
+        """Scrape every 0.1 s until ``pred(scrape)`` holds; the scrape. AssertionError with the last
+        scrape and the log on timeout."""
+        last: list[Scrape] = []
+
+        def holds() -> Scrape | None:
+            last[:] = [self.scrape()]
+            return last[0] if pred(last[0]) else None
+
+        scrape = wait_until(
+            holds,
+            timeout,
+            what,
+            lambda: f"last scrape:\n{last[0].text[-4000:] if last else ''}\nlogs:\n{self.logs()[-4000:]}",
+            retry_on=(),
         )
+        assert scrape is not None
+        return scrape
+
+    def wait_samples(self, n: int, after: float | None = None, timeout: float = 20.0) -> Scrape:
+        """Wait until ``n`` more samples than the one current at ``after`` (a
+        ``nvgpu_last_sample_timestamp_seconds`` value; default: the first sample seen) have arrived.
+
+        This is how a test lets the worker run: "three more samples and still no restart" proves
+        what a sleep of three intervals only hopes for.
+        """
+        start = after
+        if start is None:
+            first = self.wait_for(
+                lambda s: s.value("nvgpu_last_sample_timestamp_seconds") is not None, what="a first sample"
+            )
+            start = first.value("nvgpu_last_sample_timestamp_seconds")
+            assert start is not None
+        return self.wait_for(
+            lambda s: (s.value("nvgpu_last_sample_timestamp_seconds") or 0) >= start + (n - 0.5) * self.interval,
+            timeout=timeout,
+            what=f"{n} more samples",
+        )
+
+    def wait_until(self, pred: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+        """:func:`waiting.wait_until` with this exporter's log in the failure message."""
+        return wait_until(pred, timeout, what, lambda: f"logs:\n{self.logs()[-4000:]}")
+
+    def wait_log(
+        self, pred: Callable[[dict[str, Any]], Any], timeout: float = 20.0, what: str = "a log record"
+    ) -> dict[str, Any]:
+        """The first JSON log record for which ``pred`` holds, waiting up to ``timeout`` s for it."""
+        return self.wait_until(lambda: next((r for r in self.log_records() if pred(r)), None), timeout, what)  # type: ignore[no-any-return]
+
+    def workers(self) -> list[psutil.Process]:
+        """The live (not zombie) worker processes under this supervisor."""
+        found = []
+        for p in psutil.Process(self.proc.pid).children():
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE and "exporter.worker" in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.Error:
+                continue
+        return found
+
+    def wait_worker(self, timeout: float = 20.0) -> psutil.Process:
+        """A live worker (the first found), waiting up to ``timeout`` s for one to start."""
+        worker: psutil.Process = self.wait_until(self.workers, timeout, "a live worker")[0]
+        return worker
 
     def logs(self) -> str:
         if not self._log.closed:

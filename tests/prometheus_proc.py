@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exporter_proc import free_port
+from waiting import wait_until
 
 
 @dataclass
@@ -25,22 +25,6 @@ class Prometheus:
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
-
-
-def wait_until(pred: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] | None = None) -> Any:
-    """Poll ``pred`` every 0.25 s until it returns something truthy (returned); OSError and
-    ValueError count as not yet. Raises AssertionError naming ``what`` (and ``logs()``) on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            got = pred()
-        except (OSError, ValueError):
-            got = None
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"\n{logs()}" if logs else ""))
-        time.sleep(0.25)
 
 
 @contextmanager
@@ -73,9 +57,9 @@ def running_prometheus(binary: str, tmp: Path, config: Mapping[str, Any], ready_
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 pass
             with urllib.request.urlopen(f"{prom.base}/-/ready", timeout=2) as resp:
-                return resp.status == 200
+                return bool(resp.status == 200)
 
-        wait_until(ready, ready_s, "prometheus /-/ready", prom.logs)
+        wait_until(ready, ready_s, "prometheus /-/ready", prom.logs, every=0.25)
         yield prom
     finally:
         if proc.poll() is None:

@@ -133,6 +133,7 @@ def _hw_state(tmp_path: Path, tx0_after: float) -> Path:
     return tmp_path
 
 
+@pytest.mark.integration  # bench/chaos.py's versions() runs git, out of the marking's sight
 def test_chaos_hw_analysis_ratio_and_monotonic(tmp_path: Path) -> None:
     hw = _chaos_hw()
     good = hw.analyze(_hw_state(tmp_path, tx0_after=15 * float(1 << 30) / 2))

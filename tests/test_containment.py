@@ -49,19 +49,6 @@ def assert_contained(exp: Exporter, component: str, at_least: int = 1, timeout: 
     return scrape
 
 
-def _worker(exp: Exporter) -> psutil.Process:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        for p in psutil.Process(exp.proc.pid).children():
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE and "exporter.worker" in " ".join(p.cmdline()):
-                    return p
-            except psutil.Error:
-                continue
-        time.sleep(0.1)
-    raise AssertionError("no live worker")
-
-
 def test_worker_message_handling_that_raises(tmp_path: Path) -> None:
     """Every second snapshot raises while it is applied: the others still arrive and are served."""
     with Exporter(SCENARIOS / "h200x1.json", tmp_path, fault="dispatch") as exp:
@@ -76,7 +63,7 @@ def test_worker_message_that_cannot_be_decoded(tmp_path: Path) -> None:
     with the next line, the worker is not mistaken for a hung one."""
     with Exporter(SCENARIOS / "h200x1.json", tmp_path, fault="decode") as exp:
         assert_contained(exp, "worker_io", at_least=3)
-        time.sleep(2)
+        exp.wait_samples(4)  # the reading goes on past the undecodable lines
         scrape = exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="fresh samples")
         assert not scrape.find("nvgpu_worker_restarts_total", reason="hang") or (
             scrape.value("nvgpu_worker_restarts_total", reason="hang") == 0.0
@@ -96,7 +83,7 @@ def test_long_worker_stderr_line_is_cut_and_never_fatal(tmp_path: Path) -> None:
         before = exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="first worker up").value(
             "nvgpu_worker_start_time_seconds"
         )
-        first = _worker(exp)
+        first = exp.wait_worker()
         first.send_signal(signal.SIGKILL)
         marker = f"{70000 - 8192} more bytes dropped"
         exp.wait_for(
@@ -107,7 +94,7 @@ def test_long_worker_stderr_line_is_cut_and_never_fatal(tmp_path: Path) -> None:
             ),
             what="the death accounted and a second worker started (its long line read)",
         )
-        assert _worker(exp).pid != first.pid
+        assert exp.wait_worker().pid != first.pid
         scrape = exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="the second worker samples")
         assert _errors(scrape, "worker_io") == 0 and _errors(scrape, "lifecycle") == 0
         assert exp.terminate() == 0
@@ -192,7 +179,7 @@ def test_rendering_family_that_raises_and_value_that_cannot_be_encoded(tmp_path:
         assert (scrape.value("nvgpu_render_errors_total", family="nvgpu_stuck_context_suspected") or 0) >= 1
         for path in ("/metrics", "/healthz", "/readyz"):
             assert exp.get(path)[0] == 200, path
-        time.sleep(1.5)  # more renderings: still one log line each
+        exp.wait_samples(3)  # more snapshots, so more renderings: still one log line each
         msgs = [r["msg"] for r in exp.log_records() if r.get("level") == "ERROR"]
         assert msgs.count("rendering feature temperature failed; retrying per GPU") == 1, msgs
         assert msgs.count("StuckDetector.gpu_families failed; its families are dropped from this rendering") == 1
@@ -216,9 +203,10 @@ def test_respawn_with_file_descriptors_exhausted(tmp_path: Path) -> None:
         exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="first worker up")
         conn = http.client.HTTPConnection("127.0.0.1", exp.port, timeout=10)
         assert _get(conn, "/healthz") == 200
-        worker = _worker(exp)
+        worker = exp.wait_worker()
         os.kill(exp.proc.pid, signal.SIGUSR1)
-        time.sleep(0.5)
+        supervisor = psutil.Process(exp.proc.pid)
+        exp.wait_until(lambda: supervisor.num_fds() >= 250, 5, "the hog to hold every descriptor (limit 256)")
         worker.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline:  # the kept-alive connection is served while fds are gone

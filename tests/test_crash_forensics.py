@@ -109,9 +109,8 @@ def test_nvlink_segfault_is_quarantined_and_survives_restart(tmp_path: Path) -> 
         assert exp.terminate() == 0
     # a restart of the whole exporter with the same state file keeps the quarantine: no new crash
     with Exporter(scenario, tmp_path) as exp2:
-        scrape = exp2.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="up after restart")
-        time.sleep(1.5)
-        scrape = exp2.scrape()
+        exp2.wait_for(lambda s: s.value("nvgpu_up") == 1.0, what="up after restart")
+        scrape = exp2.wait_samples(3)  # three samples with the quarantine kept: none crashed
         assert scrape.value("nvgpu_feature_enabled", feature="nvlink_throughput", reason="quarantined") == 0.0
         assert scrape.value("nvgpu_worker_restarts_total", reason="crash") == 0.0
         assert exp2.terminate() == 0
@@ -183,7 +182,7 @@ def test_scrapers_do_not_change_nvml_load(tmp_path: Path) -> None:
 
     with Exporter(SCENARIOS / "h200x2.json", tmp_path, interval=0.5) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0)
-        time.sleep(1.0)
+        exp.wait_samples(2)  # past the first samples, which make one-time calls
         quiet = calls_per_sample(exp, 3.0)
         scrapers = [Scraper(exp, period=1.0) for _ in range(5)]
         for sc in scrapers:
@@ -200,7 +199,7 @@ def test_sigterm_while_sampling_is_busy_exits_cleanly(tmp_path: Path) -> None:
     data["faults"] = [{"function": "nvmlDeviceGetTotalEnergyConsumption", "action": "hang", "seconds": 1.5}]
     with Exporter(write_scenario(tmp_path, data), tmp_path, env={"NVGPU_SAMPLE_DEADLINE_SECONDS": "10"}) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, timeout=30)
-        time.sleep(0.7)
+        time.sleep(0.7)  # the point: the SIGTERM lands inside the next 1.5 s energy read, not between calls
         t0 = time.monotonic()
         code = exp.terminate(timeout=30)
         took = time.monotonic() - t0

@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 from exporter_proc import ROOT, Exporter, load_scenario, write_scenario
-from prometheus_proc import running_prometheus, wait_until
+from prometheus_proc import running_prometheus
 from tls_material import PASSWORD, USER, Material, bcrypt_hash, make_material
+from waiting import wait_until
 
 yaml = pytest.importorskip("yaml")
 
@@ -179,6 +180,7 @@ def _wait(pred: Any, timeout: float, what: str, stack: Stack) -> Any:
         timeout,
         what,
         lambda: f"prometheus log:\n{stack.logs()}\nexporter log:\n{stack.exporter.logs()[-3000:]}",
+        every=0.25,
     )
 
 

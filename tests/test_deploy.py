@@ -22,12 +22,12 @@ import re
 import shutil
 import subprocess
 import tempfile
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from promql_docs import promql_blocks
 
 yaml = pytest.importorskip("yaml")
 
@@ -630,24 +630,9 @@ def test_promtool_check_config_rest(tmp_dir: Path) -> None:
 # -- PromQL in the docs --------------------------------------------------------------------------
 
 
-def _promql_blocks(doc: Path) -> list[str]:
-    """Expressions in ```promql blocks: one per line, indented lines continue the previous one."""
-    exprs: list[str] = []
-    for block in re.findall(r"```promql\n(.*?)```", doc.read_text(encoding="utf-8"), re.S):
-        for line in textwrap.dedent(block).splitlines():
-            code = re.sub(r"\s+#.*$", "", line).rstrip()
-            if not code.strip() or code.lstrip().startswith("#"):
-                continue
-            if code[0].isspace() and exprs:
-                exprs[-1] += " " + code.strip()
-            else:
-                exprs.append(code)
-    return exprs
-
-
 @pytest.mark.parametrize("doc", ["rollout.md", "kubernetes.md"])
 def test_promql_in_docs_parses_and_uses_known_metrics(doc: str, tmp_dir: Path) -> None:
-    exprs = _promql_blocks(REPO / "docs" / doc)
+    exprs = promql_blocks(REPO / "docs" / doc)
     assert exprs
     documented = set(re.findall(r"`(nvgpu_[a-z_]+)`", (REPO / "docs" / "metrics.md").read_text()))
     for expr in exprs:

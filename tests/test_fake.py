@@ -18,6 +18,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from waiting import masks_signal, wait_until
 
 from exporter.nvml import errors
 from exporter.nvml.backend import UNPOPULATED, FakeBackend
@@ -564,7 +565,7 @@ def test_crash_faults_are_real(tmp_path: Path, fault: dict[str, Any], returncode
         child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout is not None and child.stdout.readline() == "first\n"
-            time.sleep(0.3)
+            wait_until(lambda: masks_signal(child.pid, signal.SIGTERM), 10, "the hang to ignore SIGTERM")
             child.send_signal(signal.SIGTERM)  # masked by the fault
             with pytest.raises(subprocess.TimeoutExpired):
                 child.wait(1.0)

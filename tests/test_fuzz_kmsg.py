@@ -15,10 +15,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fake_kmsg import FakeKmsg
 from fuzzing import HOSTILE_TEXT, JSON_VALUES, NUMBERS, bounded_memory
 from hypothesis import given
 from hypothesis import strategies as st
-from test_kmsg import FakeKmsg
 
 from exporter.xid import reader as kmsg_reader
 from exporter.xid.parse import KernelXidEvent, normalize_pci_bus_id, parse_kmsg_record, parse_line

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from exporter_proc import Exporter
+from waiting import accept_queue, wait_until
 
 from exporter import httpedge
 
@@ -145,7 +146,7 @@ def test_server_header_names_no_version(edge: Exporter) -> None:
 def test_connections_over_the_cap_get_503_and_the_cap_frees_up(edge: Exporter) -> None:
     held = [connect(edge) for _ in range(8)]
     try:
-        time.sleep(0.3)
+        wait_until(lambda: accept_queue(edge.port) == 0, 5, "the 8 connections accepted")
         with connect(edge) as extra:
             extra.sendall(REQUEST)
             answer = read_all(extra, 3)
@@ -154,9 +155,7 @@ def test_connections_over_the_cap_get_503_and_the_cap_frees_up(edge: Exporter) -
     finally:
         for s in held:
             s.close()
-    time.sleep(0.5)
-    status, _, _ = edge.get("/healthz")
-    assert status == 200
+    edge.wait_until(lambda: edge.get("/healthz")[0] == 200, 5, "the cap to free up")
     assert edge.proc.poll() is None
 
 
@@ -177,13 +176,23 @@ def test_idle_connections_cannot_starve_the_worker_of_descriptors(tmp_path: Path
                     held.append(connect(exp))
                 except OSError:
                     break
-            time.sleep(1.0)
+            wait_until(lambda: accept_queue(exp.port) == 0, 10, "every connection accepted or refused")
             cap = 200 - httpedge.FD_HEADROOM
             assert supervisor.num_fds() <= cap + 40, supervisor.num_fds()
             workers = [p for p in supervisor.children() if "exporter.worker" in " ".join(p.cmdline())]
             assert workers
             os.kill(workers[0].pid, signal.SIGKILL)
-            time.sleep(0.5)
+            wait_until(
+                lambda: [
+                    p
+                    for p in supervisor.children()
+                    if p.pid != workers[0].pid and "exporter.worker" in " ".join(p.cmdline())
+                ],
+                10,
+                "a new worker while the connections are held",
+                exp.logs,
+                retry_on=(OSError, psutil.Error),
+            )
             for s in held:  # free the connections so the scrape below gets through
                 s.close()
             held = []

@@ -136,21 +136,6 @@ def last_ts(scrape: Scrape) -> float:
     return value
 
 
-def wait_samples(exp: Exporter, n: int, after: float | None = None, timeout: float = 20.0) -> Scrape:
-    """Wait until ``n`` more samples than the one current at ``after`` (or now) have arrived."""
-    start = after
-    if start is None:
-        first = exp.wait_for(
-            lambda s: s.value("nvgpu_last_sample_timestamp_seconds") is not None, what="a first sample"
-        )
-        start = last_ts(first)
-    return exp.wait_for(
-        lambda s: (s.value("nvgpu_last_sample_timestamp_seconds") or 0) >= start + (n - 0.5) * INTERVAL,
-        timeout=timeout,
-        what=f"{n} more samples",
-    )
-
-
 @contextmanager
 def exporter(
     tmp_path: Path, scenario: dict[str, Any], env: dict[str, str] | None = None
@@ -198,7 +183,7 @@ def test_fan_not_supported_on_every_gpu(tmp_path: Path, variant: str) -> None:
     n = len(scenario["gpus"])
     scenario["faults"] = [tripwire("nvmlDeviceGetNumFans", n), tripwire("nvmlDeviceGetFanSpeed_v2", n)]
     with exporter(tmp_path, scenario) as (exp, _, _):
-        scrape = wait_samples(exp, 6)
+        scrape = exp.wait_samples(6)
         assert restarts(scrape) == {}, exp.logs()[-3000:]
         assert not scrape.find("nvgpu_fan_speed_ratio")
         assert "nan" not in scrape.text.lower()
@@ -309,8 +294,8 @@ def test_handle_lookup_unknown_never_used_as_handle(tmp_path: Path) -> None:
     scenario["gpus"] = scenario["gpus"][:3]
     scenario["faults"] = [{"function": "nvmlDeviceGetHandleByIndex", "gpu": 1, "action": "error", "error": "UNKNOWN"}]
     with exporter(tmp_path, scenario) as (exp, _, _):
-        first = wait_samples(exp, 1)
-        scrape = wait_samples(exp, 6, after=last_ts(first))
+        first = exp.wait_samples(1)
+        scrape = exp.wait_samples(6, after=last_ts(first))
         assert restarts(scrape) == {}, exp.logs()[-3000:]
         assert scrape.value("nvgpu_worker_last_exit_signal") == 0.0
         assert scrape.value("nvgpu_worker_start_time_seconds") == first.value("nvgpu_worker_start_time_seconds")
@@ -348,7 +333,7 @@ def test_nvlink_field_entry_errors_only_good_links_exported(tmp_path: Path) -> N
         _,
         _,
     ):
-        first = wait_samples(exp, 1)
+        first = exp.wait_samples(1)
         seen: list[Scrape] = []
         while not seen or last_ts(seen[-1]) < last_ts(first) + 4 * INTERVAL:
             seen.append(exp.scrape())
@@ -397,7 +382,7 @@ def test_process_memory_none_and_max_u64_not_exported(tmp_path: Path) -> None:
         ):
             gpu["values"][fn] = procs[index]
     with exporter(tmp_path, scenario) as (exp, _, _):
-        scrape = wait_samples(exp, 3)
+        scrape = exp.wait_samples(3)
         assert scrape.value("nvgpu_feature_success", feature="processes") == 1.0
         assert scrape.value("nvgpu_compute_processes", gpu="0") == 3
         assert scrape.value("nvgpu_compute_processes_memory_used_bytes", gpu="0") == 1 << 30
@@ -421,7 +406,7 @@ def test_string_power_value_costs_only_that_gpu_feature(tmp_path: Path) -> None:
     scenario = load_scenario("h200x2")
     scenario["gpus"][1]["values"]["nvmlDeviceGetPowerUsage"] = "abc"
     with exporter(tmp_path, scenario) as (exp, _, _):
-        scrape = wait_samples(exp, 3)
+        scrape = exp.wait_samples(3)
         assert_gpu_complete(scrape, "0")
         assert_gpu_complete(scrape, "1", ALL_GPU_FAMILIES - GPU_FAMILIES["power"])
         assert scrape.value("nvgpu_power_usage_watts", gpu="0") is not None
@@ -462,7 +447,7 @@ def test_content_negotiation_matches_body(tmp_path: Path, gzipped: bool) -> None
         "openmetrics_unversioned": ("application/openmetrics-text", True),
     }
     with exporter(tmp_path, load_scenario("h200x2")) as (exp, _, _):
-        wait_samples(exp, 1)
+        exp.wait_samples(1)
         for name, (accept, want_om) in cases.items():
             headers = {"Accept": accept} if accept is not None else {}
             if gzipped:
@@ -500,7 +485,7 @@ def test_every_call_unknown_then_recovers(tmp_path: Path) -> None:
         {"function": "*", "from_s": from_s, "until_s": until_s, "action": "error", "error": "UNKNOWN"}
     ]
     with exporter(tmp_path, scenario) as (exp, before, listening):
-        healthy = wait_samples(exp, 2)
+        healthy = exp.wait_samples(2)
         assert healthy.gpus() == {"0", "1"} and exp.get("/readyz")[0] == 200
         deadline = listening + from_s + STALE + 3 * INTERVAL
         bad = exp.wait_for(
@@ -551,12 +536,10 @@ def test_driver_not_loaded_then_eight_gpus_appear(tmp_path: Path) -> None:
     scenario["kernel_module_version"] = {"sequence": [{"until_s": until_s, "value": ""}, {"value": "580.159.04"}]}
     with exporter(tmp_path, scenario) as (exp, before, _):
         pid = exp.proc.pid
-        named = time.time() + 5.0  # the first worker's init_failed arrives within a moment
-        while b"DRIVER_NOT_LOADED" not in exp.get("/readyz")[2]:
-            assert time.time() < named, exp.get("/readyz")
-            time.sleep(0.05)
+        # the first worker's init_failed arrives within a moment
+        exp.wait_until(lambda: b"DRIVER_NOT_LOADED" in exp.get("/readyz")[2], 5.0, "/readyz naming DRIVER_NOT_LOADED")
         polls = 0
-        while time.time() < before + until_s - 1.0:
+        while time.time() < before + until_s - 1.0:  # the point: the same answer all through the outage
             status, _, body = exp.get("/readyz")
             assert status == 503, body
             assert b"DRIVER_NOT_LOADED" in body, body

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from exporter_proc import Exporter, Scrape, load_scenario, write_scenario
-from test_mig import duplicate_series, instance_problems
+from series_checks import duplicate_series, instance_problems
 
 REPROBE_S = 3.0
 INTERVAL = 0.5

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_golden import GOLDENS
+from goldens import GOLDENS
 
 import exporter
 from exporter import collectors

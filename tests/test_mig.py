@@ -8,7 +8,6 @@ a series that appears twice in one exposition (Prometheus rejects such a scrape)
 from __future__ import annotations
 
 import copy
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 from exporter_proc import load_scenario
 from fake_device import Clock, device, fake_of, render, wire
 from prometheus_client.parser import text_string_to_metric_families
+from series_checks import duplicate_series, instance_problems
 
 from exporter.collectors import gpm, mig, utilization
 from exporter.nvml.client import DeviceClient
@@ -370,29 +370,6 @@ def test_the_stuck_signature_is_not_evaluated_on_a_mig_gpu() -> None:
 
 
 # -- the golden: no duplicate series, instances never exported as GPUs -------------------------------------
-
-
-def duplicate_series(text: str) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
-    """Series (name and label set) that appear more than once in an exposition."""
-    seen: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            seen[(s.name, tuple(sorted(s.labels.items())))] += 1
-    return [k for k, n in seen.items() if n > 1]
-
-
-def instance_problems(text: str) -> list[str]:
-    """Ways MIG instances could be counted twice: a MIG UUID as a GPU's ``uuid``, instance labels
-    on a per-GPU family, a GPU instance's series more than once."""
-    out = []
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.labels.get("uuid", "").startswith("MIG-"):
-                out.append(f"{s.name}: a MIG device exported as a GPU {s.labels}")
-            is_mig = s.name.startswith("nvgpu_mig_") or s.name == "nvgpu_gpu_pod_info"
-            if not is_mig and {"gpu_instance_id", "mig_uuid"} & set(s.labels):
-                out.append(f"{s.name}: instance labels on a per-GPU family {s.labels}")
-    return out
 
 
 def test_lint_helpers_catch_what_they_look_for() -> None:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ from exporter.podresources import (
 REPO = Path(__file__).resolve().parents[1]
 
 grpc = pytest.importorskip("grpc", reason="grpcio not installed (nvgpu-exporter[kubernetes])")
+from fake_kubelet import FakeKubelet  # noqa: E402
+
 from exporter.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: E402
 
 GPU_A = "GPU-0b3c5d7e-1111-2222-3333-444455556666"
@@ -79,38 +81,6 @@ ALLOCATABLE = [
     _devices("nvidia.com/mig-1g.18gb", MIG_D),
     _devices("example.com/fpga", "fpga0"),
 ]
-
-
-class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
-    """The PodResourcesLister service with canned answers and optional behaviours."""
-
-    def __init__(
-        self,
-        pods: list[Any],
-        allocatable: list[Any] | None = None,
-        allocatable_error: tuple[Any, str] | None = None,
-        list_hook: Callable[[], None] | None = None,
-    ) -> None:
-        self.pods = pods
-        self.allocatable = allocatable
-        self.allocatable_error = allocatable_error
-        self.list_hook = list_hook
-        self.list_calls = 0
-
-    def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
-        self.list_calls += 1
-        if self.list_hook is not None:
-            self.list_hook()
-        return api_pb2.ListPodResourcesResponse(pod_resources=self.pods)
-
-    def GetAllocatableResources(self, request: Any, context: Any) -> Any:  # noqa: N802
-        if self.allocatable_error is not None:
-            code, details = self.allocatable_error
-            context.abort(code, details)
-        if self.allocatable is None:
-            # The generated base class answers UNIMPLEMENTED, as a kubelet before 1.21 does.
-            return super().GetAllocatableResources(request, context)
-        return api_pb2.AllocatableResourcesResponse(devices=self.allocatable)
 
 
 @pytest.fixture
@@ -550,7 +520,7 @@ async def test_a_missing_socket_is_a_warning_only_in_kubernetes(
     ext = PodAttribution(Config(pod_resources_socket=str(tmp_path / "kubelet.sock"), pod_refresh_s=0.02))
     caplog.set_level(logging.INFO, logger="exporter.pods")
     task = asyncio.ensure_future(ext.run(Host()))  # type: ignore[arg-type]
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # the point: ten refreshes (every 0.02 s) pass, and the socket is named once
     task.cancel()
     said = [r for r in caplog.records if "kubelet.sock" in r.getMessage()]
     assert [r.levelno for r in said] == [level], said

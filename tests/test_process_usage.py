@@ -84,7 +84,7 @@ def test_misread_and_swapped_records_are_dropped_counted_named_and_logged_once(t
         assert s.value("nvgpu_process_api_info", list="compute", function=V2, fallback="records_invalid") == 1
         assert s.value("nvgpu_process_api_info", list="compute", function=V3, fallback="") == 1
         assert (s.value("nvgpu_selfcheck_failures", process="worker") or 0) >= 1
-        time.sleep(1.5)
+        exp.wait_samples(3)  # more samples of the same records: still one warning per GPU
         records = list(exp.log_records())
         warnings = [r for r in records if "failed validation" in r.get("msg", "")]
         assert len(warnings) == 2, [r["msg"] for r in warnings]  # once per GPU, not per sample
@@ -168,7 +168,7 @@ def _kubelet(directory: Path) -> tuple[Any, str]:
     """A real gRPC PodResourcesLister: two pods time-slice GPU 0, two share GPU 1 through MPS
     (replica ids ``<uuid>::<n>``, as NVIDIA's device plugin advertises both)."""
     grpc = pytest.importorskip("grpc", reason="grpcio not installed (nvgpu-exporter[kubernetes])")
-    from test_podresources import FakeKubelet
+    from fake_kubelet import FakeKubelet
 
     from exporter.podresources.v1 import api_pb2, api_pb2_grpc
 
@@ -247,7 +247,8 @@ def test_per_pod_usage_on_time_sliced_and_mps_gpus(tmp_path: Path) -> None:
             assert s.value("nvgpu_pod_attribution_source_up", source="proc") == 1
             assert s.value("nvgpu_pod_attribution_source_up", source="container_logs") == 1
             assert len(s.find("nvgpu_gpu_pod_info", gpu="0")) == 2 and len(s.find("nvgpu_gpu_pod_info", gpu="1")) == 2
-            time.sleep(1.0)
+            exp.wait_log(lambda r: "per-pod GPU usage" in r.get("msg", ""), what="the per-pod usage log line")
+            exp.wait_samples(2)  # more samples, no change: no new line
             said = [r for r in exp.log_records() if "per-pod GPU usage" in r.get("msg", "")]
             assert said and all("kubelet PodResources" in r["msg"] for r in said)
             assert len({r["msg"] for r in said}) == len(said) <= 2  # once per change (kubelet: not yet -> yes)

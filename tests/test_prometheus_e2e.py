@@ -35,7 +35,8 @@ from typing import Any
 import pytest
 from exporter_proc import ROOT, Exporter, load_scenario, write_scenario
 from fakeproc import Container, make_container_logs, make_proc
-from prometheus_proc import running_prometheus, wait_until
+from prometheus_proc import running_prometheus
+from waiting import wait_until
 
 sys.path.insert(0, str(ROOT))
 from dashboards.queries import Query, panel_queries, variable_queries  # noqa: E402
@@ -56,10 +57,10 @@ NO_DATA_ALLOWED: dict[tuple[str, str], str] = {}
 
 try:  # pod attribution needs grpcio (the `kubernetes` extra, installed in CI)
     import grpc
-    from test_podresources import FakeKubelet
+    from fake_kubelet import FakeKubelet
 
     from exporter.podresources.v1 import api_pb2, api_pb2_grpc
-except (ImportError, pytest.skip.Exception) as exc:  # test_podresources skips itself without grpc
+except ImportError as exc:  # grpcio missing: fake_kubelet and the stubs need it
     grpc = None
     NO_DATA_ALLOWED[("NVIDIA GPU fleet (nvgpu-exporter)", "Pods on each GPU")] = (
         f"pod attribution needs grpcio (pip install -e '.[kubernetes]'): {exc}"
@@ -161,7 +162,8 @@ class Stack:
 
 
 def _wait(pred: Any, timeout: float, what: str, stack: Stack | None = None) -> Any:
-    return wait_until(pred, timeout, what, (lambda: f"prometheus log:\n{stack.logs()}") if stack else None)
+    logs = (lambda: f"prometheus log:\n{stack.logs()}") if stack else None
+    return wait_until(pred, timeout, what, logs, every=0.25)
 
 
 def _fake_kubelet(directory: Path) -> Any:

@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_deploy import _promql_blocks
-from test_golden import DOCS, GOLDENS
+from goldens import DOCS, GOLDENS
+from promql_docs import promql_blocks
 
 yaml = pytest.importorskip("yaml")
 
@@ -39,7 +39,7 @@ def _data() -> dict:  # type: ignore[type-arg]
 
 def test_every_query_on_the_page_is_tested() -> None:
     tested = {_normal(case["expr"]) for t in _data()["tests"] for case in t["promql_expr_test"]}
-    page = [_normal(e) for e in _promql_blocks(ROLLOUT)]
+    page = [_normal(e) for e in promql_blocks(ROLLOUT)]
     ours = [e for e in page if not any(re.search(rf"\b{p}\w+", e) for p in NOT_OURS)]
     assert len(ours) >= 20
     assert [e for e in ours if e not in tested] == []
@@ -99,4 +99,4 @@ def test_the_old_quarantine_query_would_find_nothing(wrong: str) -> None:
         if s[0] == "nvgpu_feature_enabled" and s[1].get("reason") == "quarantined"
     ]
     assert values and set(values) == {0.0}
-    assert _normal(wrong) not in {_normal(e) for e in _promql_blocks(ROLLOUT)}
+    assert _normal(wrong) not in {_normal(e) for e in promql_blocks(ROLLOUT)}

@@ -139,8 +139,7 @@ def test_processes_v3_and_v2_missing_is_unsupported_and_never_called_again(tmp_p
     data["faults"] = [{"function": f, "after_calls": 2, "action": "segfault"} for f in data["missing_functions"]]
     with Exporter(write_scenario(tmp_path, data), tmp_path) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_feature_enabled", feature="processes", reason="unsupported") == 0.0)
-        time.sleep(2.0)
-        s = exp.scrape()
+        s = exp.wait_samples(4)  # four more samples, and none called the missing symbols (that would crash)
         assert s.value("nvgpu_worker_restarts_total", reason="crash") == 0.0
         assert not s.find("nvgpu_compute_processes")
         said = [r for r in exp.log_records() if "feature processes is unsupported" in r.get("msg", "")]
@@ -156,9 +155,8 @@ def test_only_v3_missing_falls_back_to_v2(tmp_path: Path) -> None:
         {"pid": 494, "usedGpuMemory": 1050673152, "gpuInstanceId": 4294967295, "computeInstanceId": 4294967295}
     ]
     with Exporter(write_scenario(tmp_path, data), tmp_path) as exp:
-        s = exp.wait_for(lambda s: s.value("nvgpu_compute_processes", gpu="0") == 1.0)
-        time.sleep(2.0)
-        s = exp.scrape()
+        exp.wait_for(lambda s: s.value("nvgpu_compute_processes", gpu="0") == 1.0)
+        s = exp.wait_samples(4)  # four more samples, and none called _v3 again (that would crash)
         assert s.value("nvgpu_compute_processes_memory_used_bytes", gpu="0") == 1050673152
         assert s.value("nvgpu_worker_restarts_total", reason="crash") == 0.0
         assert s.value("nvgpu_feature_enabled", feature="processes", reason="default") == 1.0

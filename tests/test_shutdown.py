@@ -10,12 +10,14 @@ margin, and no worker process may remain (a zombie awaiting its reaper is not a 
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 from exporter_proc import Exporter, load_scenario, write_scenario
+from waiting import masks_signal, wait_until
 
 HANGS = {
     "init": {"function": "nvmlInit", "action": "hang", "ignore_sigterm": True},
@@ -52,13 +54,10 @@ def test_sigterm_leaves_no_worker_whatever_the_timeout(tmp_path: Path, timeout_s
         "NVGPU_SAMPLE_DEADLINE_SECONDS": "120",
     }
     with Exporter(write_scenario(tmp_path, scenario), tmp_path, env=env) as exp:
-        deadline = time.monotonic() + 20
-        workers: list[psutil.Process] = []
-        while not workers and time.monotonic() < deadline:
-            workers = _workers(exp.proc.pid)
-            time.sleep(0.1)
-        assert workers, "no worker started"
-        time.sleep(2.5)  # well inside the hang (sampling hangs from 1 s of scenario time)
+        workers: list[psutil.Process] = exp.wait_until(lambda: _workers(exp.proc.pid), 20, "a worker")
+        exp.wait_until(  # inside the hang (sampling hangs from 1 s of scenario time)
+            lambda: any(masks_signal(p.pid, signal.SIGTERM) for p in workers), 20, "the worker hung ignoring SIGTERM"
+        )
         if hang == "sample":
             scrape = exp.scrape()
             assert scrape.value("nvgpu_device_up", gpu="0") is not None  # the worker did sample
@@ -68,8 +67,13 @@ def test_sigterm_leaves_no_worker_whatever_the_timeout(tmp_path: Path, timeout_s
         took = time.monotonic() - t0
         assert code == 0, exp.logs()[-3000:]
         assert took < timeout_s + 5, took
-        time.sleep(0.5)
-        left = [p.pid for p in workers if _running(p)]
-        assert left == [], f"workers still running after the exporter exited: {left}\n{exp.logs()[-3000:]}"
+        wait_until(  # a moment for the kernel to end them
+            lambda: not [p for p in workers if _running(p)],
+            2,
+            lambda: (
+                f"no worker running after the exporter exited; still running: {[p.pid for p in workers if _running(p)]}"
+            ),
+            lambda: exp.logs()[-3000:],
+        )
         if hang == "init":  # SIGTERM is ignored: the supervisor itself escalated to SIGKILL
             assert "killing it" in exp.logs()

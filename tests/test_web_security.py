@@ -15,7 +15,6 @@ import http.client
 import shutil
 import socket
 import ssl
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,12 +135,17 @@ def test_garbage_on_the_tls_port_is_closed(secured: Exporter) -> None:
 
 def test_refusals_are_counted(secured: Exporter, tls: Material) -> None:
     request(secured, "/metrics", tls.client_context(cert=None))  # one more 403
-    time.sleep(5.5)  # the rendering is redone when older than 5 s
-    status, _, body = request(secured, "/metrics", tls.client_context(), auth())
-    text = body.decode()
-    assert status == 200
-    assert 'nvgpu_http_requests_denied_total{reason="client_certificate"}' in text
-    assert 'nvgpu_http_requests_denied_total{reason="unauthorized"}' in text
+    denied = (
+        'nvgpu_http_requests_denied_total{reason="client_certificate"}',
+        'nvgpu_http_requests_denied_total{reason="unauthorized"}',
+    )
+
+    def counted() -> str | None:  # in the next rendering (one per snapshot, or when older than 5 s)
+        status, _, body = request(secured, "/metrics", tls.client_context(), auth())
+        assert status == 200
+        return body.decode() if all(d in body.decode() for d in denied) else None
+
+    text = secured.wait_until(counted, 10, "both refusals counted in /metrics")
     assert "nvgpu_web_config_last_reload_successful 1.0" in text
     assert "process_resident_memory_bytes " in text and 'process_resident_memory_bytes{process="worker"}' in text
 
@@ -164,11 +168,9 @@ def test_certificate_rotation_without_restart(tls: Material, tmp_path: Path) -> 
         shutil.copy(tls.dir / "server2.crt", tmp_path / "server.crt.new")
         (tmp_path / "server.key.new").replace(tmp_path / "server.key")
         (tmp_path / "server.crt.new").replace(tmp_path / "server.crt")
-        deadline = time.monotonic() + 15
-        after = before
-        while after == before and time.monotonic() < deadline:
-            time.sleep(0.3)
-            after = _peer_certificate(exp, tls)
+        after = exp.wait_until(
+            lambda: (der := _peer_certificate(exp, tls)) != before and der, 15, "the new certificate served"
+        )
         assert after == ssl.PEM_cert_to_DER_cert((tls.dir / "server2.crt").read_text())
         assert exp.proc.poll() is None
         assert any("web config" in r.get("msg", "") and "reloaded" in r.get("msg", "") for r in exp.log_records())

@@ -264,6 +264,7 @@ def issue14(values, fields, power, mem_power, nvlink_tx_kib_s, nvlink_rx_kib_s, 
     # scope answers NOT_SUPPORTED on x86 (unlisted fields answer default_field_error)
     fields["185:0"] = cycle(*power)
     fields["185:2"] = cycle(mem_idle, MEMORY_POWER_BOOST_MW, mem_load, mem_idle + 1_000)
+
     # throttle time, in step with nvmlDeviceGetCurrentClocksEventReasons' cycle above
     def held(*phases, start=0):
         spec = {"integral": {"cycle": list(phases), "step_s": PHASE_S}, "scale": 1_000_000_000}
@@ -534,9 +535,7 @@ def mig_instance(gi, ci, profile_id, start, *, used, gpm, procs=()):
     (metric id -> values), compute processes (pid, bytes) while loaded."""
     total = MIG_PROFILES[str(profile_id)]["memorySizeMB"] * MIB
     reserved = 64 * MIB  # synthetic: the driver's share inside the GPU instance
-    records = [
-        {"pid": pid, "usedGpuMemory": mem, "gpuInstanceId": gi, "computeInstanceId": ci} for pid, mem in procs
-    ]
+    records = [{"pid": pid, "usedGpuMemory": mem, "gpuInstanceId": gi, "computeInstanceId": ci} for pid, mem in procs]
     values = {
         "nvmlDeviceGetMemoryInfo": cycle(
             *({"total": total, "reserved": reserved, "free": total - reserved - u, "used": u} for u in used)
@@ -573,10 +572,16 @@ def mig_gpu0(g0):
     busy, idle_gpm = mig_gpm({}, MIG_TRAINING), mig_gpm({}, {})
     instances = [
         mig_instance(2, 0, 9, 0, used=(0, 38 << 30, 38 << 30, 0), gpm=busy, procs=[(3101, 38 << 30)]),
-        mig_instance(3, 0, 14, 4, used=(0, 12 << 30, 12 << 30, 0), gpm=mig_gpm({}, MIG_INFERENCE), procs=[(3201, 5 << 30)]),
-        mig_instance(3, 1, 14, 4, used=(0, 12 << 30, 12 << 30, 0), gpm=mig_gpm({}, MIG_INFERENCE), procs=[(3202, 7 << 30)]),
+        mig_instance(
+            3, 0, 14, 4, used=(0, 12 << 30, 12 << 30, 0), gpm=mig_gpm({}, MIG_INFERENCE), procs=[(3201, 5 << 30)]
+        ),
+        mig_instance(
+            3, 1, 14, 4, used=(0, 12 << 30, 12 << 30, 0), gpm=mig_gpm({}, MIG_INFERENCE), procs=[(3202, 7 << 30)]
+        ),
         mig_instance(9, 0, 19, 6, used=(0, 0, 0, 0), gpm=idle_gpm),
-        mig_instance(10, 0, 19, 7, used=(2 << 30,) * 4, gpm=mig_gpm(MIG_INFERENCE, MIG_INFERENCE), procs=[(3301, 2 << 30)]),
+        mig_instance(
+            10, 0, 19, 7, used=(2 << 30,) * 4, gpm=mig_gpm(MIG_INFERENCE, MIG_INFERENCE), procs=[(3301, 2 << 30)]
+        ),
     ]
     for split in instances[1:3]:  # the MIG devices of a split GPU instance name their compute profile
         split["values"]["nvmlDeviceGetName"] = "NVIDIA H200 MIG 1c.2g.35gb"
@@ -596,7 +601,9 @@ def mig_gpu0(g0):
         values[fn] = NOT_SUPPORTED
     # the parent's process lists: the aggregate over the instances, with their ids (privileged
     # callers; nvml-notes §2.2), while loaded; GI 10's process always
-    loaded = [r for inst in instances[:3] for r in inst["values"]["nvmlDeviceGetComputeRunningProcesses_v3"]["cycle"][1]]
+    loaded = [
+        r for inst in instances[:3] for r in inst["values"]["nvmlDeviceGetComputeRunningProcesses_v3"]["cycle"][1]
+    ]
     always = instances[4]["values"]["nvmlDeviceGetComputeRunningProcesses_v3"]
     procs = cycle(always, loaded + always, loaded + always, always)
     for fn in (
