@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.xid.kmsg import KernelXidEvent, KmsgReader, parse_kmsg_record
+from exporter.xid.parse import KernelXidEvent, parse_kmsg_record
+from exporter.xid.reader import KmsgReader
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kmsg"
 BOOT_WALL = 1_773_000_000.0  # injected wall time of boot for the fixtures

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pod_security import violations
-from test_deploy import (
+from k8s_render import (
     _KV_VERSIONS,
     BASE,
     OPERATOR_GROUP,
@@ -31,6 +30,7 @@ from test_deploy import (
     _overlay,
     _validate_operator_object,
 )
+from pod_security import violations
 
 import exporter
 

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pod_security import violations
-from test_deploy import (
+from k8s_render import (
     _KV_VERSIONS,
     CANARY,
     COMPONENTS,
@@ -29,6 +28,7 @@ from test_deploy import (
     _need,
     _validate_operator_object,
 )
+from pod_security import violations
 
 yaml = pytest.importorskip("yaml")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from k8s_render import BASE, _kustomize
 
 import exporter
 
@@ -133,8 +134,6 @@ def test_plan_refuses_a_repository_docker_would_refuse(repository: str) -> None:
 
 def test_the_planned_reference_deploys_with_helm_and_kustomize(tmp_path: Path) -> None:
     """The plan's Helm values and kustomize images entry put exactly its image in the DaemonSets."""
-    from test_deploy import BASE, _kustomize
-
     yaml = pytest.importorskip("yaml")
     p = release.plan("registry.internal/gpu/nvgpu-exporter", revision="r", created="c")
     _need_module("helm_python", "helm-python-sdk")
@@ -159,6 +158,7 @@ def test_the_planned_reference_deploys_with_helm_and_kustomize(tmp_path: Path) -
     assert images == {"nvgpu-exporter": p.image, "nvgpu-exporter-canary": p.image}
 
 
+@pytest.mark.integration  # release.publish asks git for the revision
 def test_publish_prints_the_push_and_runs_nothing_without_execute(capsys: pytest.CaptureFixture[str]) -> None:
     assert release.main(["publish", "--repository", "registry.internal/gpu/nvgpu-exporter"]) == 0
     out = capsys.readouterr().out
