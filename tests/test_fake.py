@@ -1,4 +1,4 @@
-"""exporter.nvml.fake: scenario validation, value specs, faults, events, and real crashes.
+"""exporter.fakenvml: scenario validation, value specs, faults, events, and real crashes.
 
 Scenario time is driven by an injected clock (``FakeNvml(path, epoch=0, clock=...)``); crashes run
 in a child interpreter whose return code names the signal.
@@ -19,9 +19,10 @@ from typing import Any
 import pynvml
 import pytest
 
+from exporter.fakenvml.binding import FakeNvml
+from exporter.fakenvml.scenario import ScenarioError
 from exporter.nvml import errors
 from exporter.nvml.backend import UNPOPULATED, FakeBackend
-from exporter.nvml.fake import FakeNvml, ScenarioError
 
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
 
@@ -503,7 +504,8 @@ def run_child(tmp_path: Path, data: dict[str, Any], body: str) -> subprocess.Com
     path.write_text(json.dumps(data))
     code = (
         textwrap.dedent(f"""
-        from exporter.nvml.fake import FakeNvml, FakeHandle
+        from exporter.fakenvml.binding import FakeNvml
+        from exporter.fakenvml.core import FakeHandle
         fake = FakeNvml({str(path)!r})
         fake.nvmlInit()
         print("before", flush=True)
@@ -557,7 +559,7 @@ def test_crash_faults_are_real(tmp_path: Path, fault: dict[str, Any], returncode
         path = tmp_path / "crash.json"
         path.write_text(json.dumps(data))
         code = (
-            f"from exporter.nvml.fake import FakeNvml\nfake = FakeNvml({str(path)!r})\nfake.nvmlInit()\n"
+            f"from exporter.fakenvml.binding import FakeNvml\nfake = FakeNvml({str(path)!r})\nfake.nvmlInit()\n"
             + body
             + "\nprint('after', flush=True)\n"
         )
