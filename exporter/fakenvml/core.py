@@ -251,11 +251,12 @@ class FakeCore:
         gpu = self.gpu_of(handle)
         if not pairs:
             raise nvml_error(errors.INVALID_ARGUMENT)
-        t = self.now()
-        return [self._field_value(gpu, fid, scope, t) for fid, scope in pairs]
+        t, default = self.now(), errors.parse_code(gpu.get("default_field_error", "NOT_SUPPORTED"))
+        return [self._field_value(gpu, fid, scope, t, default) for fid, scope in pairs]
 
-    def _field_value(self, gpu: dict[str, Any], fid: int, scope: int, t: float) -> SimpleNamespace:
-        """One ``nvmlFieldValue_t`` entry: the GPU's ``fields`` value, or the entry's own error."""
+    def _field_value(self, gpu: dict[str, Any], fid: int, scope: int, t: float, default: int) -> SimpleNamespace:
+        """One ``nvmlFieldValue_t`` entry: the GPU's ``fields`` value, else the entry's own error
+        (``default`` for an unlisted field)."""
         fields = gpu["fields"]
         entry = SimpleNamespace(
             fieldId=fid,
@@ -270,7 +271,7 @@ class FakeCore:
         if fid in PER_LINK_FIELDS and scope != ALL_LINKS and scope >= gpu.get("nvlink_link_count", 0):
             entry.nvmlReturn = errors.INVALID_ARGUMENT
         elif spec_key not in fields:
-            entry.nvmlReturn = errors.parse_code(gpu.get("default_field_error", "NOT_SUPPORTED"))
+            entry.nvmlReturn = default
         else:
             try:
                 value = self.resolve(fields[spec_key], t)
