@@ -87,6 +87,8 @@ def test_pynvml_only_behind_exporter_nvml() -> None:
         allowed = stdlib_only if p.name in FAKE_STDLIB_ONLY else {"exporter.fakenvml", "exporter.nvml.errors"}
         outside += [f"{p.name}: {m}" for m, _ in _exporter_imports(p) if not any(m.startswith(a) for a in allowed)]
     assert outside == [], "the fake imports only itself and exporter.nvml.errors"
+    privates = [f"{p.name}: {m}" for p in fake.glob("*.py") for m, _ in _exporter_imports(p) if "._" in m]
+    assert privates == [], "no module of the fake imports another module's private names"
     users = {
         f"{p.relative_to(ROOT)}{'' if lazily else ' (at import)'}"
         for p in [*(ROOT / "exporter").rglob("*.py"), *(ROOT / "guards").rglob("*.py")]
