@@ -427,7 +427,7 @@ def load_binding(fake: str | None = None) -> Any:
         root = Path(__file__).resolve().parent.parent
         if str(root) not in sys.path:
             sys.path.insert(0, str(root))
-        from exporter.nvml.fake import FakeNvml
+        from exporter.fakenvml.binding import FakeNvml
 
         return FakeNvml(fake)
     import pynvml

@@ -168,7 +168,7 @@ def _backend(name: str, text: str) -> str:
         return text
     if text.startswith("fake:"):
         from exporter import scenarios  # stdlib only
-        from exporter.nvml.scenario import ScenarioError, load_scenario  # stdlib only: no pynvml here
+        from exporter.fakenvml.scenario import ScenarioError, load_scenario  # stdlib only: no pynvml here
 
         path = text[len("fake:") :]
         if not path:

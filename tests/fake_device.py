@@ -15,10 +15,10 @@ from typing import Any
 
 from exporter import collectors
 from exporter.breadcrumb import BreadcrumbWriter
+from exporter.fakenvml.binding import FakeNvml
 from exporter.metric import GpuKey
 from exporter.nvml.backend import FakeBackend
 from exporter.nvml.client import DeviceClient, NvmlClient
-from exporter.nvml.fake import FakeNvml
 from exporter.snapshot import SystemInfo, decode_dataclass
 from guards.features import FEATURES
 

@@ -11,7 +11,7 @@ import pytest
 from exporter_proc import SCENARIOS
 from exporter_proc import load_scenario as shipped
 
-from exporter.nvml.scenario import ScenarioError, load_scenario
+from exporter.fakenvml.scenario import ScenarioError, load_scenario
 from exporter.web import accepts_gzip
 
 

@@ -1,4 +1,4 @@
-"""exporter.nvml.fake: scenario validation, value specs, faults, events, and real crashes.
+"""exporter.fakenvml: scenario validation, value specs, faults, events, and real crashes.
 
 Scenario time is driven by an injected clock (``FakeNvml(path, epoch=0, clock=...)``); crashes run
 in a child interpreter whose return code names the signal.
@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,11 @@ import pynvml
 import pytest
 from waiting import masks_signal, wait_until
 
+from exporter.fakenvml import spec
+from exporter.fakenvml.binding import FakeNvml
+from exporter.fakenvml.scenario import ScenarioError
 from exporter.nvml import errors
 from exporter.nvml.backend import UNPOPULATED, FakeBackend
-from exporter.nvml.fake import FakeNvml, ScenarioError
 
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
 
@@ -203,6 +207,45 @@ def test_shipped_scenarios_are_valid(name: str) -> None:
     fake = FakeNvml(str(root / f"{name}.json"))
     fake.nvmlInit()
     assert fake.nvmlDeviceGetCount() == int(name[-1])
+
+
+def test_every_value_kind_has_one_section_in_the_scenario_docs() -> None:
+    """docs/scenarios.md has one "#### <key>" section per kind of exporter/fakenvml/spec.py."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "scenarios.md").read_text()
+    headings = re.findall(r"^#### (.+)$", docs, flags=re.M)
+    for kind in spec.KINDS:
+        assert headings.count(kind.KEY) == 1, f"docs/scenarios.md: one '#### {kind.KEY}' section"
+    assert {"Literal", "List", "Object (struct attributes)"} <= set(headings)
+
+
+@dataclass(frozen=True)
+class _Square(spec.Spec):
+    """A kind for the test below: ``{"square": k}`` is ``k * t * t``."""
+
+    KEY = "square"
+    KEYS = frozenset({"square"})
+    k: float
+
+    @classmethod
+    def check(cls, raw: Any, where: str) -> _Square:
+        if not spec.is_number(raw["square"]):
+            spec.fail(f"{where}.square", "a number")
+        return cls(raw["square"])
+
+    def at(self, t: float, ev: spec.Evaluation) -> float:
+        return self.k * t * t
+
+
+def test_a_new_value_kind_is_one_class_the_validator_and_the_fake_both_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spec, "KINDS", (*spec.KINDS, _Square))
+    fake = started(
+        tmp_path, {"gpus": [gpu(nvmlDeviceGetPowerUsage={"cycle": [{"square": 2}], "step_s": 1})]}, Clock(3.0)
+    )
+    assert fake.nvmlDeviceGetPowerUsage(fake.nvmlDeviceGetHandleByIndex(0)) == 18.0
+    with pytest.raises(ScenarioError, match=r"gpus\[0\]\.values\['nvmlF'\]\.square: expected a number"):
+        make(tmp_path, {"gpus": [gpu(nvmlF={"square": "x"})]})
 
 
 # -- values ----------------------------------------------------------------------------------------
@@ -504,7 +547,8 @@ def run_child(tmp_path: Path, data: dict[str, Any], body: str) -> subprocess.Com
     path.write_text(json.dumps(data))
     code = (
         textwrap.dedent(f"""
-        from exporter.nvml.fake import FakeNvml, FakeHandle
+        from exporter.fakenvml.binding import FakeNvml
+        from exporter.fakenvml.core import FakeHandle
         fake = FakeNvml({str(path)!r})
         fake.nvmlInit()
         print("before", flush=True)
@@ -558,7 +602,7 @@ def test_crash_faults_are_real(tmp_path: Path, fault: dict[str, Any], returncode
         path = tmp_path / "crash.json"
         path.write_text(json.dumps(data))
         code = (
-            f"from exporter.nvml.fake import FakeNvml\nfake = FakeNvml({str(path)!r})\nfake.nvmlInit()\n"
+            f"from exporter.fakenvml.binding import FakeNvml\nfake = FakeNvml({str(path)!r})\nfake.nvmlInit()\n"
             + body
             + "\nprint('after', flush=True)\n"
         )

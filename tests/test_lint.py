@@ -48,13 +48,58 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+def _exporter_imports(path: Path) -> list[tuple[str, bool]]:
+    """``(module, lazily)`` for each import of an ``exporter`` module in ``path`` (``from a.b import c``
+    gives ``a.b.c``); ``lazily``: inside a function body, so only run when the function is."""
+    tree = ast.parse(path.read_text())
+    lazy = {
+        id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [(name, id(node) in lazy) for name in names if name.split(".")[0] == "exporter"]
+    return found
+
+
+# The fake's modules that the supervisor runs (Config checks a scenario before anything starts).
+FAKE_STDLIB_ONLY = {"scenario.py", "spec.py", "records.py", "__init__.py"}
+
+
 def test_pynvml_only_behind_exporter_nvml() -> None:
+    """pynvml is imported under exporter/nvml/ (the real path) and exporter/fakenvml/ (the fake raises
+    pynvml's errors and fills its structs), except in the fake's standard-library-only modules. The fake
+    needs nothing of the product but the error table; the product reaches the fake only through the
+    backend loader and Config's scenario check, and lazily, so the real path never loads it."""
     offenders = [
         str(p.relative_to(ROOT))
         for p in (ROOT / "exporter").rglob("*.py")
-        if "pynvml" in _imports(p) and p.parent.name != "nvml"
+        if "pynvml" in _imports(p)
+        and (p.parent.name not in ("nvml", "fakenvml") or (p.parent.name == "fakenvml" and p.name in FAKE_STDLIB_ONLY))
     ]
     assert offenders == []
+    fake = ROOT / "exporter" / "fakenvml"
+    stdlib_only = {f"exporter.fakenvml.{name[:-3]}" for name in FAKE_STDLIB_ONLY} | {"exporter.nvml.errors"}
+    outside = []
+    for p in fake.glob("*.py"):
+        allowed = stdlib_only if p.name in FAKE_STDLIB_ONLY else {"exporter.fakenvml", "exporter.nvml.errors"}
+        outside += [f"{p.name}: {m}" for m, _ in _exporter_imports(p) if not any(m.startswith(a) for a in allowed)]
+    assert outside == [], "the fake imports only itself and exporter.nvml.errors"
+    privates = [f"{p.name}: {m}" for p in fake.glob("*.py") for m, _ in _exporter_imports(p) if "._" in m]
+    assert privates == [], "no module of the fake imports another module's private names"
+    users = {
+        f"{p.relative_to(ROOT)}{'' if lazily else ' (at import)'}"
+        for p in [*(ROOT / "exporter").rglob("*.py"), *(ROOT / "guards").rglob("*.py")]
+        if fake not in p.parents
+        for m, lazily in _exporter_imports(p)
+        if m.startswith("exporter.fakenvml")
+    }
+    assert users == {"exporter/nvml/backend.py", "exporter/config.py"}
 
 
 def test_aiohttp_only_on_the_http_side() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from exporter.nvml.fake import misaligned_r535, swapped
+from exporter.fakenvml.records import misaligned_r535, swapped
 from exporter.process_records import (
     NOT_AVAILABLE_U32,
     NOT_AVAILABLE_U64,

@@ -670,7 +670,7 @@ MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 def validate(name, doc):
     """The exporter's own scenario check (docs/scenarios.md), plus the real UUID and bus-id forms."""
     sys.path.insert(0, str(HERE.parent.parent))
-    from exporter.nvml.scenario import validate as validate_scenario  # stdlib only
+    from exporter.fakenvml.scenario import validate as validate_scenario  # stdlib only
 
     validate_scenario(name, doc)
     for gi, g in enumerate(doc["gpus"]):

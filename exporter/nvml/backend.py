@@ -140,10 +140,10 @@ class RealNvml:
 
 
 class FakeBackend:
-    """The fake with the same extra surface as :class:`RealNvml`."""
+    """The fake (:class:`exporter.fakenvml.binding.FakeNvml`) with the same extra surface as :class:`RealNvml`."""
 
     def __init__(self, path: str) -> None:
-        from exporter.nvml.fake import FakeNvml
+        from exporter.fakenvml.binding import FakeNvml  # lazily: the real path never loads the fake
 
         epoch = os.environ.get("NVGPU_FAKE_EPOCH")
         self._fake = FakeNvml(path, epoch=float(epoch) if epoch else None)
@@ -175,7 +175,7 @@ def load(spec: str) -> RealNvml | FakeBackend:
 
     Raises:
         ValueError: unknown spec.
-        exporter.nvml.fake.ScenarioError: bad scenario file.
+        exporter.fakenvml.scenario.ScenarioError: bad scenario file.
     """
     if spec == "nvml":
         return RealNvml()

@@ -296,14 +296,14 @@ def _child() -> None:
     """Run the real worker module with the fake's clock pinned at scenario time 0."""
     import runpy
 
-    from exporter.nvml import fake
+    from exporter.fakenvml import binding
 
-    original = fake.FakeNvml.__init__
+    original = binding.FakeNvml.__init__
 
     def pinned(self: Any, path: str, epoch: float | None = None, clock: Any = None) -> None:
         original(self, path, epoch=T0, clock=lambda: T0)
 
-    fake.FakeNvml.__init__ = pinned  # type: ignore[method-assign]
+    binding.FakeNvml.__init__ = pinned  # type: ignore[method-assign]
     runpy.run_module("exporter.worker", run_name="__main__", alter_sys=True)
 
 

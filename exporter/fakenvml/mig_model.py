@@ -1,7 +1,7 @@
 """MIG in the fake NVML backend: a GPU's MIG mode and instance layouts over time, MIG device handles.
 
 A GPU of a scenario may carry a ``"mig"`` object (docs/scenarios.md, "MIG"; validated by
-:mod:`exporter.nvml.scenario`)::
+:mod:`exporter.fakenvml.scenario`)::
 
     "mig": {
       "mode": [1, 1],                    // nvmlDeviceGetMigMode [current, pending]; any value spec
@@ -22,7 +22,8 @@ handle (any value spec; an error spec is a per-instance error; ``nvmlDeviceGetNa
 GPU instance's GPM samples, and ``nvmlDeviceGetMigDeviceHandleByIndex`` / ``nvmlGpmMigSampleGet``
 (an error spec makes that call fail for this instance only).
 
-This module holds the model; :class:`exporter.nvml.fake.FakeNvml` exposes it as pynvml calls.
+This module holds the model; :mod:`exporter.fakenvml.mig` and :mod:`exporter.fakenvml.gpm` expose it
+as pynvml calls.
 Handles behave as NVML documents them: a MIG device handle whose compute instance was destroyed
 (the layout changed, or MIG went off) answers INVALID_ARGUMENT and "must be requested again"
 (NVML API reference, nvmlDeviceGetMigDeviceHandleByIndex).
@@ -34,16 +35,13 @@ from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-import pynvml
-
+from exporter.fakenvml.core import nvml_error
+from exporter.fakenvml.spec import Spec, parse
 from exporter.nvml import errors
 
 MIG_ENABLE = 1
 DEFAULT_MAX_DEVICES = 7  # H100/H200: seven MIG devices at most
-
-
-def _err(code: int) -> pynvml.NVMLError:
-    return pynvml.NVMLError(code)
+DEFAULT_MODE = parse([MIG_ENABLE, MIG_ENABLE], "mig.mode")  # [current, pending] when not given
 
 
 class FakeMigHandle:
@@ -76,26 +74,32 @@ class MigModel:
     """The MIG side of a scenario, resolved at scenario time.
 
     Args:
-        gpus: the scenario's GPU objects.
+        gpu_at: the compiled GPU object at an enumeration index
+            (:func:`exporter.fakenvml.scenario.compile_scenario`).
         resolve: the fake's value-spec resolver ``(spec, t) -> value`` (raises the spec's errors).
         now: scenario time.
     """
 
-    def __init__(self, gpus: list[dict[str, Any]], resolve: Callable[[Any, float], Any], now: Callable[[], float]):
-        self._gpus = gpus
+    def __init__(
+        self,
+        gpu_at: Callable[[int], Mapping[str, Any]],
+        resolve: Callable[[Spec, float], Any],
+        now: Callable[[], float],
+    ) -> None:
+        self._gpu_at = gpu_at
         self._resolve = resolve
         self._now = now
 
     def spec(self, gpu: int) -> Mapping[str, Any] | None:
         """The GPU's ``mig`` object, or None (a GPU without one answers from its ``values``)."""
-        spec = self._gpus[gpu].get("mig")
-        return spec if isinstance(spec, dict) else None
+        mig = self._gpu_at(gpu).get("mig")
+        return mig if isinstance(mig, dict) else None
 
     def mode(self, gpu: int) -> list[int]:
         """``[current, pending]`` now."""
-        spec = self.spec(gpu)
-        assert spec is not None
-        value = self._resolve(spec.get("mode", [MIG_ENABLE, MIG_ENABLE]), self._now())
+        mig = self.spec(gpu)
+        assert mig is not None
+        value = self._resolve(mig.get("mode", DEFAULT_MODE), self._now())
         return [int(value[0]), int(value[1])]
 
     def enabled(self, gpu: int) -> bool:
@@ -103,18 +107,18 @@ class MigModel:
         return self.spec(gpu) is not None and self.mode(gpu)[0] == MIG_ENABLE
 
     def max_devices(self, gpu: int) -> int:
-        spec = self.spec(gpu)
-        assert spec is not None
-        return int(spec.get("max_devices", DEFAULT_MAX_DEVICES)) if self.enabled(gpu) else 0
+        mig = self.spec(gpu)
+        assert mig is not None
+        return int(mig.get("max_devices", DEFAULT_MAX_DEVICES)) if self.enabled(gpu) else 0
 
     def instances(self, gpu: int) -> dict[int, Mapping[str, Any]]:
         """MIG device index -> instance object of the layout in force now (empty with MIG off)."""
         if not self.enabled(gpu):
             return {}
-        spec = self.spec(gpu)
-        assert spec is not None
+        mig = self.spec(gpu)
+        assert mig is not None
         t = self._now()
-        for layout in spec.get("layouts", []):
+        for layout in mig.get("layouts", []):
             if "until_s" not in layout or t < layout["until_s"]:
                 return {int(inst.get("index", i)): inst for i, inst in enumerate(layout.get("instances", []))}
         return {}
@@ -124,10 +128,10 @@ class MigModel:
     def handle(self, gpu: int, index: int) -> FakeMigHandle:
         """``nvmlDeviceGetMigDeviceHandleByIndex``: NOT_FOUND for an empty slot (and with MIG off)."""
         if index < 0 or (self.enabled(gpu) and index >= self.max_devices(gpu)):
-            raise _err(errors.INVALID_ARGUMENT)
+            raise nvml_error(errors.INVALID_ARGUMENT)
         inst = self.instances(gpu).get(index)
         if inst is None:
-            raise _err(errors.NOT_FOUND)
+            raise nvml_error(errors.NOT_FOUND)
         if "nvmlDeviceGetMigDeviceHandleByIndex" in inst.get("values", {}):
             self.value_spec(inst, "nvmlDeviceGetMigDeviceHandleByIndex")  # a per-instance error spec
         return FakeMigHandle(
@@ -142,7 +146,7 @@ class MigModel:
             int(inst["compute_instance_id"]),
             str(inst["uuid"]),
         ) != (handle.gpu_instance_id, handle.compute_instance_id, handle.uuid):
-            raise _err(errors.INVALID_ARGUMENT)
+            raise nvml_error(errors.INVALID_ARGUMENT)
         return inst
 
     def gpu_instance(self, gpu: int, gpu_instance_id: int) -> Mapping[str, Any]:
@@ -150,7 +154,7 @@ class MigModel:
         for _, inst in sorted(self.instances(gpu).items()):
             if int(inst["gpu_instance_id"]) == gpu_instance_id:
                 return inst
-        raise _err(errors.INVALID_ARGUMENT)
+        raise nvml_error(errors.INVALID_ARGUMENT)
 
     def gpu_instance_info(self, gi: FakeGpuInstance) -> SimpleNamespace:
         """``nvmlGpuInstanceGetInfo``: id, profileId, placement."""
@@ -166,8 +170,8 @@ class MigModel:
     def profile(self, gpu: int, *, profile_id: int | None = None, index: int | None = None) -> SimpleNamespace:
         """A GPU instance profile by id (``…ProfileInfoByIdV``) or by profile index (``…ProfileInfoV``),
         shaped as ``c_nvmlGpuInstanceProfileInfo_v2_t`` (``name`` as bytes)."""
-        spec = self.spec(gpu)
-        profiles = spec.get("profiles", {}) if spec is not None else {}
+        mig = self.spec(gpu)
+        profiles = mig.get("profiles", {}) if mig is not None else {}
         for key, p in profiles.items():
             if (profile_id is not None and int(key) == profile_id) or (index is not None and p.get("index") == index):
                 return SimpleNamespace(
@@ -185,7 +189,7 @@ class MigModel:
                     memorySizeMB=int(p.get("memorySizeMB", 0)),
                     name=str(p.get("name", "")).encode(),
                 )
-        raise _err(errors.INVALID_ARGUMENT if profile_id is not None else errors.NOT_SUPPORTED)
+        raise nvml_error(errors.INVALID_ARGUMENT if profile_id is not None else errors.NOT_SUPPORTED)
 
     def name(self, handle: FakeMigHandle, gpu_name: str) -> str:
         """``nvmlDeviceGetName`` of a MIG device: its ``values`` entry, else ``<GPU name> MIG <profile>``
@@ -193,8 +197,8 @@ class MigModel:
         inst = self.instance(handle)
         if "nvmlDeviceGetName" in inst.get("values", {}):
             return str(self.value_spec(inst, "nvmlDeviceGetName"))
-        spec = self.spec(handle.gpu) or {}
-        profile = spec.get("profiles", {}).get(str(inst.get("profile_id")), {}).get("name", "")
+        mig = self.spec(handle.gpu) or {}
+        profile = mig.get("profiles", {}).get(str(inst.get("profile_id")), {}).get("name", "")
         profile = profile[4:] if profile.startswith("MIG ") else profile
         return f"{gpu_name} MIG {profile}" if profile else gpu_name
 
@@ -218,7 +222,7 @@ class MigModel:
                 continue
         if "RunningProcesses" in function:
             return []
-        raise _err(errors.NOT_SUPPORTED)
+        raise nvml_error(errors.NOT_SUPPORTED)
 
     def gpm_metric(self, gpu: int, gpu_instance_id: int, metric_id: int, t: float) -> Any:
         """A GPM metric of a GPU instance at ``t``: its first instance's ``nvmlGpmMetricsGet:<id>``,
@@ -227,7 +231,7 @@ class MigModel:
         inst = self.gpu_instance(gpu, gpu_instance_id)
         if key in inst.get("values", {}):
             return self.value_spec(inst, key, t)
-        values = self._gpus[gpu].get("values", {})
+        values = self._gpu_at(gpu)["values"]
         if key in values:
             return self._resolve(values[key], t)
         raise KeyError(key)
