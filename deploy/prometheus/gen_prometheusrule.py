@@ -3,12 +3,14 @@
 
 rules.yaml is the source: a plain Prometheus rule file that ``promtool check rules`` and
 ``promtool test rules`` read. The PrometheusRule carries the same ``groups`` under ``spec``.
-``--set dcgm-compat`` does the same for deploy/prometheus/dcgm-compat/ (dcgm-exporter's names).
+``--set dcgm-compat`` does the same for deploy/prometheus/dcgm-compat/ (dcgm-exporter's names),
+``--set nvidia-smi-compat`` for deploy/prometheus/nvidia-smi-compat/ (nvidia_gpu_exporter's names).
 
 Usage:
     python deploy/prometheus/gen_prometheusrule.py          # rewrite prometheusrule.yaml
     python deploy/prometheus/gen_prometheusrule.py --check  # exit 1 if it is out of date
     python deploy/prometheus/gen_prometheusrule.py --set dcgm-compat [--check]
+    python deploy/prometheus/gen_prometheusrule.py --set nvidia-smi-compat [--check]
 
 Needs PyYAML.
 """
@@ -32,6 +34,13 @@ SETS = {
         HERE / "dcgm-compat" / "rules.yaml",
         HERE / "dcgm-compat" / "prometheusrule.yaml",
         "nvgpu-exporter-dcgm-compat",
+        "recording-rules",
+        "tests/test_dcgm_compat.py",
+    ),
+    "nvidia-smi-compat": (
+        HERE / "nvidia-smi-compat" / "rules.yaml",
+        HERE / "nvidia-smi-compat" / "prometheusrule.yaml",
+        "nvgpu-exporter-nvidia-smi-compat",
         "recording-rules",
         "tests/test_dcgm_compat.py",
     ),
