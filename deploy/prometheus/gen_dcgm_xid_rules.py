@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""Generates the Xid message rule of deploy/prometheus/dcgm-compat/rules.yaml from the Xid catalog.
+"""Generates the Xid rules of deploy/prometheus/dcgm-compat/rules.yaml from the Xid catalog.
 
 dcgm-exporter 4.x labels ``DCGM_FI_DEV_XID_ERRORS`` with ``err_code`` (the value, in decimal) and
 ``err_msg`` (a description of that Xid; "No Error" for 0) (NVIDIA/dcgm-exporter
 ``internal/pkg/collector/gpu_collector.go``; ``err_msg`` since 3.3.6-3.4.2, PR #309, ``err_code``
 since 4.0.0, PR #437). The compatibility rules take the description from our own catalog,
 ``exporter/xid/catalog.json`` (its ``meaning``), so the one file that classifies Xids for the alerts,
-the dashboards and the log also names them here. The rule written is one constant series per
-catalog code, ``nvgpu:dcgm_xid_messages{err_code, err_msg} 1``, that ``DCGM_FI_DEV_XID_ERRORS``
-joins on ``err_code``; a code the catalog lacks gets the catalog's text for unknown codes there.
+the dashboards and the log also names them here. Three rules are written:
+``nvgpu:dcgm_xid_messages{err_code, err_msg} 1``, one constant series per catalog code (and 0);
+``nvgpu:dcgm_xid_last_code``, the last code per GPU labelled ``err_code`` by ``count_values`` (exact
+for any code); and ``DCGM_FI_DEV_XID_ERRORS``, which joins the two on ``err_code`` and gives a code
+the catalog lacks the catalog's text for unknown codes (`exporter.xid.classify`).
 
 The generated text sits between two marker lines in rules.yaml; everything else in that file is
 hand-written. After rewriting rules.yaml the PrometheusRule copy is regenerated too
-(deploy/prometheus/gen_prometheusrule.py --set dcgm-compat).
+(deploy/prometheus/gen_prometheusrule.py --set dcgm-compat). tests/test_dcgm_compat.py fails when
+the block is not what this script writes from the catalog.
 
 Usage:
     python deploy/prometheus/gen_dcgm_xid_rules.py          # rewrite the block (and the PrometheusRule)
