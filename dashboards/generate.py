@@ -113,6 +113,7 @@ def timeseries_panel(
     bars: bool = False,
     min_val: float | None = 0,
     max_val: float | None = None,
+    mappings: list[dm.ValueMapping] | None = None,
 ) -> timeseries.Panel:
     p = (
         timeseries.Panel()
@@ -142,6 +143,8 @@ def timeseries_panel(
         p = p.stacking(common.StackingConfig().mode(cm.StackingMode.NORMAL))
     if bars:
         p = p.draw_style(cm.GraphDrawStyle.BARS)
+    if mappings:
+        p = p.mappings(mappings)
     return _targets(p, queries)
 
 
@@ -187,6 +190,7 @@ def table_panel(
     overrides: Sequence[tuple[str, list[dm.DynamicConfigValue]]] = (),
     thresholds: dashboard.ThresholdsConfig | None = None,
     color_column: str | None = None,
+    mappings: list[dm.ValueMapping] | None = None,
 ) -> table.Panel:
     """An instant-query table; several queries are merged on their common labels."""
     p = table.Panel().title(title).description(description).datasource(DS).span(w).height(h).filterable(True)
@@ -194,6 +198,8 @@ def table_panel(
         p = p.unit(unit)
     if thresholds is not None:
         p = p.thresholds(thresholds)
+    if mappings:
+        p = p.mappings(mappings)
     if len(queries) > 1:
         p = p.with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))
     excluded = {name: True for name in ("Time", "__name__", "job", *hide)}
@@ -220,6 +226,7 @@ def bargauge_panel(
     *,
     w: int = 12,
     h: int = 8,
+    mappings: list[dm.ValueMapping] | None = None,
 ) -> bargauge.Panel:
     p = (
         bargauge.Panel()
@@ -236,6 +243,8 @@ def bargauge_panel(
         .show_unfilled(True)
         .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
+    if mappings:
+        p = p.mappings(mappings)
     return _targets(p, queries, instant=True)
 
 
@@ -310,6 +319,43 @@ def xid_classified(inner: str) -> str:
             continue
         expr = f'label_replace(\n  {expr},\n  "class", "{cls}", "xid", "{promql_regex(codes)}"\n)'
     return expr
+
+
+# -- event panels: "none" while scraped and quiet, No data while not scraped ------------------------
+#
+# An event panel counts things that happen or states nothing should be in (Xids, worker restarts
+# and crashes, quarantines, lost or stuck GPUs, error counters). Most of its series exist only once
+# something happened, so "healthy, nothing happened" and "not scraped" both came back empty and both
+# read "No data". Grafana's noValue cannot tell them apart either: it replaces any empty result.
+# So the query itself answers 0 while the exporter is scraped and nothing happened (`... or on ()
+# <series the exporter always has> * 0`), and a value mapping writes that 0 as "none". The guard
+# series (nvgpu_up, nvgpu_device_up) get a staleness marker on the first failed scrape, so the 0
+# goes with them and the panel says No data. Measurements (temperature, power, utilization, ...) and
+# inventory keep their plain behaviour: No data only when there is no data.
+NONE_TEXT = "none"
+QUIET = ' "none": scraped, nothing happened; No data: not scraped.'
+"""The sentence every event panel's description ends with."""
+NONE = _mapping({"0": (NONE_TEXT, "green")})
+"""Shows an event panel's 0 as "none": scraped, nothing happened."""
+
+
+def quiet_zero(expr: str, guard: str, **labels: str) -> str:
+    """``expr``, or a 0 while the exporter is scraped and ``expr`` has no series.
+
+    Args:
+        expr: the panel's query.
+        guard: series the exporter has on every successful scrape (``nvgpu_up``,
+            ``nvgpu_device_up``), aggregated to the panel's grouping; stale, hence absent, as soon as
+            a scrape fails or the target goes.
+        labels: labels for the 0 series, e.g. the legend's label set to "none".
+
+    Returns:
+        ``(expr) or on () (<guard> * 0)``: ``on ()`` keeps the 0 out while ``expr`` has any series.
+    """
+    zero = f"{guard} * 0"
+    for name, value in labels.items():
+        zero = f'label_replace({zero}, "{name}", "{value}", "", "")'
+    return f"({expr})\nor on () ({zero})"
 
 
 def _ids(d: dict[str, Any]) -> dict[str, Any]:
@@ -412,20 +458,25 @@ def gpu_fleet() -> dict[str, Any]:
                 "GPUs lost, hung or crashed",
                 "GPUs with a fault of their own (nvgpu_device_state lost, hung or crashed): left out "
                 "of sampling and probed, the others unaffected. A worker that is not sampling at all "
-                "(state unknown) is not counted here.",
-                f'sum(nvgpu_device_state{{{GPU}, state=~"lost|hung|crashed"}}) or vector(0)',
+                "(state unknown) is not counted here." + QUIET,
+                quiet_zero(
+                    f'sum(nvgpu_device_state{{{GPU}, state=~"lost|hung|crashed"}})', f"sum(nvgpu_device_up{{{GPU}}})"
+                ),
                 "none",
                 OK_RED,
+                mappings=NONE,
             )
         )
         .with_panel(
             stat_panel(
                 "GPUs with the stuck signature",
                 "Busy, nothing running (no SM active by GPM, or no memory used), no processes for "
-                "NVGPU_STUCK_AFTER_SECONDS (nvgpu_stuck_context_suspected). See the table below and docs/runbook.md.",
-                f"sum(nvgpu_stuck_context_suspected{{{GPU}}})",
+                "NVGPU_STUCK_AFTER_SECONDS (nvgpu_stuck_context_suspected). See the table below and docs/runbook.md."
+                + QUIET,
+                quiet_zero(f"sum(nvgpu_stuck_context_suspected{{{GPU}}})", f"sum(nvgpu_device_up{{{GPU}}})"),
                 "none",
                 OK_RED,
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -451,10 +502,11 @@ def gpu_fleet() -> dict[str, Any]:
             stat_panel(
                 "Exporters without fresh data",
                 "Selected exporters whose nvgpu_up is 0 (NVML not initialised or "
-                "the last sample is stale). The Exporter health dashboard says why.",
+                "the last sample is stale). The Exporter health dashboard says why." + QUIET,
                 f"sum(1 - nvgpu_up{{{FLEET}}})",
                 "none",
                 OK_RED,
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -608,17 +660,22 @@ def gpu_fleet() -> dict[str, Any]:
                 "(rate() of nvgpu_clock_event_reason_seconds_total above 0: the driver's own time counters, so "
                 "a short brake between two samples is not missed). sw_power_cap under load means the power limit "
                 "is reached; *_thermal_* and hw_* need attention; total_base_clocks is any reason below base "
-                "clocks.",
+                "clocks." + QUIET,
                 [
                     (
-                        "count by (reason) "
-                        f"(rate(nvgpu_clock_event_reason_seconds_total{{{GPU}}}[$__rate_interval]) > 0)",
+                        quiet_zero(
+                            "count by (reason) "
+                            f"(rate(nvgpu_clock_event_reason_seconds_total{{{GPU}}}[$__rate_interval]) > 0)",
+                            f"sum(nvgpu_device_up{{{GPU}}})",
+                            reason=NONE_TEXT,
+                        ),
                         "{{reason}}",
                     )
                 ],
                 "none",
                 stacked=True,
                 bars=True,
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -669,7 +726,7 @@ def gpu_fleet() -> dict[str, Any]:
                 "Per GPU and error type: since the driver loaded (nvgpu_ecc_volatile_errors_total; a GPU reset "
                 "clears it; uncorrected > 0 is critical) and over the board's life (nvgpu_ecc_aggregate_errors_total, "
                 "which includes the former: never add the two; read with NVGPU_FEATURE_DETAILS=on, else this "
-                "column stays empty: nvidia-smi -q -d ECC on the node has it).",
+                "column stays empty: nvidia-smi -q -d ECC on the node has it)." + QUIET,
                 [
                     (f"max by ({GPU_BY}, error_type) (nvgpu_ecc_volatile_errors_total{{{GPU}}})", None),
                     (f"max by ({GPU_BY}, error_type) (nvgpu_ecc_aggregate_errors_total{{{GPU}}})", None),
@@ -679,22 +736,28 @@ def gpu_fleet() -> dict[str, Any]:
                 rename={"Value #A": "since driver load", "Value #B": "lifetime"},
                 thresholds=OK_RED,
                 color_column="since driver load",
+                mappings=NONE,
             )
         )
         .with_panel(
             timeseries_panel(
                 "ECC errors (volatile counter increase)",
-                "increase() of the volatile ECC counters (nvgpu_ecc_volatile_errors_total).",
+                "increase() of the volatile ECC counters (nvgpu_ecc_volatile_errors_total)." + QUIET,
                 [
                     (
-                        f"sum by ({GPU_BY}, error_type) "
-                        f"(increase(nvgpu_ecc_volatile_errors_total{{{GPU}}}[$__rate_interval]))",
+                        quiet_zero(
+                            f"sum by ({GPU_BY}, error_type) "
+                            f"(increase(nvgpu_ecc_volatile_errors_total{{{GPU}}}[$__rate_interval]))",
+                            f"max by ({GPU_BY}) (nvgpu_device_up{{{GPU}}})",
+                            error_type=NONE_TEXT,
+                        ),
                         GPU_LEGEND + " {{error_type}}",
                     )
                 ],
                 "none",
                 w=8,
                 bars=True,
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -716,11 +779,21 @@ def gpu_fleet() -> dict[str, Any]:
             bargauge_panel(
                 "Xid errors by class",
                 "nvgpu_xid_errors_total summed by the class exporter/xid/catalog.json gives "
-                "each code (application, driver, memory, nvlink, ...), counted since each exporter started.",
-                [(f"sum by (class) ({xid_classified(f'nvgpu_xid_errors_total{{{GPU}}}')})", "{{class}}")],
+                "each code (application, driver, memory, nvlink, ...), counted since each exporter started." + QUIET,
+                [
+                    (
+                        quiet_zero(
+                            f"sum by (class) ({xid_classified(f'nvgpu_xid_errors_total{{{GPU}}}')})",
+                            f"sum(nvgpu_device_up{{{GPU}}})",
+                            **{"class": NONE_TEXT},
+                        ),
+                        "{{class}}",
+                    )
+                ],
                 "none",
                 _thresholds((None, "orange")),
                 w=8,
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -728,12 +801,14 @@ def gpu_fleet() -> dict[str, Any]:
                 "Xid errors by GPU and code",
                 "Per GPU and Xid code: count since the exporter started, the catalog "
                 "class, and the time of the last one. Xid 43 on a GPU that also shows the stuck signature means "
-                "the context was never cleaned up (docs/runbook.md).",
-                [(xid_table, None), (xid_last, None)],
+                "the context was never cleaned up (docs/runbook.md). A GPU without Xids has one row, count none."
+                + QUIET,
+                [(quiet_zero(xid_table, f"max by ({GPU_BY}) (nvgpu_device_up{{{GPU}}})"), None), (xid_last, None)],
                 w=16,
                 hide=("cluster",),
                 rename={"Value #A": "count", "Value #B": "last"},
                 overrides=[("last", [dm.DynamicConfigValue(id_val="unit", value="dateTimeAsIso")])],
+                mappings=NONE,
             )
         )
     )
@@ -911,10 +986,14 @@ def gpu_fleet() -> dict[str, Any]:
                 "Per link: the error counters (since the driver loaded) of every link with replay, recovery or "
                 "flit-CRC errors; a link stays listed for the exporter worker's life. With "
                 "NVGPU_FEATURE_NVLINK_LINKS=on every link is listed (its bytes too: "
-                "nvgpu_nvlink_link_transmit_bytes_total), else only those. nvgpu_nvlink_link_up: 0 = link down.",
+                "nvgpu_nvlink_link_transmit_bytes_total), else only those. nvgpu_nvlink_link_up: 0 = link down. A "
+                "GPU with NVLink and no link with errors has one row, replay none." + QUIET,
                 [
                     (
-                        f'max by ({GPU_BY}, link) (nvgpu_nvlink_link_errors_total{{{GPU}, error_type="replay"}})',
+                        quiet_zero(
+                            f'max by ({GPU_BY}, link) (nvgpu_nvlink_link_errors_total{{{GPU}, error_type="replay"}})',
+                            f"max by ({GPU_BY}) (nvgpu_nvlink_links_up{{{GPU}}})",
+                        ),
                         None,
                     ),
                     (
@@ -941,6 +1020,7 @@ def gpu_fleet() -> dict[str, Any]:
                     "Value #D": "data CRC",
                     "Value #E": "up",
                 },
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -1009,7 +1089,7 @@ def _mig_instances(d: dashboard.Dashboard) -> dashboard.Dashboard:
                 "GPUs in MIG mode",
                 "GPUs whose MIG mode is enabled now (nvgpu_mig_mode); a pending change waits for a GPU reset "
                 "(alert NvgpuMigModeChangePending).",
-                f"count(nvgpu_mig_mode{{{GPU}}} == 1) or vector(0)",
+                quiet_zero(f"count(nvgpu_mig_mode{{{GPU}}} == 1)", f"sum(nvgpu_device_up{{{GPU}}})"),
                 "none",
                 ALWAYS_BLUE,
                 w=8,
@@ -1019,18 +1099,22 @@ def _mig_instances(d: dashboard.Dashboard) -> dashboard.Dashboard:
             stat_panel(
                 "MIG mode changes pending",
                 "GPUs whose MIG mode changes at their next reset (nvgpu_mig_mode_pending != nvgpu_mig_mode). "
-                "The reset fails while the exporter holds the GPU: docs/runbook.md, pause-label procedure.",
-                f"count(nvgpu_mig_mode_pending{{{GPU}}} != nvgpu_mig_mode{{{GPU}}}) or vector(0)",
+                "The reset fails while the exporter holds the GPU: docs/runbook.md, pause-label procedure." + QUIET,
+                quiet_zero(
+                    f"count(nvgpu_mig_mode_pending{{{GPU}}} != nvgpu_mig_mode{{{GPU}}})",
+                    f"sum(nvgpu_device_up{{{GPU}}})",
+                ),
                 "none",
                 OK_RED,
                 w=8,
+                mappings=NONE,
             )
         )
         .with_panel(
             stat_panel(
                 "MIG devices in all",
                 "MIG devices of the selected GPUs (nvgpu_mig_instance_info).",
-                f"count(nvgpu_mig_instance_info{{{GPU}}}) or vector(0)",
+                quiet_zero(f"count(nvgpu_mig_instance_info{{{GPU}}})", f"sum(nvgpu_device_up{{{GPU}}})"),
                 "none",
                 ALWAYS_BLUE,
                 w=8,
@@ -1089,28 +1173,33 @@ def _fleet(d: dashboard.Dashboard) -> dashboard.Dashboard:
             stat_panel(
                 "GPUs not up",
                 "GPUs reported but not answering: lost, hung, crashed or not sampled "
-                "(cluster:nvgpu_device_up:count - cluster:nvgpu_device_up:sum)." + RULES_NOTE,
+                "(cluster:nvgpu_device_up:count - cluster:nvgpu_device_up:sum)." + RULES_NOTE + QUIET,
                 f"sum(cluster:nvgpu_device_up:count{{{CLUSTER}}}) - sum(cluster:nvgpu_device_up:sum{{{CLUSTER}}})",
                 "none",
                 OK_RED,
+                mappings=NONE,
             )
         )
         .with_panel(
             stat_panel(
                 "GPUs busy with nothing on them",
-                "GPUs showing the stuck-context signature (cluster:nvgpu_stuck_context_suspected:sum)." + RULES_NOTE,
+                "GPUs showing the stuck-context signature (cluster:nvgpu_stuck_context_suspected:sum)."
+                + RULES_NOTE
+                + QUIET,
                 f"sum(cluster:nvgpu_stuck_context_suspected:sum{{{CLUSTER}}})",
                 "none",
                 OK_RED,
+                mappings=NONE,
             )
         )
         .with_panel(
             stat_panel(
                 "Nodes without fresh GPU data",
-                "Exporters whose nvgpu_up is 0 (cluster:nvgpu_up:count - cluster:nvgpu_up:sum)." + RULES_NOTE,
+                "Exporters whose nvgpu_up is 0 (cluster:nvgpu_up:count - cluster:nvgpu_up:sum)." + RULES_NOTE + QUIET,
                 f"sum(cluster:nvgpu_up:count{{{CLUSTER}}}) - sum(cluster:nvgpu_up:sum{{{CLUSTER}}})",
                 "none",
                 OK_RED,
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -1307,10 +1396,11 @@ def exporter_health() -> dict[str, Any]:
             stat_panel(
                 "Exporters without fresh GPU data",
                 "nvgpu_up == 0: NVML not initialised or the last sample is older "
-                "than the stale bound (GPU series are dropped then).",
+                "than the stale bound (GPU series are dropped then)." + QUIET,
                 f"sum(1 - nvgpu_up{{{HEALTH}}})",
                 "none",
                 OK_RED,
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -1326,20 +1416,23 @@ def exporter_health() -> dict[str, Any]:
             stat_panel(
                 "Quarantined features (count)",
                 "Features switched off after repeated worker crashes in them "
-                '(nvgpu_feature_enabled{reason="quarantined"}).',
-                f'count(nvgpu_feature_enabled{{{HEALTH}, reason="quarantined"}}) '
-                f"or sum(nvgpu_feature_enabled{{{HEALTH}}}) * 0",
+                '(nvgpu_feature_enabled{reason="quarantined"}).' + QUIET,
+                quiet_zero(
+                    f'count(nvgpu_feature_enabled{{{HEALTH}, reason="quarantined"}})', f"sum(nvgpu_up{{{HEALTH}}})"
+                ),
                 "none",
                 OK_RED,
+                mappings=NONE,
             )
         )
         .with_panel(
             stat_panel(
                 "Self-check failures",
-                "Sum of nvgpu_selfcheck_failures (shadowed or mismatched modules).",
+                "Sum of nvgpu_selfcheck_failures (shadowed or mismatched modules)." + QUIET,
                 f"sum(nvgpu_selfcheck_failures{{{HEALTH}}})",
                 "none",
                 OK_RED,
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -1373,10 +1466,14 @@ def exporter_health() -> dict[str, Any]:
             timeseries_panel(
                 "Worker restarts by reason",
                 "increase() of nvgpu_worker_restarts_total by reason: crash (signal), "
-                "hang (missed its deadline), exit, NVML unusable.",
+                "hang (missed its deadline), exit, NVML unusable." + QUIET,
                 [
                     (
-                        f"sum by (reason) (increase(nvgpu_worker_restarts_total{{{HEALTH}}}[$__rate_interval]))",
+                        quiet_zero(
+                            f"sum by (reason) (increase(nvgpu_worker_restarts_total{{{HEALTH}}}[$__rate_interval]))",
+                            f"sum(nvgpu_up{{{HEALTH}}})",
+                            reason=NONE_TEXT,
+                        ),
                         "{{reason}}",
                     )
                 ],
@@ -1384,22 +1481,29 @@ def exporter_health() -> dict[str, Any]:
                 w=8,
                 stacked=True,
                 bars=True,
+                mappings=NONE,
             )
         )
         .with_panel(
             bargauge_panel(
                 "Worker crashes by feature",
                 "nvgpu_worker_crashes_total since each exporter started: the feature and "
-                "NVML function in flight when the worker crashed or hung.",
+                "NVML function in flight when the worker crashed or hung." + QUIET,
                 [
                     (
-                        f"sum by (feature, function) (nvgpu_worker_crashes_total{{{HEALTH}}})",
+                        quiet_zero(
+                            f"sum by (feature, function) (nvgpu_worker_crashes_total{{{HEALTH}}})",
+                            f"sum(nvgpu_up{{{HEALTH}}})",
+                            feature=NONE_TEXT,
+                            function=NONE_TEXT,
+                        ),
                         "{{feature}} / {{function}}",
                     )
                 ],
                 "none",
                 _thresholds((None, "red")),
                 w=8,
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -1432,8 +1536,18 @@ def exporter_health() -> dict[str, Any]:
             table_panel(
                 "Quarantined features",
                 "Features the supervisor switched off after the worker crashed or hung in them "
-                "NVGPU_QUARANTINE_AFTER times. docs/runbook.md: how to clear.",
-                [(f'nvgpu_feature_enabled{{{HEALTH}, reason="quarantined"}}', None)],
+                "NVGPU_QUARANTINE_AFTER times. docs/runbook.md: how to clear. An exporter without any has one "
+                "row, feature none." + QUIET,
+                [
+                    (
+                        quiet_zero(
+                            f'nvgpu_feature_enabled{{{HEALTH}, reason="quarantined"}}',
+                            f"max by ({by}) (nvgpu_up{{{HEALTH}}})",
+                            feature=NONE_TEXT,
+                        ),
+                        None,
+                    )
+                ],
                 w=8,
                 hide=("Value", "cluster"),
             )
@@ -1470,14 +1584,19 @@ def exporter_health() -> dict[str, Any]:
         .with_panel(
             timeseries_panel(
                 "NVML errors by feature",
-                "rate() of nvgpu_nvml_errors_total: transient or unexpected NVML errors that omitted a sample.",
+                "rate() of nvgpu_nvml_errors_total: transient or unexpected NVML errors that omitted a sample." + QUIET,
                 [
                     (
-                        f"sum by (feature, error) (rate(nvgpu_nvml_errors_total{{{HEALTH}}}[$__rate_interval]))",
+                        quiet_zero(
+                            f"sum by (feature, error) (rate(nvgpu_nvml_errors_total{{{HEALTH}}}[$__rate_interval]))",
+                            f"sum(nvgpu_up{{{HEALTH}}})",
+                            feature=NONE_TEXT,
+                        ),
                         "{{feature}} {{error}}",
                     )
                 ],
                 "reqps",
+                mappings=NONE,
             )
         )
         .with_panel(
@@ -1544,16 +1663,21 @@ def exporter_health() -> dict[str, Any]:
                 "increase() of nvgpu_process_records_dropped_total by reason: process records NVML returned that "
                 "cannot be true (pid 0, pid >= pid_max, memory above the GPU total, duplicates, sentinels). "
                 "Anything but memory_not_available means the binding and the driver disagree on the process "
-                "struct: the self-check and the exporter's log name the versions.",
+                "struct: the self-check and the exporter's log name the versions." + QUIET,
                 [
                     (
-                        f"sum by ({by}, reason) "
-                        f"(increase(nvgpu_process_records_dropped_total{{{HEALTH}}}[$__rate_interval]))",
+                        quiet_zero(
+                            f"sum by ({by}, reason) "
+                            f"(increase(nvgpu_process_records_dropped_total{{{HEALTH}}}[$__rate_interval]))",
+                            f"max by ({by}) (nvgpu_up{{{HEALTH}}})",
+                            reason=NONE_TEXT,
+                        ),
                         "{{instance}} {{reason}}",
                     )
                 ],
                 "none",
                 bars=True,
+                mappings=NONE,
             )
         )
         .with_panel(

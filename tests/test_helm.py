@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deploy" / "helm" / "nvgpu-exporter"
 RULES = REPO / "deploy" / "prometheus" / "rules.yaml"
 DCGM_RULES = REPO / "deploy" / "prometheus" / "dcgm-compat" / "rules.yaml"
+SMI_RULES = REPO / "deploy" / "prometheus" / "nvidia-smi-compat" / "rules.yaml"
 RELEASE = "nvgpu-exporter"
 NAMESPACE = "nvgpu-exporter"
 # Labels Helm adds that kustomize does not (the rest of every object must be the same).
@@ -129,7 +130,7 @@ MATRIX: dict[str, tuple[dict[str, Any], str, str]] = {
     "defaults": ({}, RELEASE, NAMESPACE),
     "servicemonitor+prometheusrule+dcgm-compat": (
         {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
-         "prometheusRule": {"enabled": True}, "dcgmCompat": {"enabled": True}},
+         "prometheusRule": {"enabled": True}, "dcgmCompat": {"enabled": True}, "nvidiaSmiCompat": {"enabled": True}},
         RELEASE, NAMESPACE,
     ),
     "podmonitor+networkpolicy": (
@@ -229,7 +230,7 @@ def test_renders_the_expected_objects(key: str) -> None:
     expected += ["ServiceAccount"] if values.get("serviceAccount", {}).get("create", True) else []
     for value, kind in (("serviceMonitor", "ServiceMonitor"), ("podMonitor", "PodMonitor"),
                         ("networkPolicy", "NetworkPolicy"), ("prometheusRule", "PrometheusRule"),
-                        ("dcgmCompat", "PrometheusRule")):  # fmt: skip
+                        ("dcgmCompat", "PrometheusRule"), ("nvidiaSmiCompat", "PrometheusRule")):  # fmt: skip
         expected += [kind] if values.get(value, {}).get("enabled") else []
     assert kinds == sorted(expected)
     for doc in _render_cached(key):
@@ -364,11 +365,14 @@ def test_chart_values_render_what_the_kustomize_components_render(
 # -- rules come from the repository's rule files -------------------------------------------------------
 
 
-@pytest.mark.parametrize(("source", "copy_name"), [(RULES, "rules.yaml"), (DCGM_RULES, "dcgm-compat-rules.yaml")])
+@pytest.mark.parametrize(
+    ("source", "copy_name"),
+    [(RULES, "rules.yaml"), (DCGM_RULES, "dcgm-compat-rules.yaml"), (SMI_RULES, "nvidia-smi-compat-rules.yaml")],
+)
 def test_chart_rule_files_are_the_repositorys(source: Path, copy_name: str) -> None:
     assert (CHART / "files" / copy_name).read_bytes() == source.read_bytes(), (
         f"deploy/helm/nvgpu-exporter/files/{copy_name} differs from {source.relative_to(REPO)}: "
-        "run python deploy/prometheus/gen_prometheusrule.py (and --set dcgm-compat)"
+        "run python deploy/prometheus/gen_prometheusrule.py (and --set dcgm-compat, --set nvidia-smi-compat)"
     )
 
 
@@ -380,6 +384,7 @@ def test_prometheusrules_carry_the_rule_files_unchanged() -> None:
     }
     assert docs["nvgpu-exporter"]["spec"] == yaml.safe_load(RULES.read_text())
     assert docs["nvgpu-exporter-dcgm-compat"]["spec"] == yaml.safe_load(DCGM_RULES.read_text())
+    assert docs["nvgpu-exporter-nvidia-smi-compat"]["spec"] == yaml.safe_load(SMI_RULES.read_text())
     # Prometheus' own templates in the annotations survived Helm's (inserted, not templated).
     text = yaml.safe_dump(docs["nvgpu-exporter"]["spec"])
     assert "{{ $labels." in text

@@ -3,7 +3,8 @@
 
 rules.yaml is the source: a plain Prometheus rule file that ``promtool check rules`` and
 ``promtool test rules`` read. The PrometheusRule carries the same ``groups`` under ``spec``.
-``--set dcgm-compat`` does the same for deploy/prometheus/dcgm-compat/ (dcgm-exporter's names).
+``--set dcgm-compat`` does the same for deploy/prometheus/dcgm-compat/ (dcgm-exporter's names),
+``--set nvidia-smi-compat`` for deploy/prometheus/nvidia-smi-compat/ (nvidia_gpu_exporter's names).
 Each run also copies the rule file into the Helm chart (deploy/helm/nvgpu-exporter/files/), which
 can read only its own files; ``--check`` checks that copy too.
 
@@ -11,6 +12,7 @@ Usage:
     python deploy/prometheus/gen_prometheusrule.py          # rewrite prometheusrule.yaml
     python deploy/prometheus/gen_prometheusrule.py --check  # exit 1 if it is out of date
     python deploy/prometheus/gen_prometheusrule.py --set dcgm-compat [--check]
+    python deploy/prometheus/gen_prometheusrule.py --set nvidia-smi-compat [--check]
 
 Needs PyYAML.
 """
@@ -29,7 +31,11 @@ RULES = HERE / "rules.yaml"
 OUTPUT = HERE / "prometheusrule.yaml"
 CHART_FILES = HERE.parent / "helm" / "nvgpu-exporter" / "files"
 # name -> the chart's copy of the rule file (tests/test_helm.py checks it too)
-CHART_COPIES = {"alerts": CHART_FILES / "rules.yaml", "dcgm-compat": CHART_FILES / "dcgm-compat-rules.yaml"}
+CHART_COPIES = {
+    "alerts": CHART_FILES / "rules.yaml",
+    "dcgm-compat": CHART_FILES / "dcgm-compat-rules.yaml",
+    "nvidia-smi-compat": CHART_FILES / "nvidia-smi-compat-rules.yaml",
+}
 # name -> (rule file, output, PrometheusRule name, app.kubernetes.io/component, the test that checks it)
 SETS = {
     "alerts": (RULES, OUTPUT, "nvgpu-exporter", "alerting-rules", "tests/test_alert_rules.py"),
@@ -37,6 +43,13 @@ SETS = {
         HERE / "dcgm-compat" / "rules.yaml",
         HERE / "dcgm-compat" / "prometheusrule.yaml",
         "nvgpu-exporter-dcgm-compat",
+        "recording-rules",
+        "tests/test_dcgm_compat.py",
+    ),
+    "nvidia-smi-compat": (
+        HERE / "nvidia-smi-compat" / "rules.yaml",
+        HERE / "nvidia-smi-compat" / "prometheusrule.yaml",
+        "nvgpu-exporter-nvidia-smi-compat",
         "recording-rules",
         "tests/test_dcgm_compat.py",
     ),
