@@ -22,10 +22,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from exporter import collectors, logs
+from exporter.collectors.base import SystemInfo
 from exporter.gpuslot import GpuPass, GpuSlot, merge_stats
 from exporter.nvml import errors
 from exporter.nvml.client import NvmlClient, NvmlFatal, Stopping
-from exporter.snapshot import FeatureStat, InitFailed, Snapshot, SystemInfo
+from exporter.snapshot import FeatureStat, InitFailed, Snapshot
 from guards import features as gf
 
 log = logging.getLogger("exporter.worker")

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from exporter.collectors.base import SystemInfo
 from exporter.gpuhealth import GpuHealth, GpuRecord
 from exporter.logs import log_once
-from exporter.snapshot import GpuSample, Snapshot, SystemInfo
+from exporter.snapshot import GpuSample, Snapshot
 from exporter.xids import XidLedger
 from guards import features as gf
 from guards.versions import SelfCheckResult

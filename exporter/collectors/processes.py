@@ -57,8 +57,8 @@ from exporter.procfs import DEFAULT_ROOT, ProcFs
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.collectors.base import SystemInfo
     from exporter.nvml.client import DeviceClient
-    from exporter.snapshot import SystemInfo
 
 log = logging.getLogger(__name__)
 
