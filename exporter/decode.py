@@ -65,19 +65,19 @@ def _str(value: Any, where: str) -> str:
 _SCALARS: dict[Any, Callable[[Any, str], Any]] = {bool: _bool, int: _int, float: _float, str: _str}
 
 
-def _union(tp: Any, value: Any, where: str) -> Any:
+def _union(tp: Any, value: Any, where: str, complete: bool) -> Any:
     args = typing.get_args(tp)
     if value is None and type(None) in args:
         return None
     for option in (a for a in args if a is not type(None)):
         try:
-            return decode_value(option, value, where)
+            return decode_value(option, value, where, complete)
         except DecodeError:
             continue
     raise DecodeError(f"{where}: {value!r} is not {tp}")
 
 
-def _mapping(tp: Any, value: Any, where: str) -> dict[Any, Any]:
+def _mapping(tp: Any, value: Any, where: str, complete: bool) -> dict[Any, Any]:
     key_t, val_t = typing.get_args(tp)
     if not isinstance(value, dict):
         raise DecodeError(f"{where}: expected an object, got {type(value).__name__}")
@@ -88,34 +88,35 @@ def _mapping(tp: Any, value: Any, where: str) -> dict[Any, Any]:
             if not (isinstance(k, str) and k.lstrip("-").isdigit()):
                 raise DecodeError(f"{where}: key {k!r} is not an integer")
             key = int(k)
-        out[key] = decode_value(val_t, v, f"{where}[{k!r}]")
+        out[key] = decode_value(val_t, v, f"{where}[{k!r}]", complete)
     return out
 
 
-def _tuple(tp: Any, value: Any, where: str) -> tuple[Any, ...]:
+def _tuple(tp: Any, value: Any, where: str, complete: bool) -> tuple[Any, ...]:
     args = typing.get_args(tp)
     if not isinstance(value, list):
         raise DecodeError(f"{where}: expected a list, got {type(value).__name__}")
     if len(args) == 2 and args[1] is Ellipsis:
-        return tuple(decode_value(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(decode_value(args[0], v, f"{where}[{i}]", complete) for i, v in enumerate(value))
     if len(args) != len(value):
         raise DecodeError(f"{where}: expected {len(args)} items, got {len(value)}")
-    return tuple(decode_value(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    items = zip(args, value, strict=True)
+    return tuple(decode_value(a, v, f"{where}[{i}]", complete) for i, (a, v) in enumerate(items))
 
 
-def decode_value(tp: Any, value: Any, where: str) -> Any:
-    """``value`` (decoded JSON) as the annotation ``tp`` says.
+def decode_value(tp: Any, value: Any, where: str, complete: bool = False) -> Any:
+    """``value`` (decoded JSON) as the annotation ``tp`` says (``complete``: see :func:`decode_dataclass`).
 
     Raises:
         DecodeError: the value does not fit; the message names ``where``.
     """
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        return _union(tp, value, where)
+        return _union(tp, value, where, complete)
     if origin in (dict, Mapping):
-        return _mapping(tp, value, where)
+        return _mapping(tp, value, where, complete)
     if origin is tuple:
-        return _tuple(tp, value, where)
+        return _tuple(tp, value, where, complete)
     if tp in _SCALARS:
         return _SCALARS[tp](value, where)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
@@ -124,14 +125,16 @@ def decode_value(tp: Any, value: Any, where: str) -> Any:
         except ValueError:
             raise DecodeError(f"{where}: {value!r} is not one of {[m.value for m in tp]}") from None
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return decode_dataclass(tp, value, where)
+        return decode_dataclass(tp, value, where, complete)
     raise DecodeError(f"{where}: no decoder for {tp}")  # a type this module must learn: our bug
 
 
-def decode_dataclass(cls: type[T], data: Any, where: str) -> T:
+def decode_dataclass(cls: type[T], data: Any, where: str, complete: bool = False) -> T:
     """Build ``cls`` from a JSON object, checking every field against its annotation.
 
-    A field with a default may be absent; every other field must be there.
+    A field with a default may be absent, unless ``complete``: then every field of every nested
+    dataclass must be there (a message whose writer always writes every field, such as the
+    worker's configuration, so that a field renamed on one side only fails here).
 
     Raises:
         DecodeError: a missing or unknown field, or a value of the wrong type; the message names
@@ -147,8 +150,8 @@ def decode_dataclass(cls: type[T], data: Any, where: str) -> T:
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if complete or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING):
                 raise DecodeError(f"{where}: missing field {f.name!r}")
             continue
-        kwargs[f.name] = decode_value(hints[f.name], data[f.name], f"{where}.{f.name}")
+        kwargs[f.name] = decode_value(hints[f.name], data[f.name], f"{where}.{f.name}", complete)
     return cls(**kwargs)

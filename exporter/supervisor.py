@@ -30,7 +30,7 @@ from exporter.probes import Prober
 from exporter.quarantine import QuarantineStore
 from exporter.served import ServedState
 from exporter.snapshot import Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
-from exporter.workerproc import WorkerProcess, proc_state, worker_env
+from exporter.workerproc import WorkerProcess, proc_state, worker_config, worker_env
 from guards.versions import SelfCheckResult
 
 log = logging.getLogger("exporter.supervisor")
@@ -247,7 +247,7 @@ class Supervisor:
         self.crumbs.clear()
         worker = WorkerProcess(
             worker_env(
-                self.config.worker_config(self.quarantine.details(), self.state.health.exclusions()), self.epoch
+                worker_config(self.config, self.quarantine.details(), self.state.health.exclusions()), self.epoch
             ),
             self.crumbs,
             self.handle,

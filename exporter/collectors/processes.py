@@ -36,10 +36,10 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from exporter.collectors.base import percent_to_ratio
-from exporter.containerlogs import DEFAULT_DIR, ContainerLogIndex
+from exporter.containerlogs import ContainerLogIndex
 from exporter.logs import log_once
 from exporter.metric import GpuKey, MetricDef
 from exporter.process_records import (
@@ -52,13 +52,14 @@ from exporter.process_records import (
     validate_records,
     validate_samples,
 )
-from exporter.procfs import DEFAULT_ROOT, ProcFs
+from exporter.procfs import ProcFs
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
     from exporter.collectors.base import SystemInfo
     from exporter.nvml.client import DeviceClient
+    from exporter.workerconfig import ProcessOptions
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "graphics": ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
     "mps": ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2"),
 }
-DEFAULT_SERIES_PER_GPU = 16
+PROCESS_USAGE = "process_usage"  # the switch for per-process rows (in dev.enabled when on)
+POD_ATTRIBUTION = "pod_attribution"  # the switch for per-pod sums
 PID_MAX_REFRESH_S = 60.0
 OTHER = "other"  # the pid label of the series that sums processes past the cap
 
@@ -198,8 +200,8 @@ class _Node:
 _NODES: dict[tuple[str, str], _Node] = {}
 
 
-def _node(opts: Mapping[str, Any]) -> _Node:
-    key = (str(opts.get("proc_path", DEFAULT_ROOT)), str(opts.get("container_log_dir", DEFAULT_DIR)))
+def _node(opts: ProcessOptions) -> _Node:
+    key = (opts.proc_path, opts.container_log_dir)
     node = _NODES.get(key)
     if node is None:
         node = _NODES[key] = _Node(*key)
@@ -461,10 +463,11 @@ def _pods(
 
 
 def read(dev: DeviceClient) -> Reading | None:
-    """Validated process lists of one GPU, with usage and pods as the options ask.
+    """Validated process lists of one GPU, with usage and pods as the worker's switches ask.
 
-    Options (``dev.client.options["processes"]``, from ``Config.process_options``):
-    ``per_process``, ``per_pod``, ``proc_path``, ``container_log_dir``, ``series_per_gpu``.
+    Per-process rows when :data:`PROCESS_USAGE` is in ``dev.enabled``, per-pod sums when
+    :data:`POD_ATTRIBUTION` is (the worker's feature states: modes, quarantine, known issues);
+    ``/proc``, the container log directory and the cap from ``dev.client.options.processes``.
 
     Returns:
         None when the compute list gives no answer this sample (unsupported, transient error).
@@ -472,8 +475,8 @@ def read(dev: DeviceClient) -> Reading | None:
     Raises:
         DeviceLost, NvmlFatal: from the device client.
     """
-    opts = dev.client.options.get(FEATURE, {})
-    per_process, per_pod = bool(opts.get("per_process")), bool(opts.get("per_pod"))
+    opts = dev.client.options.processes
+    per_process, per_pod = PROCESS_USAGE in dev.enabled, POD_ATTRIBUTION in dev.enabled
     st, node = _state(dev), _node(opts)
     drops: Counter[str] = Counter()
     lists: dict[str, _List] = {}
@@ -506,8 +509,7 @@ def read(dev: DeviceClient) -> Reading | None:
     labels: dict[int, tuple[str, str, str, str]] = {}
     other = None
     if per_process:
-        cap = int(opts.get("series_per_gpu") or DEFAULT_SERIES_PER_GPU)
-        own, rest = _top(procs, cap)
+        own, rest = _top(procs, opts.series_per_gpu)
         rows = {pid: procs[pid].usage() for pid in own}
         labels = {pid: (procs[pid].name, *procs[pid].names) for pid in own}
         other = _other(procs, rest)
