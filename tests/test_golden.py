@@ -38,6 +38,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import exposition, procmetrics, selfmetrics
+from exporter.app import build_supervisor
 from exporter.breadcrumb import Breadcrumb
 from exporter.config import Config
 from exporter.httpedge import HttpEdge
@@ -176,7 +177,7 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
     )
 
     async def build() -> str:
-        sup = Supervisor(config)  # default extensions attached, not run: no kernel log or kubelet here
+        sup = build_supervisor(config)  # the extensions attached, not run: no kernel log or kubelet here
         state = sup.state
         try:
             state.python_version = PLACEHOLDER_VERSION
