@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import signal
-import ssl
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from exporter.checks import environment_problems, state_file_problem
 from exporter.config import SETTINGS, Config, ConfigError, Setting
 
 if TYPE_CHECKING:  # imported where used: the CLI's subcommands must not pay for aiohttp
+    from exporter.app import Exporter
     from exporter.supervisor import Supervisor
     from exporter.webtls import WebConfigWatcher
 
@@ -246,82 +246,46 @@ def _quarantine(config: Config, args: argparse.Namespace) -> int:
 
 
 async def serve(config: Config) -> int:
-    """Run the supervisor and the HTTP server until SIGTERM/SIGINT; returns the exit code."""
-    from aiohttp import web
-
-    from exporter.httpedge import HttpEdge, Listener, connection_cap, raise_open_file_limit
-    from exporter.supervisor import Supervisor
-    from exporter.web import SUPERVISOR_TASK, Edge, Renderer, make_app
-    from exporter.webauth import peer_problem
+    """Build the exporter (:func:`exporter.app.build`), then run it until SIGTERM/SIGINT; returns
+    the exit code."""
+    from exporter import app
     from exporter.webconfig import WebConfigError
-    from exporter.webtls import WebConfigWatcher
 
-    watcher = None
-    if config.web_config_file:
-        try:
-            watcher = WebConfigWatcher(config.web_config_file, require_client_cert=not config.web_probes_without_auth)
-        except WebConfigError as exc:  # it loaded during parsing; it changed since
-            log.error("NVGPU_WEB_CONFIG_FILE=%s: %s", config.web_config_file, exc)
-            return protocol.EXIT_CONFIG
-    soft_limit, _hard = raise_open_file_limit()
-    cap = connection_cap(config.web_max_connections, soft_limit)
-    supervisor = Supervisor(config)
-    state = supervisor.state
-    refused = _startup_checks(config, supervisor)
+    try:
+        built = app.build(config)
+    except WebConfigError as exc:  # it loaded during parsing; it changed since
+        log.error("NVGPU_WEB_CONFIG_FILE=%s: %s", config.web_config_file, exc)
+        return protocol.EXIT_CONFIG
+    refused = _startup_checks(config, built.supervisor)
     if refused is not None:
         return refused
-    stats = state.extension(HttpEdge)
-    if stats is None:  # default_extensions always attaches it; a custom list may not
-        stats = HttpEdge()
-        state.extensions.append(stats)
-    stats.watcher = watcher
-    renderer = Renderer(state)
-    state.on_change = renderer.changed
-    extras = [
-        supervisor.contained(f"extension:{ext.feature or type(ext).__name__}", ext.run) for ext in state.extensions
-    ]
-    edge = Edge(stats=stats, watcher=watcher, probes_without_auth=config.web_probes_without_auth)
-    app = make_app(supervisor, renderer, config.telemetry_path, edge)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=config.web_keepalive_s)
-    await runner.setup()
-    assert runner.server is not None
+    return await _run_built(config, built)
 
-    def tls_context() -> ssl.SSLContext | None:
-        return watcher.refresh().context if watcher is not None else None
 
-    def refused_peer(ssl_object: Any) -> str | None:
-        if watcher is None or watcher.current.tls is None or ssl_object is None:
-            return None
-        return peer_problem(watcher.current.tls, ssl_object.getpeercert())
-
-    listener = Listener(runner.server, stats, cap, config.web_header_timeout_s, tls_context, refused_peer)
-    edge.listener = listener
+async def _run_built(config: Config, built: Exporter) -> int:
+    """Listen, run the supervisor until a signal (or its loop ends), drain, clean up."""
+    supervisor, listener, server = built.supervisor, built.listener, built.server
+    factory = await server.setup()
     host, port = config.listen_address
-    loop = asyncio.get_running_loop()
     try:
-        await listener.start(host, port, backlog=4096)
+        await listener.start(factory, host, port, backlog=4096)
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", host or "*", port, exc)
-        for coro in extras:
-            coro.close()
-        await runner.cleanup()
+        await server.cleanup()
         supervisor.close()
         return protocol.EXIT_ERROR
-    _log_listening(config, watcher, cap, soft_limit)
+    _log_listening(config, built.watcher, built.cap, built.soft_limit)
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.ensure_future(supervisor.run())
-    app[SUPERVISOR_TASK] = task
-    extra_tasks = [asyncio.ensure_future(t) for t in extras]
     stop_wait = asyncio.ensure_future(stop.wait())
     await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     await _drain(config, supervisor, task)
-    for t in extra_tasks:
-        t.cancel()
     stop_wait.cancel()
     listener.close()
-    await runner.cleanup()
+    await server.cleanup()
     supervisor.close()
     if supervisor.fatal_exit is not None:
         return supervisor.fatal_exit
@@ -341,16 +305,13 @@ def _startup_checks(config: Config, supervisor: Supervisor) -> int | None:
             config.state_file,
             why,
         )
-    state = supervisor.state
-    sup_check = state.selfchecks["supervisor"]
+    sup_check = supervisor.selfcheck
     for problem in sup_check.problems:
         log.warning("self-check (supervisor): %s", problem)
     if sup_check.problems and config.selfcheck == "strict":
         log.error("NVGPU_SELFCHECK=strict: refusing to start:\n  %s", "\n  ".join(sup_check.problems))
         supervisor.close()
         return protocol.EXIT_SELFCHECK
-    if config.selfcheck == "off":
-        state.selfchecks.clear()
     return None
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.workerconfig import ENV_VAR as WORKER_CONFIG_VAR
 from guards import features as gf
 
 DEFAULT_PORT = 19400
@@ -631,7 +632,7 @@ class Config:
         problems.extend(feature_problems)
         known = {s.env for s in SETTINGS} | {
             "NVGPU_FAKE_EPOCH",
-            "NVGPU_WORKER_CONFIG",
+            WORKER_CONFIG_VAR,
             "NVGPU_WORKER_FD",
             "NVGPU_BREADCRUMB_FD",
         }
@@ -662,43 +663,6 @@ class Config:
         if problems:
             raise ConfigError(problems)
         return cls(feature_modes=modes, **values)
-
-    def worker_config(
-        self, quarantined: Mapping[str, str], exclude: list[dict[str, Any]] | None = None
-    ) -> dict[str, Any]:
-        """The JSON the worker receives (``exclude``: GPUs it must not attach, see exporter.gpuhealth)."""
-        return {
-            "backend": self.nvml_backend,
-            "interval_s": self.interval_s,
-            "deadline_s": self.sample_deadline_s,
-            "reprobe_s": self.reprobe_s,
-            "exclude": list(exclude or []),
-            "modes": {k: v.value for k, v in self.feature_modes.items()},
-            "quarantined": dict(quarantined),
-            "log_level": self.log_level,
-            # The worker always logs JSON lines: the supervisor parses them and writes them again in
-            # NVGPU_LOG_FORMAT (workerproc.py), so its stderr is one stream whatever the format.
-            "log_format": "json",
-            "drain_s": max(1.0, self.shutdown_timeout_s / 2),
-            "collectors": {"processes": self.process_options(quarantined)},
-        }
-
-    def process_options(self, quarantined: Mapping[str, str]) -> dict[str, Any]:
-        """What the worker's processes collector needs beyond NVML (exporter/collectors/processes.py).
-
-        ``per_process``: the process_usage feature is on (per-process rows); ``per_pod``: pod
-        attribution is on (per-pod sums). Both features run in the supervisor, so their state
-        here follows the environment and quarantine, as the supervisor's extensions do.
-        """
-        states = gf.resolve(self.feature_modes, quarantined=quarantined)
-        return {
-            "per_process": states["process_usage"].enabled,
-            "per_pod": states["pod_attribution"].enabled,
-            "proc_path": self.proc_path,
-            "container_log_dir": self.container_log_dir,
-            "series_per_gpu": self.process_series_per_gpu,
-            "interval_s": self.interval_s,
-        }
 
     def describe(self) -> list[str]:
         """Effective settings, one ``VAR=value`` line each."""

@@ -206,12 +206,12 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
                 failed.add(feature)
     live = [g.uuid for g in state.fresh_gpus() if g.up]
     bag.add(state.xids.families(live, state.gpu_index))
-    for ext in state.extensions:
+    for ext in state.active_extensions():
         if snap is not None:
             call = functools.partial(ext.gpu_families, snap)
             bag.add(_guarded(ext, "gpu_families", call, state.render_errors))
     metrics = list(bag.collect())
-    labelers = [e for e in state.extensions if e.relabels_gpus]
+    labelers = [e for e in state.active_extensions() if e.relabels_gpus]
     for ext in labelers:
         metrics = [_with_pod_labels(m, ext) for m in metrics]
     return metrics, failed
@@ -296,7 +296,7 @@ def render(state: ServedState) -> Rendered:
     gpu, failed = gpu_families(state)
     bag.add(gpu)
     bag.add(selfmetrics.families(state, failed))
-    for ext in state.extensions:
+    for ext in state.active_extensions():
         bag.add(_guarded(ext, "self_families", ext.self_families, state.render_errors))
     errors = RENDER_ERRORS.family()
     for family, count in sorted(state.render_errors.items()):

@@ -1,11 +1,15 @@
 """Supervisor-side extensions: concerns that are not NVML but feed on snapshots or add series.
 
-The stuck-context signature (:mod:`exporter.stuck`), kernel-log Xids (:mod:`exporter.kernel_xid`)
-and pod attribution (:mod:`exporter.pods`) are extensions. Each subclasses :class:`Extension` and
-overrides what it needs; the supervisor calls every hook of every extension, so nothing is wired
-by overwriting attributes. An extension talks back only through the :class:`Host` it is given in
+The stuck-context signature (:mod:`exporter.stuck`), kernel-log Xids (:mod:`exporter.kernel_xid`),
+pod attribution (:mod:`exporter.pods`) and the HTTP edge's counters (:mod:`exporter.httpedge`) are
+extensions. Each subclasses :class:`Extension` and overrides what it needs; the composition root
+(:mod:`exporter.app`) builds them, and the supervisor calls every hook of every extension whose
+feature is on (the worker's decision: an extension of a feature it turns off, a known-issue rule,
+gets no hook and no render call, and its background work is cancelled), so nothing is wired by
+overwriting attributes. An extension talks back only through the :class:`Host` it is given in
 :meth:`Extension.run` (the served state implements it). Hooks run on the event loop and must not
 block: blocking reads (the kernel log, the kubelet's gRPC socket) go through ``asyncio.to_thread``.
+This module is the interface only: it imports no extension.
 """
 
 from __future__ import annotations
@@ -16,9 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from exporter.config import Config
     from exporter.metric import MetricDef
-    from exporter.quarantine import QuarantineStore
     from exporter.snapshot import Snapshot
     from guards.features import FeatureState
 
@@ -55,6 +57,11 @@ class Extension:
     relabels_gpus = False
     metrics: tuple[MetricDef, ...] = ()
 
+    @property
+    def component(self) -> str:
+        """Its name where its failures are counted (``nvgpu_supervisor_errors_total``)."""
+        return f"extension:{self.feature or type(self).__name__}"
+
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """A snapshot arrived from the worker (called before rendering)."""
 
@@ -67,7 +74,7 @@ class Extension:
         return ()
 
     def self_families(self) -> Iterable[Metric]:
-        """Exporter-level families (always rendered)."""
+        """Exporter-level families (rendered with or without a snapshot)."""
         return ()
 
     def gpu_labels(self, uuid: str) -> tuple[str, str, str]:
@@ -75,27 +82,5 @@ class Extension:
         return ("", "", "")
 
     async def run(self, host: Host) -> None:
-        """Background work for the exporter's lifetime (returns at once by default)."""
-
-
-def default_extensions(config: Config, quarantine: QuarantineStore) -> list[Extension]:
-    """The extensions of a running exporter, in rendering order: the stuck signature and the HTTP
-    edge's counters always, the kernel log and pod attribution when their features are enabled."""
-    from exporter.httpedge import HttpEdge
-    from exporter.kernel_xid import KernelXid
-    from exporter.pods import PodAttribution
-    from exporter.stuck import StuckDetector
-    from guards import features as gf
-
-    states = gf.resolve(config.feature_modes, quarantined=quarantine.details())
-    out: list[Extension] = [
-        StuckDetector(
-            config.stuck_utilization, config.stuck_memory_bytes, config.stuck_after_s, config.stuck_sm_activity
-        )
-    ]
-    if states["kernel_xid"].enabled:
-        out.append(KernelXid(config))
-    if states["pod_attribution"].enabled:
-        out.append(PodAttribution(config))
-    out.append(HttpEdge())
-    return out
+        """Background work while the feature is on (returns at once by default); cancelled when the
+        worker decides the feature off."""

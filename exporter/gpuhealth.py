@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.collectors import identity
 from exporter.metric import GpuKey, MetricDef
+from exporter.workerconfig import Exclusion
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -214,13 +215,13 @@ class GpuHealth:
             extra={"gpu": rec.index, "uuid": rec.uuid},
         )
 
-    def exclusions(self) -> list[dict[str, Any]]:
-        """The GPUs a new worker must not attach: ``[{index, uuid, state, detail}]``."""
-        return [
-            {"index": r.index, "uuid": r.uuid, "state": r.excluded, "detail": r.detail}
+    def exclusions(self) -> tuple[Exclusion, ...]:
+        """The GPUs a new worker must not attach, by index."""
+        return tuple(
+            Exclusion(r.index, r.uuid, r.excluded, r.detail)
             for r in sorted(self.gpus.values(), key=lambda r: r.index)
             if r.excluded
-        ]
+        )
 
     # -- rendering ------------------------------------------------------------------------------
 

@@ -144,15 +144,15 @@ class HttpEdge(Extension):
         max_connections: the cap in force (0 until the server starts).
         dropped: reason -> connections closed by the guard.
         denied: reason -> requests refused by the web config.
-        watcher: the web config watcher, when a web config file is set.
+        watcher: the web config watcher (its reload state is rendered), None without a web config file.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, watcher: WebConfigWatcher | None = None) -> None:
         self.open = 0
         self.max_connections = 0
         self.dropped: collections.Counter[str] = collections.Counter()
         self.denied: collections.Counter[str] = collections.Counter()
-        self.watcher: WebConfigWatcher | None = None
+        self.watcher = watcher
 
     def self_families(self) -> Iterable[Metric]:
         dropped, denied = HTTP_DROPPED.family(), HTTP_DENIED.family()
@@ -176,7 +176,6 @@ class Listener:
     """Listening sockets and the accept loop (see the module docstring).
 
     Args:
-        factory: aiohttp's protocol factory (``AppRunner.server``).
         edge: where the counters go.
         max_connections: the cap (already lowered by :func:`connection_cap`).
         header_timeout_s: time for the TLS handshake, and for a complete request head.
@@ -187,14 +186,13 @@ class Listener:
 
     def __init__(
         self,
-        factory: Callable[[], asyncio.Protocol],
         edge: HttpEdge,
         max_connections: int,
         header_timeout_s: float,
         tls: Callable[[], ssl.SSLContext | None] = lambda: None,
         peer_problem: Callable[[Any], str | None] = lambda _obj: None,
     ) -> None:
-        self.factory = factory
+        self.factory: Callable[[], asyncio.Protocol] | None = None  # given to start()
         self.edge = edge
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
@@ -207,13 +205,16 @@ class Listener:
 
     # -- sockets ------------------------------------------------------------------------------
 
-    async def start(self, host: str, port: int, backlog: int = 4096) -> None:
-        """Bind ``host:port`` ("" = every interface, IPv4 and IPv6 where available) and accept.
+    async def start(self, factory: Callable[[], asyncio.Protocol], host: str, port: int, backlog: int = 4096) -> None:
+        """Bind ``host:port`` ("" = every interface, IPv4 and IPv6 where available) and accept,
+        handing each connection to a protocol from ``factory`` (aiohttp's ``AppRunner.server``,
+        which exists once the runner is set up: after the application that holds this listener).
 
         Raises:
             OSError: no address could be bound (the caller exits: a failed listen socket is one
                 of the two things that end the process).
         """
+        self.factory = factory
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST
@@ -462,6 +463,7 @@ class _Guarded(asyncio.Protocol):
         listener._by_transport[id(transport)] = self
         # The handshake had its own bound; the request head gets what is left of the header timeout.
         self.arm(listener.header_timeout_s - (time.monotonic() - self.accepted_mono))
+        assert listener.factory is not None  # start() sets it before the first accept
         self.inner = listener.factory()
         self.inner.connection_made(transport)
 

@@ -22,7 +22,8 @@ from exporter.gpuhealth import GpuRecord
 from exporter.quarantine import QuarantineStore
 from exporter.served import ServedState
 from exporter.snapshot import InitFailed, Message, Snapshot
-from exporter.workerproc import WorkerProcess, worker_env
+from exporter.workerconfig import GpuRef
+from exporter.workerproc import WorkerProcess, worker_config, worker_env
 
 PROBE_POLL_S = 1.0
 
@@ -80,8 +81,9 @@ class Prober:
         if self._crumbs is None:
             self._crumbs = BreadcrumbReader()
         self._crumbs.clear()
-        config = self.config.worker_config(self.quarantine.details())
-        config.update(only=[{"index": rec.index, "uuid": rec.uuid, "bus_id": rec.bus_id}], samples=1)
+        config = worker_config(
+            self.config, self.quarantine.details(), only=(GpuRef(rec.index, rec.uuid, rec.bus_id),), samples=1
+        )
         seen: dict[str, str] = {}
 
         def on_message(msg: Message) -> None:

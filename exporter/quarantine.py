@@ -91,6 +91,8 @@ class QuarantineStore:
         ttl_s: quarantine lifetime, seconds.
         clock: time source (tests).
         features: valid feature names (entries for others are dropped on load).
+        on_error: called from an except block with (component, doing) when a save raised something
+            unexpected (the supervisor counts it as component ``state``); None: logged once here.
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class QuarantineStore:
         ttl_s: float,
         clock: Callable[[], float] = time.time,
         features: frozenset[str] | None = None,
+        on_error: Callable[[str, str], None] | None = None,
     ) -> None:
         from guards.features import FEATURES
 
@@ -115,9 +118,7 @@ class QuarantineStore:
         self.load_error: str | None = None  # why an existing state file could not be read at all
         self.dropped: list[str] = []  # entries of the file that were not valid
         self._save_warned = False
-        # Called from an except block when a save raised something unexpected (the supervisor
-        # counts it as component "state"); the quarantine stays in memory either way.
-        self.on_error: Callable[[str, str], None] | None = None
+        self.on_error = on_error  # the quarantine stays in memory either way
         self._load()
 
     # -- file ------------------------------------------------------------------------------------

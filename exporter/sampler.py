@@ -18,14 +18,16 @@ import logging
 import queue
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from exporter import collectors, logs
+from exporter.collectors.base import SystemInfo
 from exporter.gpuslot import GpuPass, GpuSlot, merge_stats
 from exporter.nvml import errors
 from exporter.nvml.client import NvmlClient, NvmlFatal, Stopping
-from exporter.snapshot import FeatureStat, InitFailed, Snapshot, SystemInfo
+from exporter.snapshot import FeatureStat, InitFailed, Snapshot
+from exporter.workerconfig import WorkerConfig
 from guards import features as gf
 
 log = logging.getLogger("exporter.worker")
@@ -48,10 +50,8 @@ class Sampler:
     """Sampling state of one worker process.
 
     Args:
-        config: the worker configuration (``exporter.config.Config.worker_config``): ``interval_s``,
-            ``deadline_s`` (per GPU), ``modes``, ``quarantined``, ``exclude`` (GPUs the supervisor
-            keeps out: ``[{index, uuid, state, detail}]``), ``only`` (attach just these:
-            ``[{index, uuid, bus_id}]``, the probe), ``reprobe_s``.
+        config: the worker configuration (its ``interval_s``, ``deadline_s`` per GPU, ``modes``,
+            ``quarantined``, ``exclude``, ``only`` and ``reprobe_s`` are used here).
         client: the NVML client of the main thread.
         binding_version: the installed nvidia-ml-py version (empty if unknown).
         progress: called with the name of each finished init step.
@@ -59,7 +59,7 @@ class Sampler:
 
     def __init__(
         self,
-        config: Mapping[str, Any],
+        config: WorkerConfig,
         client: NvmlClient,
         binding_version: str,
         progress: Callable[[str], None] = lambda step: None,
@@ -68,8 +68,8 @@ class Sampler:
         self.client = client
         self.binding_version = binding_version
         self.progress = progress
-        self.interval_s = float(config["interval_s"])
-        self.deadline_s = float(config.get("deadline_s", max(10.0, 2 * self.interval_s)))
+        self.interval_s = config.interval_s
+        self.deadline_s = config.deadline_s
         self.system = SystemInfo(nvidia_ml_py_version=binding_version)
         self.slots: dict[int, GpuSlot] = {}
         self.resolved: dict[str, gf.FeatureState] = {}
@@ -114,24 +114,18 @@ class Sampler:
     def enumerate(self) -> None:
         """A slot per GPU index (or per ``only`` entry); attach every one not excluded, each on its
         own thread, waiting at most the deadline for each; report progress per GPU."""
-        reprobe_s = float(self.config.get("reprobe_s", 300.0))
-        only = self.config.get("only")
-        if only:
-            for entry in only:
-                self.slots[int(entry["index"])] = GpuSlot(
-                    int(entry["index"]),
-                    self.client,
-                    uuid=entry.get("uuid", ""),
-                    bus_id=entry.get("bus_id", ""),
-                    reprobe_s=reprobe_s,
+        reprobe_s = self.config.reprobe_s
+        if self.config.only:
+            for ref in self.config.only:
+                self.slots[ref.index] = GpuSlot(
+                    ref.index, self.client, uuid=ref.uuid, bus_id=ref.bus_id, reprobe_s=reprobe_s
                 )
         else:
             count = int(self.client.raw("init", "nvmlDeviceGetCount", ""))
-            excluded = {int(e["index"]): e for e in self.config.get("exclude", [])}
+            excluded = {e.index: e for e in self.config.exclude}
             for index in range(count):
                 ex = excluded.get(index)
-                state = str(ex["state"]) if ex else "lost"
-                uuid, detail = (str(ex.get("uuid", "")), str(ex.get("detail", ""))) if ex else ("", "")
+                state, uuid, detail = (ex.state, ex.uuid, ex.detail) if ex else ("lost", "", "")
                 self.slots[index] = GpuSlot(
                     index, self.client, state=state, uuid=uuid, detail=detail, reprobe_s=reprobe_s
                 )
@@ -170,8 +164,9 @@ class Sampler:
             binding_version=self.system.nvidia_ml_py_version or None,
             on_unparsable=lambda why: log.error("known-issue rules: %s", why),
         )
-        modes = {name: gf.Mode(value) for name, value in self.config["modes"].items()}
-        self.resolved = gf.resolve(modes, known_issues=hits, quarantined=self.config.get("quarantined", {}))
+        # The one decision: the supervisor shows it (nvgpu_feature_enabled), its extensions follow it,
+        # and collectors read it as dev.enabled.
+        self.resolved = gf.resolve(self.config.modes, known_issues=hits, quarantined=self.config.quarantined)
         self.states = dict(self.resolved)
         for name, state in self.resolved.items():
             if state.reason is gf.Reason.KNOWN_ISSUE:

@@ -5,6 +5,14 @@ the :class:`~exporter.extensions.Host` methods it implements, and the HTTP side 
 It holds what must survive worker restarts: the last snapshot with its arrival time (GPU series
 are dropped once it is older than the stale bound), restart and crash counters, the NVML call and
 error totals of earlier workers, the Xid ledger, and the UUID -> index map.
+
+Feature state has one authority, the worker: it alone sees the GPU models and the driver that the
+known-issue rules match, so its decision (modes, known issues, quarantine, support) is what
+:meth:`ServedState.decided_states` returns once it has reported. Before that the supervisor shows a
+provisional view (:func:`provisional_states`: modes and quarantine), the only other place the
+precedence of ``guards.features.resolve`` is applied; the decision may turn a feature off, never
+on. Supervisor-side extensions follow the decided state of their feature
+(:meth:`ServedState.active_extensions`).
 """
 
 from __future__ import annotations
@@ -17,20 +25,58 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from exporter.collectors.base import SystemInfo
 from exporter.gpuhealth import GpuHealth, GpuRecord
 from exporter.logs import log_once
-from exporter.snapshot import GpuSample, Snapshot, SystemInfo
+from exporter.snapshot import GpuSample, Snapshot
 from exporter.xids import XidLedger
 from guards import features as gf
 from guards.versions import SelfCheckResult
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from exporter.config import Config
     from exporter.extensions import Extension
     from exporter.quarantine import QuarantineStore
 
 log = logging.getLogger("exporter.supervisor")
 E = TypeVar("E")
+
+
+def provisional_states(modes: Mapping[str, gf.Mode], quarantined: Mapping[str, str]) -> dict[str, gf.FeatureState]:
+    """The supervisor's view of the feature states before a worker has decided: the operator's
+    modes and the quarantines (the worker adds the known-issue rules and what the GPUs support)."""
+    return gf.resolve(modes, quarantined=quarantined)
+
+
+class ComponentErrors:
+    """Exceptions in the supervisor's own work, counted by component
+    (``nvgpu_supervisor_errors_total``); built first, so that every part (the quarantine store's
+    saves included) can be handed :meth:`count` when it is constructed."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def count(self, component: str, doing: str) -> None:
+        """Count the exception being handled (call from an ``except`` block) for ``component``; log
+        it once per component and exception type with its traceback; the caller carries on."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        self.counts[component] += 1
+        log_once(
+            log,
+            logging.ERROR,
+            ("component", component, type(exc).__name__),
+            "%s failed while %s (%s: %s); contained, the exporter keeps serving",
+            component,
+            doing,
+            type(exc).__name__,
+            exc,
+            exc_info=True,
+            extra={"component": component},
+        )
 
 
 def _distribution_version(name: str) -> str:
@@ -101,14 +147,22 @@ class ServedState:
         config: parsed configuration (stale bound, feature modes).
         quarantine: the crash quarantine store (its quarantines override feature states).
         extensions: supervisor-side extensions, rendered in this order.
+        errors: where the supervisor's own failures are counted (a new counter when None).
     """
 
-    def __init__(self, config: Config, quarantine: QuarantineStore, extensions: list[Extension]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        quarantine: QuarantineStore,
+        extensions: list[Extension],
+        errors: ComponentErrors | None = None,
+    ) -> None:
         self.config = config
         self.quarantine = quarantine
         self.extensions = extensions
+        self.errors = errors if errors is not None else ComponentErrors()
         self.python_version = platform.python_version()
-        self.on_change: Callable[[], None] = lambda: None
+        self._listeners: list[Callable[[], None]] = []
         self.last: Snapshot | None = None
         self.last_mono: float | None = None
         # Until a worker reports, the installed binding's version (read without importing pynvml).
@@ -127,7 +181,7 @@ class ServedState:
         self._errors_done: collections.Counter[tuple[str, str]] = collections.Counter()
         self._calls_now = 0
         self._errors_now: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.component_errors: collections.Counter[str] = collections.Counter()
+        self.component_errors = self.errors.counts
         self.render_errors: collections.Counter[str] = collections.Counter()  # family -> series dropped
         self.render_failed: str | None = None  # why the whole exposition could not be rendered
 
@@ -139,8 +193,9 @@ class ServedState:
         return self.last
 
     def changed(self) -> None:
-        """Ask for a new rendering."""
-        self.on_change()
+        """Ask for a new rendering (every subscriber is told)."""
+        for listener in self._listeners:
+            listener()
 
     def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
         """Count one Xid."""
@@ -150,28 +205,16 @@ class ServedState:
         """Override one feature's state (an extension found it unsupported)."""
         self.overrides[state.feature] = state
 
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` on every :meth:`changed` (the renderer that follows this state)."""
+        self._listeners.append(listener)
+
     # -- writes by the supervisor ----------------------------------------------------------------
 
     def count_error(self, component: str, doing: str) -> None:
-        """An exception in the supervisor's own work (call from an ``except`` block): counted by
-        component (``nvgpu_supervisor_errors_total``), logged once per component and exception
-        type with its traceback; the caller carries on."""
-        import sys
-
-        exc = sys.exc_info()[1]
-        self.component_errors[component] += 1
-        log_once(
-            log,
-            logging.ERROR,
-            ("component", component, type(exc).__name__),
-            "%s failed while %s (%s: %s); contained, the exporter keeps serving",
-            component,
-            doing,
-            type(exc).__name__,
-            exc,
-            exc_info=True,
-            extra={"component": component},
-        )
+        """An exception in the supervisor's own work (call from an ``except`` block): see
+        :meth:`ComponentErrors.count`."""
+        self.errors.count(component, doing)
 
     def add_errors(self, errors: tuple[tuple[str, str, int], ...]) -> None:
         """The dying worker's error totals (its last sample found NVML unusable and no snapshot
@@ -195,11 +238,11 @@ class ServedState:
         for g in snap.gpus:
             if g.uuid:
                 self.gpu_index[g.uuid] = str(g.index)
-        for ext in self.extensions:
+        for ext in self.active_extensions():
             try:
                 ext.on_snapshot(snap)
             except Exception:  # noqa: BLE001 - one extension's bug must not cost the snapshot
-                self.count_error(f"extension:{ext.feature or type(ext).__name__}", "handing it a snapshot")
+                self.count_error(ext.component, "handing it a snapshot")
         return list(self.health.on_snapshot(snap))
 
     def worker_started(self, pid: int) -> None:
@@ -218,6 +261,17 @@ class ServedState:
             if isinstance(ext, kind):
                 return ext
         return None
+
+    def active_extensions(self) -> list[Extension]:
+        """The attached extensions whose feature the decided state has on (those without a feature
+        always), in rendering order: only these get snapshots, Xids and render calls."""
+        decided = self.decided_states()
+        out = []
+        for ext in self.extensions:
+            state = decided.get(ext.feature) if ext.feature else None
+            if state is None or state.enabled:
+                out.append(ext)
+        return out
 
     def fresh_snapshot(self) -> Snapshot | None:
         """The last snapshot if it is younger than the stale bound, else None."""
@@ -279,15 +333,27 @@ class ServedState:
             )
         return True, "ok"
 
-    def feature_states(self) -> dict[str, gf.FeatureState]:
-        """Effective feature states: the worker's view, extension overrides, then quarantines."""
-        if self.worker_states:
-            states = dict(self.worker_states)
-        else:
-            states = gf.resolve(self.config.feature_modes, quarantined=self.quarantine.details())
-        states.update(self.overrides)
-        for feature, detail in self.quarantine.details().items():
+    def decided_states(self) -> dict[str, gf.FeatureState]:
+        """The authority's answer: the worker's decision once a worker reported, the provisional view
+        (:func:`provisional_states`) before; a quarantine made since the worker started on top."""
+        quarantined = self.quarantine.details()
+        states = (
+            dict(self.worker_states)
+            if self.worker_states
+            else provisional_states(self.config.feature_modes, quarantined)
+        )
+        for feature, detail in quarantined.items():
             states[feature] = gf.FeatureState(feature, False, gf.Reason.QUARANTINED, detail)
+        return states
+
+    def feature_states(self) -> dict[str, gf.FeatureState]:
+        """What ``nvgpu_feature_enabled`` shows: the decided states, with an extension's finding
+        about its own feature (the kernel log is unreadable: unsupported) where that feature is on."""
+        states = self.decided_states()
+        for feature, state in self.overrides.items():
+            decided = states.get(feature)
+            if decided is None or decided.enabled:
+                states[feature] = state
         return states
 
     def nvml_calls(self) -> int:

@@ -1,12 +1,14 @@
-"""The typed messages between worker and supervisor; the snapshot is the one contract between them.
+"""The typed messages from the worker to the supervisor; the snapshot is the heart of the contract.
 
+(The other direction, what the supervisor starts a worker with, is :mod:`exporter.workerconfig`.)
 The worker builds a :class:`Snapshot` from collectors' frozen ``Reading`` dataclasses and sends
 ``snapshot.to_wire()`` through :mod:`exporter.protocol` (JSON lines). The supervisor decodes each
 line once, on receipt, with :func:`decode_message`: every field is checked against the dataclass
-annotations here and in the collectors (``int | None``, ``dict[int, int]``, ``tuple[int, ...]`` …),
-JSON's string keys become ints where the annotation says so, and everything downstream (served
-state, rendering, the status page, the stuck signature, pod and kernel-log extensions) reads
-attributes. A renamed reading field therefore fails here, with the field named, not in a golden.
+annotations here and in the collectors (:func:`exporter.decode.decode_dataclass`: ``int | None``,
+``dict[int, int]``, ``tuple[int, ...]`` …; JSON's string keys become ints where the annotation says
+so), and everything downstream (served state, rendering, the status page, the stuck signature, pod
+and kernel-log extensions) reads attributes. A renamed reading field therefore fails here, with the
+field named, not in a golden.
 
 A reading that does not fit its dataclass (a worker of another version, a driver string where an
 integer belongs) costs only that GPU's reading of that feature: it is left out and the feature is
@@ -17,37 +19,20 @@ malformed raises :class:`~exporter.protocol.ProtocolError`.
 from __future__ import annotations
 
 import dataclasses
-import enum
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 from exporter import collectors
+from exporter.collectors.base import SystemInfo
+from exporter.decode import DecodeError, decode_dataclass, decode_value
 from exporter.protocol import ProtocolError
 from guards.features import FeatureState, Reason
 from guards.versions import ModuleReport, SelfCheckResult
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class SystemInfo:
-    """Versions the worker read after ``nvmlInit`` (empty strings when unknown).
-
-    Attributes:
-        driver_version: ``nvmlSystemGetDriverVersion``, e.g. ``580.159.04``.
-        nvml_version: ``nvmlSystemGetNVMLVersion``, e.g. ``13.580.159.04``.
-        cuda_driver_version: ``nvmlSystemGetCudaDriverVersion`` as ``major.minor``.
-        nvidia_ml_py_version: the installed binding's distribution version.
-    """
-
-    driver_version: str = ""
-    nvml_version: str = ""
-    cuda_driver_version: str = ""
-    nvidia_ml_py_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -237,153 +222,29 @@ def selfcheck_to_wire(result: SelfCheckResult) -> dict[str, Any]:
 # -- decoding ----------------------------------------------------------------------------------
 
 
-class _Bad(ValueError):
-    """A value that does not fit its annotation; the message names the place."""
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    return hints
-
-
-def _bool(value: Any, where: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise _Bad(f"{where}: expected true or false, got {value!r}")
-
-
-def _int(value: Any, where: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise _Bad(f"{where}: expected an integer, got {value!r}")
-
-
-def _float(value: Any, where: str) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise _Bad(f"{where}: expected a number, got {value!r}")
-
-
-def _str(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    raise _Bad(f"{where}: expected a string, got {value!r}")
-
-
-_SCALARS: dict[Any, typing.Callable[[Any, str], Any]] = {bool: _bool, int: _int, float: _float, str: _str}
-
-
-def _union(tp: Any, value: Any, where: str) -> Any:
-    args = typing.get_args(tp)
-    if value is None and type(None) in args:
-        return None
-    for option in (a for a in args if a is not type(None)):
-        try:
-            return _convert(option, value, where)
-        except _Bad:
-            continue
-    raise _Bad(f"{where}: {value!r} is not {tp}")
-
-
-def _mapping(tp: Any, value: Any, where: str) -> dict[Any, Any]:
-    key_t, val_t = typing.get_args(tp)
-    if not isinstance(value, dict):
-        raise _Bad(f"{where}: expected an object, got {type(value).__name__}")
-    out = {}
-    for k, v in value.items():
-        key = k
-        if key_t is int:  # JSON keys are strings: "3" -> 3
-            if not (isinstance(k, str) and k.lstrip("-").isdigit()):
-                raise _Bad(f"{where}: key {k!r} is not an integer")
-            key = int(k)
-        out[key] = _convert(val_t, v, f"{where}[{k!r}]")
-    return out
-
-
-def _tuple(tp: Any, value: Any, where: str) -> tuple[Any, ...]:
-    args = typing.get_args(tp)
-    if not isinstance(value, list):
-        raise _Bad(f"{where}: expected a list, got {type(value).__name__}")
-    if len(args) == 2 and args[1] is Ellipsis:
-        return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
-    if len(args) != len(value):
-        raise _Bad(f"{where}: expected {len(args)} items, got {len(value)}")
-    return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
-
-
-def _convert(tp: Any, value: Any, where: str) -> Any:
-    """``value`` (decoded JSON) as the annotation ``tp`` says, or :class:`_Bad` naming ``where``."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        return _union(tp, value, where)
-    if origin in (dict, Mapping):
-        return _mapping(tp, value, where)
-    if origin is tuple:
-        return _tuple(tp, value, where)
-    if tp in _SCALARS:
-        return _SCALARS[tp](value, where)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        try:
-            return tp(value)
-        except ValueError:
-            raise _Bad(f"{where}: {value!r} is not one of {[m.value for m in tp]}") from None
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return decode_dataclass(tp, value, where)
-    raise _Bad(f"{where}: no decoder for {tp}")  # a type this module must learn: our bug
-
-
-def decode_dataclass(cls: type[T], data: Any, where: str) -> T:
-    """Build ``cls`` from a JSON object, checking every field against its annotation.
-
-    Raises:
-        ValueError: a missing or unknown field, or a value of the wrong type; the message names
-            the place (``where`` and the field).
-    """
-    if not isinstance(data, dict):
-        raise _Bad(f"{where}: expected an object, got {type(data).__name__}")
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = set(data) - names
-    if unknown:
-        raise _Bad(f"{where}: unknown field(s) {sorted(unknown)}")
-    kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise _Bad(f"{where}: missing field {f.name!r}")
-            continue
-        kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
-    return cls(**kwargs)
-
-
 def _states(raw: Any, where: str) -> dict[str, FeatureState]:
     if not isinstance(raw, dict):
-        raise _Bad(f"{where}: expected an object")
+        raise DecodeError(f"{where}: expected an object")
     out = {}
     for name, st in raw.items():
         if not isinstance(st, dict):
-            raise _Bad(f"{where}[{name!r}]: expected an object")
+            raise DecodeError(f"{where}[{name!r}]: expected an object")
         out[name] = FeatureState(
             name,
-            _convert(bool, st.get("enabled"), f"{where}[{name!r}].enabled"),
-            _convert(Reason, st.get("reason"), f"{where}[{name!r}].reason"),
-            _convert(str, st.get("detail", ""), f"{where}[{name!r}].detail"),
+            decode_value(bool, st.get("enabled"), f"{where}[{name!r}].enabled"),
+            decode_value(Reason, st.get("reason"), f"{where}[{name!r}].reason"),
+            decode_value(str, st.get("detail", ""), f"{where}[{name!r}].detail"),
         )
     return out
 
 
 def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
     if not isinstance(raw, dict):
-        raise _Bad(f"{where}: expected an object")
+        raise DecodeError(f"{where}: expected an object")
     readings: dict[str, object] = {}
     raw_readings = raw.get("readings", {})
     if not isinstance(raw_readings, dict):
-        raise _Bad(f"{where}.readings: expected an object")
+        raise DecodeError(f"{where}.readings: expected an object")
     for feature, data in raw_readings.items():
         collector = collectors.COLLECTORS.get(feature)
         if collector is None:
@@ -391,21 +252,21 @@ def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
             continue
         try:
             readings[feature] = decode_dataclass(collector.Reading, data, f"{where}.readings.{feature}")
-        except _Bad:
+        except DecodeError:
             undecodable.add(feature)
-    state = _convert(str, raw.get("state"), f"{where}.state")
+    state = decode_value(str, raw.get("state"), f"{where}.state")
     if state not in GPU_STATES:
-        raise _Bad(f"{where}.state: {state!r} is not one of {GPU_STATES}")
+        raise DecodeError(f"{where}.state: {state!r} is not one of {GPU_STATES}")
     return GpuSample(
-        index=_convert(int, raw.get("index"), f"{where}.index"),
-        uuid=_convert(str, raw.get("uuid"), f"{where}.uuid"),
+        index=decode_value(int, raw.get("index"), f"{where}.index"),
+        uuid=decode_value(str, raw.get("uuid"), f"{where}.uuid"),
         state=state,
         readings=readings,
-        sampled_at=_convert(float | None, raw.get("sampled_at"), f"{where}.sampled_at"),
-        detail=_convert(str, raw.get("detail", ""), f"{where}.detail"),
-        unsupported=_convert(tuple[str, ...], raw.get("unsupported", []), f"{where}.unsupported"),
-        feature=_convert(str, raw.get("feature", ""), f"{where}.feature"),
-        function=_convert(str, raw.get("function", ""), f"{where}.function"),
+        sampled_at=decode_value(float | None, raw.get("sampled_at"), f"{where}.sampled_at"),
+        detail=decode_value(str, raw.get("detail", ""), f"{where}.detail"),
+        unsupported=decode_value(tuple[str, ...], raw.get("unsupported", []), f"{where}.unsupported"),
+        feature=decode_value(str, raw.get("feature", ""), f"{where}.feature"),
+        function=decode_value(str, raw.get("function", ""), f"{where}.function"),
     )
 
 
@@ -413,12 +274,12 @@ def _snapshot(msg: dict[str, Any]) -> Snapshot:
     undecodable: set[str] = set()
     gpus = msg.get("gpus")
     if not isinstance(gpus, list):
-        raise _Bad("snapshot.gpus: expected a list")
-    features = _convert(dict[str, dict[str, float]], msg.get("features", {}), "snapshot.features")
-    errors = _convert(tuple[tuple[str, str, int], ...], msg.get("errors", []), "snapshot.errors")
+        raise DecodeError("snapshot.gpus: expected a list")
+    features = decode_value(dict[str, dict[str, float]], msg.get("features", {}), "snapshot.features")
+    errors = decode_value(tuple[tuple[str, str, int], ...], msg.get("errors", []), "snapshot.errors")
     return Snapshot(
-        ts=_convert(float, msg.get("ts"), "snapshot.ts"),
-        duration_s=_convert(float, msg.get("duration_s"), "snapshot.duration_s"),
+        ts=decode_value(float, msg.get("ts"), "snapshot.ts"),
+        duration_s=decode_value(float, msg.get("duration_s"), "snapshot.duration_s"),
         system=decode_dataclass(SystemInfo, msg.get("system", {}), "snapshot.system"),
         gpus=tuple(_gpu(g, f"snapshot.gpus[{i}]", undecodable) for i, g in enumerate(gpus)),
         features={
@@ -426,32 +287,32 @@ def _snapshot(msg: dict[str, Any]) -> Snapshot:
         },
         feature_states=_states(msg.get("feature_states", {}), "snapshot.feature_states"),
         errors={(f, n): c for f, n, c in errors},
-        calls=_convert(int, msg.get("calls", 0), "snapshot.calls"),
-        events_enabled=_convert(dict[str, bool], msg.get("events_enabled", {}), "snapshot.events_enabled"),
+        calls=decode_value(int, msg.get("calls", 0), "snapshot.calls"),
+        events_enabled=decode_value(dict[str, bool], msg.get("events_enabled", {}), "snapshot.events_enabled"),
         undecodable=frozenset(undecodable),
     )
 
 
 def _hello(msg: dict[str, Any]) -> Hello:
-    gpus = _convert(tuple[dict[str, int | str], ...], msg.get("gpus", []), "hello.gpus")
+    gpus = decode_value(tuple[dict[str, int | str], ...], msg.get("gpus", []), "hello.gpus")
     return Hello(
-        pid=_convert(int, msg.get("pid", 0), "hello.pid"),
+        pid=decode_value(int, msg.get("pid", 0), "hello.pid"),
         system=decode_dataclass(SystemInfo, msg.get("system", {}), "hello.system"),
         gpus=tuple((int(g["index"]), str(g["uuid"])) for g in gpus),
         feature_states=_states(msg.get("feature_states", {}), "hello.feature_states"),
-        kernel_module_version=_convert(str, msg.get("kernel_module_version", ""), "hello.kernel_module_version"),
+        kernel_module_version=decode_value(str, msg.get("kernel_module_version", ""), "hello.kernel_module_version"),
     )
 
 
 def _selfcheck(msg: dict[str, Any]) -> SelfCheckResult:
     modules = msg.get("modules", [])
     if not isinstance(modules, list):
-        raise _Bad("selfcheck.modules: expected a list")
+        raise DecodeError("selfcheck.modules: expected a list")
     return SelfCheckResult(
-        process=_convert(str, msg.get("process"), "selfcheck.process"),
+        process=decode_value(str, msg.get("process"), "selfcheck.process"),
         reports=tuple(decode_dataclass(ModuleReport, m, f"selfcheck.modules[{i}]") for i, m in enumerate(modules)),
-        problems=_convert(tuple[str, ...], msg.get("problems", []), "selfcheck.problems"),
-        notes=_convert(tuple[str, ...], msg.get("notes", []), "selfcheck.notes"),
+        problems=decode_value(tuple[str, ...], msg.get("problems", []), "selfcheck.problems"),
+        notes=decode_value(tuple[str, ...], msg.get("notes", []), "selfcheck.notes"),
     )
 
 
@@ -486,5 +347,5 @@ def decode_message(msg: dict[str, Any]) -> Message:
         raise ProtocolError(f"worker sent an unknown message type {msg['type']!r}")
     try:
         return decoder(msg)
-    except (_Bad, KeyError, TypeError, AttributeError) as exc:
+    except (DecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ProtocolError(f"worker sent a malformed {msg['type']} message: {exc}") from exc

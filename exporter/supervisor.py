@@ -6,7 +6,8 @@ and when it ends, account for the death (:meth:`Supervisor.account`): count it b
 the NVML call in flight, log one structured record with the dead worker's stack, count it toward a
 feature quarantine (:mod:`exporter.quarantine`), and wait the delay the restart policy
 (:mod:`exporter.policy`) decides. Workers that survived SIGKILL are kept aside (at most one before
-respawning stops) and watched until they go.
+respawning stops) and watched until they go. Beside the worker it runs the probe loop and each
+extension's background work, the latter while the decided state of its feature is on.
 """
 
 from __future__ import annotations
@@ -23,14 +24,12 @@ from exporter import collectors, protocol, selfcheck, unavailable
 from exporter.accounting import Accountant
 from exporter.breadcrumb import BreadcrumbReader
 from exporter.config import Config
-from exporter.extensions import Extension, default_extensions
 from exporter.logs import log_once
 from exporter.policy import Outcome, RestartPolicy
 from exporter.probes import Prober
-from exporter.quarantine import QuarantineStore
 from exporter.served import ServedState
 from exporter.snapshot import Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
-from exporter.workerproc import WorkerProcess, proc_state, worker_env
+from exporter.workerproc import WorkerProcess, proc_state, worker_config, worker_env
 from guards.versions import SelfCheckResult
 
 log = logging.getLogger("exporter.supervisor")
@@ -39,33 +38,85 @@ RESPAWN_STOPPED_POLL_S = 5.0
 LOOP_ERROR_BACKOFF_S = (1.0, 60.0)  # the supervisor's own failures: bounded retry
 
 
-class Supervisor:
-    """Worker lifecycle; the state it keeps is :attr:`state`.
+class ExtensionTasks:
+    """Each extension's background work (:meth:`Extension.run`), run while the decided state of its
+    feature is on: started with the provisional view, cancelled once the worker decides the feature
+    off (a known-issue rule), started again if a later decision turns it on.
 
     Args:
-        config: parsed configuration.
-        extensions: supervisor-side extensions; ``None`` attaches the default set for ``config``
-            (:func:`exporter.extensions.default_extensions`).
-        proc_state_fn: reads a process state letter (tests inject ``D``).
+        state: the served state (its extensions and decided feature states).
+        contained: runs a body for the exporter's life, counting and retrying its failures
+            (:meth:`Supervisor.contained`).
     """
 
     def __init__(
         self,
-        config: Config,
-        extensions: list[Extension] | None = None,
-        proc_state_fn: Callable[[int], str | None] = proc_state,
+        state: ServedState,
+        contained: Callable[[str, Callable[[Any], Coroutine[Any, Any, None]]], Coroutine[Any, Any, None]],
+    ) -> None:
+        self.state = state
+        self.contained = contained
+        self.running = False
+        self.tasks: dict[int, asyncio.Future[None]] = {}  # id(extension) -> its run()
+
+    def start(self) -> None:
+        """The supervisor runs: start what is on."""
+        self.running = True
+        self.follow()
+
+    def follow(self) -> None:
+        """Start or cancel each extension's work as the decided state now says (after a report)."""
+        if not self.running:
+            return
+        active = {id(ext) for ext in self.state.active_extensions()}
+        for ext in self.state.extensions:
+            task = self.tasks.get(id(ext))
+            if id(ext) in active and task is None:
+                self.tasks[id(ext)] = asyncio.ensure_future(self.contained(ext.component, ext.run))
+            elif id(ext) not in active and task is not None:
+                task.cancel()
+                del self.tasks[id(ext)]
+                state = self.state.decided_states()[ext.feature]
+                log.info(
+                    "feature %s is off (%s: %s); its %s stops",
+                    ext.feature,
+                    state.reason.value,
+                    state.detail,
+                    type(ext).__name__,
+                    extra={"feature": ext.feature},
+                )
+
+    def stop(self) -> None:
+        """The supervisor stops: cancel every extension's work."""
+        self.running = False
+        for task in self.tasks.values():
+            task.cancel()
+        self.tasks.clear()
+
+
+class Supervisor:
+    """Worker lifecycle; the state it keeps is :attr:`state` (built by :mod:`exporter.app`).
+
+    Args:
+        config: parsed configuration.
+        state: the served state, with its quarantine store and extensions.
+        proc_state_fn: reads a process state letter (tests inject ``D``).
+
+    Attributes:
+        selfcheck: this process's self-check, run at construction (shown unless
+            ``NVGPU_SELFCHECK=off``).
+        loop_error: what ended :meth:`run` with an exception, None while it runs (``/healthz``).
+    """
+
+    def __init__(
+        self, config: Config, state: ServedState, proc_state_fn: Callable[[int], str | None] = proc_state
     ) -> None:
         self.config = config
         self.proc_state_fn = proc_state_fn
         self.epoch = time.time()
         self.crumbs = BreadcrumbReader()
-        self.quarantine = QuarantineStore(
-            config.state_file, config.quarantine_after, config.quarantine_window_s, config.quarantine_ttl_s
-        )
-        if extensions is None:
-            extensions = default_extensions(config, self.quarantine)
-        self.state = ServedState(config, self.quarantine, extensions)
-        self.quarantine.on_error = self.state.count_error  # a failed save is counted as component "state"
+        self.state = state
+        self.quarantine = state.quarantine
         self.policy = RestartPolicy(
             config.backoff_initial_s,
             config.backoff_max_s,
@@ -90,7 +141,11 @@ class Supervisor:
         self._stopping = False
         self._wake = asyncio.Event()
         self._stale_timer: asyncio.TimerHandle | None = None
-        self.state.selfchecks["supervisor"] = selfcheck.run_in_process("supervisor")
+        self.extension_tasks = ExtensionTasks(state, self.contained)
+        self.loop_error: BaseException | None = None
+        self.selfcheck = selfcheck.run_in_process("supervisor")
+        if config.selfcheck != "off":
+            self.state.selfchecks["supervisor"] = self.selfcheck
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -99,6 +154,8 @@ class Supervisor:
         is the supervisor's own bug: contained, counted (component ``worker_io``), logged once."""
         try:
             self._dispatch(msg)
+            if isinstance(msg, (Hello, Snapshot)):  # they carry the worker's feature decision
+                self.extension_tasks.follow()
         except Exception:  # noqa: BLE001 - never let one message end the supervisor
             self.state.count_error("worker_io", f"handling a {type(msg).__name__} message")
         self.state.changed()
@@ -166,7 +223,7 @@ class Supervisor:
         gpu = str(msg.gpu) if msg.gpu is not None else st.gpu_index.get(msg.uuid, "")
         if msg.event_type != "xid" or msg.xid is None:
             st.xids.record_event(gpu, msg.uuid, msg.event_type)
-        elif all(ext.accept_xid(msg.uuid, msg.xid, msg.ts) for ext in st.extensions):
+        elif all(ext.accept_xid(msg.uuid, msg.xid, msg.ts) for ext in st.active_extensions()):
             st.record_xid(gpu, msg.uuid, msg.xid, msg.ts, source="NVML event")
 
     def _on_init_failed(self, msg: InitFailed) -> None:
@@ -192,6 +249,7 @@ class Supervisor:
         retried after a bounded backoff.
         """
         probes = asyncio.ensure_future(self.contained("probe", self.prober.loop))
+        self.extension_tasks.start()
         try:
             while not self._stopped():
                 try:
@@ -204,8 +262,13 @@ class Supervisor:
                     delay = min(low * 2.0 ** min(self._loop_errors - 1, 16), high)
                 if delay > 0:
                     await self._sleep(delay)
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self.loop_error = exc
+            raise
         finally:
             probes.cancel()
+            self.extension_tasks.stop()
             await self.prober.stop()
 
     async def _one_round(self) -> float:
@@ -247,7 +310,7 @@ class Supervisor:
         self.crumbs.clear()
         worker = WorkerProcess(
             worker_env(
-                self.config.worker_config(self.quarantine.details(), self.state.health.exclusions()), self.epoch
+                worker_config(self.config, self.quarantine.details(), self.state.health.exclusions()), self.epoch
             ),
             self.crumbs,
             self.handle,

@@ -44,7 +44,6 @@ REFRESH_S = 5.0  # a rendering older than this is redone on request (process_* s
 
 SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor", Supervisor)
 RENDERER: web.AppKey[Renderer] = web.AppKey("renderer")
-SUPERVISOR_TASK: web.AppKey[asyncio.Task[None]] = web.AppKey("supervisor_task")
 EDGE: web.AppKey[Edge] = web.AppKey("edge")
 
 
@@ -68,7 +67,8 @@ class Edge:
 
 
 class Renderer:
-    """Holds the current rendering; re-renders (coalesced) when the served state changes."""
+    """Holds the current rendering; re-renders (coalesced) when the served state changes, which it
+    follows from construction on (:meth:`ServedState.subscribe`)."""
 
     def __init__(self, state: ServedState) -> None:
         self.state = state
@@ -76,6 +76,7 @@ class Renderer:
         self.rendered_mono = time.monotonic()
         self._pending = False
         self.renders = 0
+        state.subscribe(self.changed)
 
     def fresh(self) -> exposition.Rendered:
         """The current rendering, redone first when it is older than :data:`REFRESH_S`."""
@@ -138,9 +139,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    task = request.app.get(SUPERVISOR_TASK)
-    if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
-        return web.Response(status=500, text=f"supervisor loop died: {task.exception()!r}\n")
+    died = request.app[SUPERVISOR].loop_error
+    if died is not None:
+        return web.Response(status=500, text=f"supervisor loop died: {died!r}\n")
     ok, why = request.app[SUPERVISOR].state.liveness()
     return web.Response(status=200 if ok else 503, text=f"{why}\n")
 
@@ -221,3 +222,32 @@ def make_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/", index)
     return app
+
+
+class HttpServer:
+    """The aiohttp application and its runner: the part of the HTTP side that is aiohttp's.
+
+    Args:
+        supervisor: the supervisor whose state is served.
+        renderer: the coalescing renderer.
+        edge: the HTTP edge (web config, connection guard).
+        telemetry_path: where the exposition is served.
+        keepalive_s: idle keep-alive connections are closed after this (aiohttp's ``keepalive_timeout``).
+    """
+
+    def __init__(
+        self, supervisor: Supervisor, renderer: Renderer, edge: Edge, telemetry_path: str, keepalive_s: float
+    ) -> None:
+        self.app = make_app(supervisor, renderer, telemetry_path, edge)
+        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False, keepalive_timeout=keepalive_s)
+
+    async def setup(self) -> Callable[[], asyncio.Protocol]:
+        """Prepare the runner; returns the protocol factory a :class:`~exporter.httpedge.Listener`
+        hands its connections to."""
+        await self.runner.setup()
+        assert self.runner.server is not None
+        return self.runner.server
+
+    async def cleanup(self) -> None:
+        """Close what the runner holds (connections included)."""
+        await self.runner.cleanup()

@@ -6,9 +6,10 @@ enabled feature every interval, and writes one ``snapshot`` line per sample to t
 An NVML event thread writes ``event`` lines. Before each NVML call the breadcrumb in shared memory
 names the call, so a native crash or a hang can be attributed by the supervisor.
 
-Environment (set by the supervisor): ``NVGPU_WORKER_CONFIG`` (JSON), ``NVGPU_WORKER_FD`` (message
-pipe), ``NVGPU_BREADCRUMB_FD`` (shared memory). Standard input: ``{"type": "shutdown"}`` or EOF
-asks for an orderly stop: sampling stops between calls, the event thread is drained with a bound,
+Environment (set by the supervisor): ``NVGPU_WORKER_CONFIG`` (a
+:class:`~exporter.workerconfig.WorkerConfig` as JSON, decoded once at start), ``NVGPU_WORKER_FD``
+(message pipe), ``NVGPU_BREADCRUMB_FD`` (shared memory). Standard input: ``{"type": "shutdown"}``
+or EOF asks for an orderly stop: sampling stops between calls, the event thread is drained with a bound,
 and ``nvmlShutdown`` runs only when no NVML call is in flight (the race nvitop 1.7.1 fixed).
 """
 
@@ -32,6 +33,7 @@ from exporter.nvml.client import NvmlClient, NvmlFatal, Stopping
 from exporter.nvml_events import EventWatcher
 from exporter.sampler import Sampler
 from exporter.snapshot import selfcheck_to_wire, states_to_wire
+from exporter.workerconfig import WorkerConfig
 
 log = logging.getLogger("exporter.worker")
 
@@ -153,8 +155,12 @@ def main() -> int:
     from exporter.nvml import backend as backend_mod
 
     parent_death_signal()
-    config = json.loads(os.environ["NVGPU_WORKER_CONFIG"])
-    logs.setup(config.get("log_level", "INFO"), config.get("log_format", "text"))
+    try:
+        config = WorkerConfig.from_environ(os.environ)  # decoded once; everything below reads attributes
+    except ValueError as exc:  # a supervisor of another version, or started by hand: say which field
+        print(f"nvgpu-exporter worker: {exc}", file=sys.stderr)
+        return protocol.EXIT_ERROR
+    logs.setup(config.log_level, config.log_format)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     channel = Channel(int(os.environ["NVGPU_WORKER_FD"]))
     crumb_fd = os.environ.get("NVGPU_BREADCRUMB_FD")
@@ -164,13 +170,13 @@ def main() -> int:
     # What this process imported, before NVML can fail; again with the driver version after init.
     channel.send("selfcheck", **selfcheck_to_wire(selfcheck.run_in_process("worker")))
     try:
-        backend = backend_mod.load(config["backend"])
+        backend = backend_mod.load(config.backend)
     except ValueError as exc:  # ScenarioError: the file changed since the supervisor checked it
         channel.send("init_failed", code=-1, error="BAD_BACKEND", message=str(exc))
         return protocol.EXIT_NVML_FATAL
     kernel_module = backend.kernel_module_version()
-    client = NvmlClient(backend, BreadcrumbWriter(int(crumb_fd) if crumb_fd else None), SLOT_SAMPLER, stop)
-    client.options = config.get("collectors", {})  # per-collector settings (processes: /proc, caps)
+    crumbs = BreadcrumbWriter(int(crumb_fd) if crumb_fd else None)
+    client = NvmlClient(backend, crumbs, SLOT_SAMPLER, stop, config.collectors)
     sampler = Sampler(config, client, backend.binding_version() or "", lambda step: channel.send("progress", step=step))
     threading.Thread(target=_stdin_watcher, args=(stop, sampler.commands), name="stdin", daemon=True).start()
     try:
@@ -208,15 +214,14 @@ def main() -> int:
         kernel_module_version=kernel_module,
     )
     events = None
-    if sampler.enabled("events") and not config.get("samples"):
+    if sampler.enabled("events") and config.samples is None:
         devices = [s.dev for s in sampler.slots.values() if s.dev is not None]
         events = EventWatcher(client, devices, channel.send, sampler.events_enabled, sampler.request_reprobe)
         events.start()
-    samples = config.get("samples")
-    code = _run(channel, sampler, float(config["interval_s"]), int(samples) if samples else None)
+    code = _run(channel, sampler, config.interval_s, config.samples)
     if code is not None:
         return code
-    clean = shutdown(client, sampler, events, float(config.get("drain_s", 5.0)))
+    clean = shutdown(client, sampler, events, config.drain_s)
     channel.send("bye", nvml_shutdown=clean)
     return protocol.EXIT_OK
 

@@ -22,14 +22,18 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from exporter import protocol
 from exporter.breadcrumb import Breadcrumb, BreadcrumbReader
 from exporter.logs import WorkerLogRelay, log_once
 from exporter.policy import Outcome
 from exporter.snapshot import Hello, Message, Progress, Snapshot, decode_message
+from exporter.workerconfig import ENV_VAR, CollectorOptions, Exclusion, GpuRef, ProcessOptions, WorkerConfig
+
+if TYPE_CHECKING:
+    from exporter.config import Config
 
 log = logging.getLogger("exporter.supervisor")
 
@@ -234,7 +238,7 @@ class WorkerProcess:
     async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
         """Drain the worker's stderr in bounded chunks and turn it into log records.
 
-        The worker logs JSON lines (``Config.worker_config``); each is written again through the
+        The worker logs JSON lines (:func:`worker_config`); each is written again through the
         supervisor's logging (:class:`exporter.logs.WorkerLogRelay`), so with ``--log.format json``
         every stderr line of the exporter is one JSON object and in text mode every line is text.
         Anything else the worker writes (faulthandler's ``Fatal Python error`` report, a Python
@@ -459,6 +463,47 @@ def _log_error(doing: str) -> None:
     log_once(log, logging.ERROR, ("worker_io", type(exc).__name__), "failed while %s", doing, exc_info=True)
 
 
-def worker_env(config_json: Mapping[str, Any], epoch: float) -> dict[str, str]:
+def worker_config(
+    config: Config,
+    quarantined: Mapping[str, str],
+    exclude: Sequence[Exclusion] = (),
+    only: Sequence[GpuRef] = (),
+    samples: int | None = None,
+) -> WorkerConfig:
+    """What a worker (or, with ``only`` and ``samples``, a probe) is started with.
+
+    Args:
+        config: the parsed settings.
+        quarantined: feature -> why, the quarantines in force (:meth:`QuarantineStore.details`).
+        exclude: GPUs it must not attach (:meth:`exporter.gpuhealth.GpuHealth.exclusions`).
+        only: attach just these GPUs (a probe).
+        samples: stop after this many samples (a probe); None: run until stopped.
+    """
+    return WorkerConfig(
+        backend=config.nvml_backend,
+        interval_s=config.interval_s,
+        deadline_s=config.sample_deadline_s,
+        reprobe_s=config.reprobe_s,
+        drain_s=max(1.0, config.shutdown_timeout_s / 2),
+        log_level=config.log_level,
+        # The worker always logs JSON lines: the supervisor parses them and writes them again in
+        # NVGPU_LOG_FORMAT (WorkerLogRelay), so its stderr is one stream whatever the format.
+        log_format="json",
+        modes=dict(config.feature_modes),
+        quarantined=dict(quarantined),
+        collectors=CollectorOptions(
+            processes=ProcessOptions(
+                proc_path=config.proc_path,
+                container_log_dir=config.container_log_dir,
+                series_per_gpu=config.process_series_per_gpu,
+            )
+        ),
+        exclude=tuple(exclude),
+        only=tuple(only),
+        samples=samples,
+    )
+
+
+def worker_env(config: WorkerConfig, epoch: float) -> dict[str, str]:
     """The environment additions of a worker: its configuration and the fake backend's epoch."""
-    return {"NVGPU_WORKER_CONFIG": json.dumps(config_json), "NVGPU_FAKE_EPOCH": repr(epoch)}
+    return {ENV_VAR: json.dumps(config.to_wire()), "NVGPU_FAKE_EPOCH": repr(epoch)}

@@ -15,11 +15,12 @@ from typing import Any
 
 from exporter import collectors
 from exporter.breadcrumb import BreadcrumbWriter
+from exporter.collectors.base import SystemInfo
+from exporter.decode import decode_dataclass
 from exporter.fakenvml.binding import FakeNvml
 from exporter.metric import GpuKey
 from exporter.nvml.backend import FakeBackend
 from exporter.nvml.client import DeviceClient, NvmlClient
-from exporter.snapshot import SystemInfo, decode_dataclass
 from guards.features import FEATURES
 
 UUID = "GPU-00000000-0000-0000-0000-0000000000aa"

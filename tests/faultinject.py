@@ -14,6 +14,8 @@ class of bug or environment failure that the component must contain (issue 12):
   the kubelet names a pod with a lone surrogate (a value no UTF-8 encoder takes);
 - ``long_stderr``: workers are started through ``$FAULT_WORKER_PYTHON``, a wrapper that writes a
   70 KB line to the worker's stderr before it execs Python;
+- ``worker_python``: workers are started through ``$FAULT_WORKER_PYTHON``, whatever that wrapper does
+  (tests/test_feature_authority.py: it points the worker's known-issue rules at a test table);
 - ``fd_hog``: SIGUSR1 takes every free file descriptor (RLIMIT_NOFILE lowered to 256 first),
   SIGUSR2 gives them back, so a worker respawn meets EMFILE for real.
 """
@@ -139,8 +141,8 @@ def _render() -> None:
     StuckDetector.gpu_families = gpu_families  # type: ignore[method-assign]
 
 
-def _long_stderr() -> None:
-    sys.executable = os.environ["FAULT_WORKER_PYTHON"]  # a wrapper that writes a 70 KB stderr line first
+def _worker_python() -> None:
+    sys.executable = os.environ["FAULT_WORKER_PYTHON"]  # a wrapper around the worker's interpreter
 
 
 def _fd_hog() -> None:
@@ -169,7 +171,8 @@ FAULTS = {
     "kernel_log": _kernel_log,
     "pods": _pods,
     "render": _render,
-    "long_stderr": _long_stderr,
+    "long_stderr": _worker_python,  # the wrapper writes a 70 KB stderr line first
+    "worker_python": _worker_python,
     "fd_hog": _fd_hog,
 }
 

@@ -351,23 +351,6 @@ def test_check_config_flags_override_env() -> None:
     assert proc.returncode == 2 and "--sample-interval='soon'" in proc.stderr
 
 
-def test_worker_gets_the_process_options() -> None:
-    """Issue 18: per-process rows follow process_usage (off by default), per-pod sums follow
-    pod_attribution (on by default, off when quarantined), and the /proc and log roots pass through."""
-    default = Config.from_env({}).worker_config({})["collectors"]["processes"]
-    assert default["per_process"] is False and default["per_pod"] is True and default["series_per_gpu"] == 16
-    assert default["proc_path"] == "/proc" and default["container_log_dir"] == "/var/log/containers"
-    env = {
-        "NVGPU_FEATURE_PROCESS_USAGE": "on",
-        "NVGPU_PROC_PATH": "/host/proc",
-        "NVGPU_CONTAINER_LOG_DIR": "/host/containers",
-        "NVGPU_PROCESS_SERIES_PER_GPU": "4",
-    }
-    opts = Config.from_env(env).worker_config({"pod_attribution": "crashed 3 times"})["collectors"]["processes"]
-    assert opts["per_process"] is True and opts["per_pod"] is False and opts["series_per_gpu"] == 4
-    assert opts["proc_path"] == "/host/proc" and opts["container_log_dir"] == "/host/containers"
-
-
 def test_a_fake_backend_does_not_resolve_its_pids_in_this_machines_proc(tmp_path: Path) -> None:
     (tmp_path / "s.json").write_text('{"gpus": []}')
     fake = Config.from_env({"NVGPU_NVML_BACKEND": f"fake:{tmp_path / 's.json'}"})
@@ -414,11 +397,6 @@ def test_new_web_defaults() -> None:
     assert config.web_probes_without_auth is True
     assert config.web_max_connections == 1024
     assert config.web_keepalive_s == 120.0 and config.web_header_timeout_s == 10.0
-
-
-def test_worker_always_logs_json() -> None:
-    """The supervisor parses the worker's stderr: JSON whatever NVGPU_LOG_FORMAT says."""
-    assert Config.from_env({"NVGPU_LOG_FORMAT": "text"}).worker_config({})["log_format"] == "json"
 
 
 def test_environment_problems_name_the_variable(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ import pytest
 from goldens import DOCS, GOLDEN, GOLDENS, Doc, Family
 
 from exporter import exposition, procmetrics, selfmetrics
+from exporter.app import build_supervisor
 from exporter.breadcrumb import Breadcrumb
 from exporter.config import Config
 from exporter.httpedge import HttpEdge
@@ -173,7 +174,7 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
     )
 
     async def build() -> str:
-        sup = Supervisor(config)  # default extensions attached, not run: no kernel log or kubelet here
+        sup = build_supervisor(config)  # the extensions attached, not run: no kernel log or kubelet here
         state = sup.state
         try:
             state.python_version = PLACEHOLDER_VERSION

@@ -23,6 +23,7 @@ from exporter.logs import _once_keys
 from exporter.metric import GpuKey
 from exporter.nvml.backend import FakeBackend
 from exporter.nvml.client import DeviceClient, NvmlClient
+from exporter.workerconfig import CollectorOptions, ProcessOptions
 
 UUID = "GPU-820f4b2d-da15-c9b7-3ba6-c396976ca722"
 TOTAL = 150_754_820_096
@@ -55,16 +56,23 @@ class Gpu:
             return real(handle, ts)
 
         self.backend._fake.nvmlDeviceGetProcessUtilization = recording  # type: ignore[method-assign]
-        self.client = NvmlClient(self.backend, BreadcrumbWriter(None))
-        self.client.options = {
-            "processes": {
-                "proc_path": str(tmp_path / "no-proc"),
-                "container_log_dir": str(tmp_path / "no-logs"),
-                **(options or {}),
-            }
+        # options: ProcessOptions fields, and per_process / per_pod for the switches the worker
+        # would have on (process_usage / pod_attribution in dev.enabled)
+        opts = {
+            "proc_path": str(tmp_path / "no-proc"),
+            "container_log_dir": str(tmp_path / "no-logs"),
+            **(options or {}),
         }
+        switches = {
+            processes.PROCESS_USAGE: opts.pop("per_process", False),
+            processes.POD_ATTRIBUTION: opts.pop("per_pod", False),
+        }
+        self.client = NvmlClient(
+            self.backend, BreadcrumbWriter(None), options=CollectorOptions(processes=ProcessOptions(**opts))
+        )
         self.client.raw("t", "nvmlInit", "")
         self.dev = DeviceClient(self.client, 0, UUID, self.client.raw("t", "nvmlDeviceGetHandleByIndex", "", 0))
+        self.dev.enabled = frozenset(name for name, on in switches.items() if on)
 
     def read(self) -> processes.Reading:
         r = processes.read(self.dev)

@@ -9,6 +9,8 @@ import pytest
 
 from exporter import collectors, protocol
 from exporter.collectors import clocks, ecc, fan, gpm, identity, nvlink, power, processes
+from exporter.collectors.base import SystemInfo
+from exporter.decode import decode_dataclass
 from exporter.protocol import ProtocolError
 from exporter.snapshot import (
     Bye,
@@ -18,8 +20,6 @@ from exporter.snapshot import (
     InitFailed,
     NvmlEvent,
     Snapshot,
-    SystemInfo,
-    decode_dataclass,
     decode_message,
 )
 from guards.features import FeatureState, Reason

@@ -1,5 +1,5 @@
 """Supervisor parts without a worker: the pure restart policy, killing an unkillable (D-state)
-process, and quarantine accounting through the supervisor."""
+process, quarantine accounting through the supervisor, and extensions following the feature states."""
 
 from __future__ import annotations
 
@@ -9,11 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from exporter.app import build_supervisor
 from exporter.breadcrumb import Breadcrumb
+from exporter.collectors.base import SystemInfo
 from exporter.config import Config
+from exporter.extensions import Extension
 from exporter.policy import Outcome, RestartPolicy
+from exporter.quarantine import QuarantineStore
+from exporter.served import ServedState
+from exporter.snapshot import Hello, Snapshot
 from exporter.supervisor import Supervisor
 from exporter.workerproc import WorkerProcess
+from guards import features as gf
 from guards.features import FeatureState, Reason
 
 
@@ -120,7 +127,7 @@ def test_kill_reports_a_process_that_survives_sigkill(monkeypatch: pytest.Monkey
 
 
 def test_account_counts_and_quarantine_beats_explicit_on(tmp_path: Path) -> None:
-    sup = Supervisor(_config(tmp_path, NVGPU_FEATURE_NVLINK_THROUGHPUT="on", NVGPU_QUARANTINE_AFTER=2))
+    sup = build_supervisor(_config(tmp_path, NVGPU_FEATURE_NVLINK_THROUGHPUT="on", NVGPU_QUARANTINE_AFTER=2))
     crumb = Breadcrumb("nvlink_throughput", "nvmlDeviceGetFieldValues", "GPU-x", 0.0, True)
     state = sup.state.feature_states()["nvlink_throughput"]
     assert (state.enabled, state.reason) == (True, Reason.ENV)
@@ -132,7 +139,7 @@ def test_account_counts_and_quarantine_beats_explicit_on(tmp_path: Path) -> None
     assert state.enabled is False and state.reason is Reason.QUARANTINED
     assert "nvmlDeviceGetFieldValues" in state.detail
     # the state file carries it to the next exporter process
-    again = Supervisor(_config(tmp_path, NVGPU_FEATURE_NVLINK_THROUGHPUT="on"))
+    again = build_supervisor(_config(tmp_path, NVGPU_FEATURE_NVLINK_THROUGHPUT="on"))
     assert again.state.feature_states()["nvlink_throughput"].reason is Reason.QUARANTINED
     sup.close()
     again.close()
@@ -140,9 +147,73 @@ def test_account_counts_and_quarantine_beats_explicit_on(tmp_path: Path) -> None
 
 def test_extension_override_and_quarantine_order(tmp_path: Path) -> None:
     """An extension's override (kernel log unreadable) shows, and a quarantine still wins over it."""
-    sup = Supervisor(_config(tmp_path, NVGPU_QUARANTINE_AFTER=1))
+    sup = build_supervisor(_config(tmp_path, NVGPU_QUARANTINE_AFTER=1))
     sup.state.set_feature_state(FeatureState("events", False, Reason.UNSUPPORTED, "no event support"))
     assert sup.state.feature_states()["events"].reason is Reason.UNSUPPORTED
     sup.account(Outcome("crash", -11, 11, Breadcrumb("events", "nvmlEventSetWait_v2", "", 0.0, True), 1.0, True, ""))
     assert sup.state.feature_states()["events"].reason is Reason.QUARANTINED
     sup.close()
+
+
+def test_an_extension_follows_the_workers_decision_about_its_feature(tmp_path: Path) -> None:
+    """Built while the provisional view has pod_attribution on; once the worker decides it off (a
+    known-issue rule only the worker can match) the extension gets no snapshot, no Xid and no render
+    call, and its own finding (no kubelet socket: unsupported) does not hide the worker's reason."""
+
+    class Pods(Extension):
+        feature = "pod_attribution"
+
+        def __init__(self) -> None:
+            self.snapshots = 0
+
+        def on_snapshot(self, snapshot: Snapshot) -> None:
+            self.snapshots += 1
+
+    config = _config(tmp_path)
+    ext = Pods()
+    state = ServedState(config, QuarantineStore("", 3, 600.0, 86400.0), [ext])
+    sup = Supervisor(config, state)
+    state.set_feature_state(FeatureState("pod_attribution", False, Reason.UNSUPPORTED, "no kubelet socket"))
+    assert state.active_extensions() == [ext]
+    assert state.feature_states()["pod_attribution"].reason is Reason.UNSUPPORTED  # the provisional view
+    decided = gf.resolve(config.feature_modes, known_issues={"pod_attribution": "a crash (rule r1)"})
+    snap = Snapshot(0.0, 0.0, SystemInfo(), (), {}, decided, {}, 0, {})
+
+    async def scenario() -> None:
+        sup.handle(Hello(pid=1, system=SystemInfo(), gpus=(), feature_states=decided))
+        sup.handle(snap)
+
+    asyncio.run(scenario())
+    assert state.active_extensions() == [] and ext.snapshots == 0
+    shown = state.feature_states()["pod_attribution"]
+    assert (shown.enabled, shown.reason, shown.detail) == (False, Reason.KNOWN_ISSUE, "a crash (rule r1)")
+    assert not state.component_errors
+    sup.close()
+
+
+def test_feature_states_are_resolved_in_two_places_only() -> None:
+    """guards.features.resolve: the worker's decision (sampler.py) and the supervisor's provisional
+    view before it (served.py), nowhere else (there were four, with three different inputs)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    sites = []
+    for path in sorted((root / "exporter").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules, functions = set(), set()  # names bound to guards.features, and to its resolve
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "guards":
+                modules.update(a.asname or a.name for a in node.names if a.name == "features")
+            elif isinstance(node, ast.ImportFrom) and node.module == "guards.features":
+                functions.update(a.asname or a.name for a in node.names if a.name == "resolve")
+            elif isinstance(node, ast.Import):
+                modules.update(a.asname or a.name for a in node.names if a.name == "guards.features")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if (isinstance(f, ast.Name) and f.id in functions) or (
+                isinstance(f, ast.Attribute) and f.attr == "resolve" and ast.unparse(f.value) in modules
+            ):
+                sites.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert [site.split(":")[0] for site in sites] == ["exporter/sampler.py", "exporter/served.py"], sites

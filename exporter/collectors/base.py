@@ -14,7 +14,7 @@ A collector is a module with (checked by ``mypy --strict`` through :class:`Colle
   device client (a missing value is None); ``DeviceLost`` and ``NvmlFatal`` propagate;
 - ``families(samples, system) -> Iterable[Metric]``: runs in the supervisor, pure. ``samples`` is
   a list of (``GpuKey``, ``Reading``) for every GPU that produced a reading in the snapshot;
-  ``system`` carries the versions (identity uses them).
+  ``system`` carries the versions (:class:`SystemInfo`; identity uses them).
 
 What a collector remembers about a GPU between passes is declared as a state class and reached
 through ``dev.state_of(Kind)`` (:mod:`exporter.gpustate`), never a module global.
@@ -25,6 +25,7 @@ Conversions to base units happen only in ``families()``, through the helpers bel
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -32,7 +33,24 @@ if TYPE_CHECKING:
 
     from exporter.metric import GpuKey, MetricDef
     from exporter.nvml.client import DeviceClient
-    from exporter.snapshot import SystemInfo
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    """Versions the worker read after ``nvmlInit`` (empty strings when unknown); every snapshot
+    carries them and ``families()`` receives them.
+
+    Attributes:
+        driver_version: ``nvmlSystemGetDriverVersion``, e.g. ``580.159.04``.
+        nvml_version: ``nvmlSystemGetNVMLVersion``, e.g. ``13.580.159.04``.
+        cuda_driver_version: ``nvmlSystemGetCudaDriverVersion`` as ``major.minor``.
+        nvidia_ml_py_version: the installed binding's distribution version.
+    """
+
+    driver_version: str = ""
+    nvml_version: str = ""
+    cuda_driver_version: str = ""
+    nvidia_ml_py_version: str = ""
 
 
 class Collector(Protocol):

@@ -65,8 +65,8 @@ from exporter.nvml import errors, structs
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.collectors.base import SystemInfo
     from exporter.nvml.client import DeviceClient
-    from exporter.snapshot import SystemInfo
 
 FEATURE = "gpm"
 NEEDS: tuple[str, ...] = (mig.FEATURE,)  # mig.layout: whole GPU or per GPU instance

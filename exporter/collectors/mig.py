@@ -76,8 +76,8 @@ from exporter.process_records import PID_MAX_LIMIT, validate_records
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.collectors.base import SystemInfo
     from exporter.nvml.client import DeviceClient
-    from exporter.snapshot import SystemInfo
 
 log = logging.getLogger(__name__)
 

@@ -36,11 +36,10 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from exporter import process_attribution as attribution
 from exporter.collectors.base import percent_to_ratio
-from exporter.containerlogs import DEFAULT_DIR
 from exporter.gpustate import GpuState, Lifetime
 from exporter.logs import log_once
 from exporter.metric import GpuKey, MetricDef
@@ -54,13 +53,13 @@ from exporter.process_records import (
     validate_records,
     validate_samples,
 )
-from exporter.procfs import DEFAULT_ROOT
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.collectors.base import SystemInfo
     from exporter.nvml.client import DeviceClient
-    from exporter.snapshot import SystemInfo
+    from exporter.workerconfig import ProcessOptions
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "graphics": ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
     "mps": ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2"),
 }
-DEFAULT_SERIES_PER_GPU = 16
+PROCESS_USAGE = "process_usage"  # the switch for per-process rows (in dev.enabled when on)
+POD_ATTRIBUTION = "pod_attribution"  # the switch for per-pod sums
 OTHER = "other"  # the pid label of the series that sums processes past the cap
 
 COUNT = MetricDef("nvgpu_compute_processes", "Compute processes on the GPU (nvmlDeviceGetComputeRunningProcesses)")
@@ -213,8 +213,8 @@ class State(GpuState):
         return {k: v for k, v in sorted(self.fallbacks.items()) if k in functions}
 
 
-def _host(st: State, opts: Mapping[str, Any]) -> HostView:
-    paths = (str(opts.get("proc_path", DEFAULT_ROOT)), str(opts.get("container_log_dir", DEFAULT_DIR)))
+def _host(st: State, opts: ProcessOptions) -> HostView:
+    paths = (opts.proc_path, opts.container_log_dir)
     if st.host is None or st.host.paths != paths:
         st.host = HostView(*paths)
     return st.host
@@ -436,10 +436,11 @@ def _compute_memory(compute: Sequence[ProcessRecord]) -> int | None:
 
 
 def read(dev: DeviceClient) -> Reading | None:
-    """Validated process lists of one GPU, with usage and pods as the options ask.
+    """Validated process lists of one GPU, with usage and pods as the worker's switches ask.
 
-    Options (``dev.client.options["processes"]``, from ``Config.process_options``):
-    ``per_process``, ``per_pod``, ``proc_path``, ``container_log_dir``, ``series_per_gpu``.
+    Per-process rows when :data:`PROCESS_USAGE` is in ``dev.enabled``, per-pod sums when
+    :data:`POD_ATTRIBUTION` is (the worker's feature states: modes, quarantine, known issues);
+    ``/proc``, the container log directory and the cap from ``dev.client.options.processes``.
 
     Returns:
         None when the compute list gives no answer this sample (unsupported, transient error).
@@ -447,8 +448,8 @@ def read(dev: DeviceClient) -> Reading | None:
     Raises:
         DeviceLost, NvmlFatal: from the device client.
     """
-    opts = dev.client.options.get(FEATURE, {})
-    per_process, per_pod = bool(opts.get("per_process")), bool(opts.get("per_pod"))
+    opts = dev.client.options.processes
+    per_process, per_pod = PROCESS_USAGE in dev.enabled, POD_ATTRIBUTION in dev.enabled
     st = dev.state_of(State)
     host = _host(st, opts)
     drops: Counter[str] = Counter()
@@ -466,7 +467,7 @@ def read(dev: DeviceClient) -> Reading | None:
     labels: dict[int, tuple[str, str, str, str]] = {}
     other = None
     if per_process:
-        rows, labels, other = _per_process(procs, int(opts.get("series_per_gpu") or DEFAULT_SERIES_PER_GPU))
+        rows, labels, other = _per_process(procs, opts.series_per_gpu)
     pods, pod_names, sources = _per_pod(procs, host) if per_pod else ({}, {}, {})
     compute = lists["compute"].records
     return Reading(

@@ -16,8 +16,8 @@ from exporter.metric import GpuKey, MetricDef
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.collectors.base import SystemInfo
     from exporter.nvml.client import DeviceClient
-    from exporter.snapshot import SystemInfo
 
 FEATURE = "temperature"
 NEEDS: tuple[str, ...] = ()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from exporter.breadcrumb import SLOT_SAMPLER, BreadcrumbWriter
@@ -23,6 +23,7 @@ from exporter.logs import log_once
 from exporter.nvml import errors
 from exporter.nvml.backend import UNPOPULATED, FieldValue
 from exporter.nvml.errors import ErrorClass, NvmlFailure
+from exporter.workerconfig import CollectorOptions
 
 log = logging.getLogger(__name__)
 
@@ -63,21 +64,24 @@ class NvmlClient:
         crumbs: shared-memory breadcrumb writer.
         slot: breadcrumb slot of the calling thread (sampler by default).
         stop: once set, new calls raise :class:`Stopping` (calls in flight finish).
-
-    Attributes:
-        options: per-collector settings from the worker configuration, by feature name
-            (``Config.worker_config()["collectors"]``); read by collectors through their
-            :class:`DeviceClient`'s ``client``.
+        options: per-collector settings of the worker configuration
+            (:attr:`exporter.workerconfig.WorkerConfig.collectors`); collectors read them through
+            their :class:`DeviceClient`'s ``client``. Their defaults when None.
     """
 
     def __init__(
-        self, backend: Any, crumbs: BreadcrumbWriter, slot: int = SLOT_SAMPLER, stop: threading.Event | None = None
+        self,
+        backend: Any,
+        crumbs: BreadcrumbWriter,
+        slot: int = SLOT_SAMPLER,
+        stop: threading.Event | None = None,
+        options: CollectorOptions | None = None,
     ) -> None:
         self.backend = backend
         self.crumbs = crumbs
         self.slot = slot
         self.stop = stop or threading.Event()
-        self.options: Mapping[str, Mapping[str, Any]] = {}
+        self.options = options if options is not None else CollectorOptions()
         self.calls = 0
         self.ok_calls = 0  # calls that returned: "every call failing" is told apart from "no call needed"
         self.errors: Counter[tuple[str, str]] = Counter()  # (feature, error name) -> count
@@ -91,9 +95,8 @@ class NvmlClient:
 
     def fork(self, slot: int) -> NvmlClient:
         """A client for another thread, sharing the backend and breadcrumb memory."""
-        other = NvmlClient(self.backend, self.crumbs, slot, self.stop)
+        other = NvmlClient(self.backend, self.crumbs, slot, self.stop, self.options)
         other._fns = self._fns
-        other.options = self.options
         return other
 
     def _fn(self, name: str) -> Callable[..., Any]:

@@ -311,6 +311,8 @@ def capture(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """Run the worker on golden ``name``; returns the fixture (also written to disk)."""
     from exporter import selfcheck
     from exporter.config import Config
+    from exporter.workerconfig import ENV_VAR
+    from exporter.workerproc import worker_config
     from guards import features as gf
 
     scenario, modes = GOLDENS[name]()
@@ -331,7 +333,7 @@ def capture(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
         )
         read_fd, write_fd = os.pipe()
         env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
-        env.update(NVGPU_WORKER_CONFIG=json.dumps(config.worker_config({})), NVGPU_WORKER_FD=str(write_fd))
+        env.update({ENV_VAR: json.dumps(worker_config(config, {}).to_wire())}, NVGPU_WORKER_FD=str(write_fd))
         proc = subprocess.Popen(
             [sys.executable, __file__, "--child"],
             env=env,
