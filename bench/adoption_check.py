@@ -164,7 +164,7 @@ def main() -> int:
         result["grpcio"], result["protobuf"] = grpc.__version__, google.protobuf.__version__
     except ImportError as exc:
         result["grpcio"] = result["protobuf"] = f"not installed ({exc})"
-    from exporter.podresources import unsupported_reason
+    from exporter.supervisor.podresources import unsupported_reason
 
     result["pod_attribution_unsupported_reason"] = unsupported_reason()
 
@@ -182,7 +182,7 @@ def main() -> int:
         users = ""
         auth: dict[str, str] = {}
         if "bcrypt" not in missing:
-            from exporter.webauth import hash_password
+            from exporter.supervisor.http.webauth import hash_password
 
             users = f"basic_auth_users:\n  prometheus: {hash_password(PASSWORD)}\n"
             auth = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}

@@ -65,7 +65,7 @@ def gpus(backend: str) -> list[dict[str, Any]]:
 def worker_config(extra: dict[str, Any], backend: str = "nvml") -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from exporter.config import Config
-    from exporter.workerproc import worker_config as build
+    from exporter.supervisor.workerproc import worker_config as build
     from guards import features as gf
 
     cfg = Config(
@@ -74,7 +74,7 @@ def worker_config(extra: dict[str, Any], backend: str = "nvml") -> dict[str, Any
         feature_modes=dict.fromkeys(gf.FEATURES, gf.Mode.AUTO),
         log_level="WARNING",
     )
-    data = build(cfg, {}).to_wire()  # the worker decodes it as exporter.workerconfig.WorkerConfig
+    data = build(cfg, {}).to_wire()  # the worker decodes it as exporter.common.workerconfig.WorkerConfig
     data.update(extra)
     return data
 

@@ -77,7 +77,7 @@ GOAL_SEQ_RATIO = 20.0  # issue 17 (issue 8: 5)
 GOAL_FLOOR_RATIO = 1.2
 GOAL_RSS_RATIO = 1.3  # issue 17: RSS within 1.3 x nvitop-exporter's; PSS no higher
 GPU_LOAD = ROOT / "bench" / "gpuload.py"
-SLOW_EVERY_S = 30.0  # the worker's per-call NVLink counters (exporter/collectors/nvlink.py SLOW_EVERY_S)
+SLOW_EVERY_S = 30.0  # the worker's per-call NVLink counters (exporter/common/collectors/nvlink.py SLOW_EVERY_S)
 
 
 # -- environment -----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import load  # noqa: E402
 
 import bench  # noqa: E402  (bench/bench.py: start_exporter)
-from exporter import collectors  # noqa: E402
+from exporter.common import collectors  # noqa: E402
 
 SCENARIOS = ("h200x1", "h200x2", "h200x8")
 # Off-by-default switches that add per-GPU series, each measured on its own.

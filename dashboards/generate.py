@@ -11,7 +11,7 @@ model Grafana 11 and 12 import). Every panel and variable uses the ``datasource`
 
 Only metric names from docs/metrics.md are used (tests/test_dashboards.py checks), and every panel
 query is sent to a real Prometheus scraping the real exporter (tests/test_prometheus_e2e.py).
-The Xid class regexes come from exporter/xid/catalog.json, so a catalog change shows up here as
+The Xid class regexes come from exporter/supervisor/xid/catalog.json, so a catalog change shows up here as
 a diff that the test asks you to regenerate.
 """
 
@@ -41,7 +41,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 from grafana_foundation_sdk.models.common import DataSourceRef
 
-from exporter.xid import CLASSES, UNKNOWN_CLASS, codes_of_class, promql_regex
+from exporter.supervisor.xid import CLASSES, UNKNOWN_CLASS, codes_of_class, promql_regex
 
 HERE = Path(__file__).resolve().parent
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -778,7 +778,7 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             bargauge_panel(
                 "Xid errors by class",
-                "nvgpu_xid_errors_total summed by the class exporter/xid/catalog.json gives "
+                "nvgpu_xid_errors_total summed by the class exporter/supervisor/xid/catalog.json gives "
                 "each code (application, driver, memory, nvlink, ...), counted since each exporter started." + QUIET,
                 [
                     (

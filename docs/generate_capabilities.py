@@ -244,8 +244,8 @@ SOURCES = {
     },
     "repo-collectors": {
         "kind": "repository",
-        "what": "this repository: exporter/collectors/*.py and exporter/nvml/structs.py (what the exporter calls today)",
-        "file": "exporter/collectors/",
+        "what": "this repository: exporter/common/collectors/*.py and exporter/worker/nvml/structs.py (what the exporter calls today)",
+        "file": "exporter/common/collectors/",
     },
     "repo-features": {
         "kind": "repository",
@@ -254,8 +254,8 @@ SOURCES = {
     },
     "repo-xid-catalog": {
         "kind": "repository",
-        "what": "this repository: exporter/xid/catalog.json",
-        "file": "exporter/xid/catalog.json",
+        "what": "this repository: exporter/supervisor/xid/catalog.json",
+        "file": "exporter/supervisor/xid/catalog.json",
     },
 }
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.workerconfig import ENV_VAR as WORKER_CONFIG_VAR
+from exporter.common.workerconfig import ENV_VAR as WORKER_CONFIG_VAR
 from guards import features as gf
 
 DEFAULT_PORT = 19400
@@ -168,8 +168,8 @@ def _backend(name: str, text: str) -> str:
     if text == "nvml":
         return text
     if text.startswith("fake:"):
-        from exporter import scenarios  # stdlib only
-        from exporter.fakenvml.scenario import ScenarioError, load_scenario  # stdlib only: no pynvml here
+        from exporter.common import scenarios  # stdlib only
+        from exporter.common.scenarios.scenario import ScenarioError, load_scenario  # stdlib only: no pynvml here
 
         path = text[len("fake:") :]
         if not path:
@@ -230,8 +230,8 @@ def _web_config(name: str, text: str) -> str:
     path = text.strip()
     if not path:
         return ""
-    from exporter.webconfig import WebConfigError
-    from exporter.webtls import load_with_context  # reads the file and every file it names
+    from exporter.supervisor.http.webconfig import WebConfigError
+    from exporter.supervisor.http.webtls import load_with_context  # reads the file and every file it names
 
     try:
         load_with_context(path)

@@ -15,7 +15,7 @@ what the process imported (or would import) with what the distribution says it i
   that comes before the distribution's location;
 * distributions known to install the same top-level module (``pynvml`` from gpuopenanalytics).
 
-Everything here returns data; ``exporter/selfcheck.py`` turns it into logs, metrics and exit codes.
+Everything here returns data; ``exporter/common/selfcheck.py`` turns it into logs, metrics and exit codes.
 Standard library only, like the whole package.
 
 Sources: ../shared/DESIGN.md ("Self-check"), ../shared/reference/nvml-notes.md §8 (nvidia-ml-py

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.xid import SEVERITIES, classify, codes_of_class, load_catalog
-from exporter.xid.reader import KmsgReader
+from exporter.supervisor.xid import SEVERITIES, classify, codes_of_class, load_catalog
+from exporter.supervisor.xid.reader import KmsgReader
 
 ROOT = Path(__file__).resolve().parents[1]
 PROM = ROOT / "deploy" / "prometheus"

@@ -32,7 +32,7 @@ def _chaos() -> ModuleType:
 
 def test_fault_plan_is_seeded_and_a_valid_scenario(tmp_path: Path) -> None:
     """Same seed, same plan; the scenario it writes is accepted by the fake backend."""
-    from exporter.fakenvml.binding import FakeNvml
+    from exporter.worker.fakenvml.binding import FakeNvml
 
     chaos = _chaos()
     cfg = chaos.ChaosConfig(duration=300, seed=7)

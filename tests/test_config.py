@@ -10,17 +10,11 @@ from pathlib import Path
 import pytest
 
 from exporter.checks import environment_problems, state_file_problem
-from exporter.config import (
-    DEFAULT_PORT,
-    SETTINGS,
-    Config,
-    ConfigError,
-    parse_listen_address,
-)
+from exporter.config import DEFAULT_PORT, SETTINGS, Config, ConfigError, parse_listen_address
 from guards import features as gf
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO = ROOT / "exporter" / "scenarios" / "h200x2.json"
+SCENARIO = ROOT / "exporter" / "common" / "scenarios" / "h200x2.json"
 
 
 def problems(environ: dict[str, str], flags: dict[str, str] | None = None) -> list[str]:
@@ -368,7 +362,7 @@ def test_shipped_scenario_by_name(name: str, tmp_path: Path, monkeypatch: pytest
     """``fake:<name>`` resolves to package data from any working directory (the no-GPU hint)."""
     monkeypatch.chdir(tmp_path)
     backend = Config.from_env({"NVGPU_NVML_BACKEND": f"fake:{name}"}).nvml_backend
-    assert backend == f"fake:{ROOT / 'exporter' / 'scenarios' / name}.json"
+    assert backend == f"fake:{ROOT / 'exporter' / 'common' / 'scenarios' / name}.json"
 
 
 def test_unknown_scenario_name_lists_the_shipped_ones() -> None:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dashboards import queries as dq  # noqa: E402
-from exporter.xid import CLASSES, UNKNOWN_CLASS, codes_of_class, promql_regex  # noqa: E402
+from exporter.supervisor.xid import CLASSES, UNKNOWN_CLASS, codes_of_class, promql_regex  # noqa: E402
 
 FLEET = "gpu-fleet.json"
 HEALTH = "exporter-health.json"

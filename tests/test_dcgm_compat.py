@@ -39,7 +39,7 @@ from prometheus_proc import running_prometheus
 from tls_material import PASSWORD, USER, Material, bcrypt_hash, make_material
 from waiting import wait_until
 
-from exporter.xid import classify, load_catalog
+from exporter.supervisor.xid import classify, load_catalog
 
 yaml = pytest.importorskip("yaml")
 
@@ -436,7 +436,7 @@ def test_every_recorded_dcgm_name_has_data_with_dcgm_labels(stack: Stack) -> Non
 
 
 def test_xid_series_carry_err_code_and_the_catalog_meaning(stack: Stack) -> None:
-    """dcgm-exporter 4.x's err_code (the value) and err_msg, from exporter/xid/catalog.json: "No Error"
+    """dcgm-exporter 4.x's err_code (the value) and err_msg, from exporter/supervisor/xid/catalog.json: "No Error"
     before an Xid, the catalog's meaning for 79 and 94."""
     messages = {r["metric"]["err_code"]: r["metric"]["err_msg"] for r in stack.result("nvgpu:dcgm_xid_messages")}
     assert messages == {"0": "No Error", **{str(c): info.meaning for c, info in load_catalog().items()}}

@@ -183,7 +183,7 @@ def test_crd_model_validation_rejects_typos() -> None:
 def _app_routes() -> set[str]:
     from exporter.config import Config
 
-    text = (REPO / "exporter" / "web.py").read_text(encoding="utf-8")
+    text = (REPO / "exporter" / "supervisor" / "http" / "web.py").read_text(encoding="utf-8")
     return set(re.findall(r"add_get\(\s*\"([^\"]+)\"", text)) | {Config().telemetry_path}  # --web.telemetry-path
 
 

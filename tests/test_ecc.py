@@ -7,7 +7,7 @@ from typing import Any
 
 from fake_device import DETAILS, Clock, device, fake_of, render
 
-from exporter.collectors import ecc
+from exporter.common.collectors import ecc
 
 
 def ecc_gpu(mode: list[int], **counts: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""exporter.nvml.errors: the one table that says what an NVML error means.
+"""exporter.common.nvml.errors: the one table that says what an NVML error means.
 
 The expected table below is written from DESIGN.md ("NVML errors") and nvml.h, independently of
 the module's own table: every return code the module knows must appear here, so a new code forces
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from exporter.nvml import errors
-from exporter.nvml.errors import ErrorClass as C
+from exporter.common.nvml import errors
+from exporter.common.nvml.errors import ErrorClass as C
 
 EXPECTED: dict[str, C] = {
     # unsupported / denied: cache, log once, omit, never ask again

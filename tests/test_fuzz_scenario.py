@@ -16,8 +16,8 @@ from fuzzing import HOSTILE_TEXT, JSON_VALUES, TEXT, bounded_memory
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.fakenvml import scenario
-from exporter.fakenvml.scenario import ScenarioError, load_scenario
+from exporter.common.scenarios import scenario
+from exporter.common.scenarios.scenario import ScenarioError, load_scenario
 
 SHIPPED = {p.stem: json.loads(p.read_text()) for p in sorted(SCENARIOS.glob("*.json"))}
 BASES = ["h200x1", "h200x2-xid79", "h200x2-nvlink-crash"]

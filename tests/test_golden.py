@@ -2,7 +2,7 @@
 
 ``tests/golden/<name>.snapshot.json`` holds what a real worker sent for a golden scenario at
 scenario time 0 (``tests/golden/capture.py``). The test feeds those messages to a real
-:class:`exporter.supervisor.Supervisor` (with the supervisor-side integrations attached, as
+:class:`exporter.supervisor.supervisor.Supervisor` (with the supervisor-side integrations attached, as
 ``cli.serve`` does), renders the exposition and compares it with ``tests/golden/<name>.prom``.
 
 Regenerate after an intended change, then review the diff like code::
@@ -36,21 +36,21 @@ from unittest import mock
 import pytest
 from goldens import DOCS, GOLDEN, GOLDENS, Doc, Family
 
-from exporter import exposition, procmetrics, selfmetrics
 from exporter.app import build_supervisor
-from exporter.breadcrumb import Breadcrumb
+from exporter.common.breadcrumb import Breadcrumb
+from exporter.common.snapshot import InitFailed, decode_message
 from exporter.config import Config
-from exporter.httpedge import HttpEdge
-from exporter.kernel_xid import KernelXid
-from exporter.pods import PodAttribution
-from exporter.policy import Outcome
-from exporter.snapshot import InitFailed, decode_message
-from exporter.supervisor import Supervisor
+from exporter.supervisor import exposition, procmetrics, selfmetrics
+from exporter.supervisor.http.httpedge import HttpEdge
+from exporter.supervisor.kernel_xid import KernelXid
+from exporter.supervisor.pods import PodAttribution
+from exporter.supervisor.policy import Outcome
+from exporter.supervisor.supervisor import Supervisor
 from guards import features as gf
 
 ROOT = Path(__file__).resolve().parent.parent
 UPDATE = os.environ.get("UPDATE_GOLDEN", "") not in ("", "0")
-NAMESPACES = ("nvgpu_", "process_")  # ours, and the standard process collector's (exporter/procmetrics.py)
+NAMESPACES = ("nvgpu_", "process_")  # ours, and the standard process collector's (exporter/supervisor/procmetrics.py)
 PLACEHOLDER_VERSION = "0.0.0"
 
 # Documented metrics no golden shows yet, each with the reason. Keep this short.

@@ -20,7 +20,7 @@ import pytest
 from exporter_proc import Exporter
 from waiting import accept_queue, wait_until
 
-from exporter import httpedge
+from exporter.supervisor.http import httpedge
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 

@@ -192,7 +192,7 @@ def test_fan_not_supported_on_every_gpu(tmp_path: Path, variant: str) -> None:
         assert scrape.value("nvgpu_feature_enabled", feature="fan", reason="unsupported") == 0.0
         assert not scrape.find("nvgpu_feature_enabled", feature="fan", reason="default")
         assert not [s for s in scrape.find("nvgpu_nvml_errors_total") if s.labels["feature"] == "fan"]
-        fan_logs = records(exp, feature="fan", logger="exporter.nvml.client")
+        fan_logs = records(exp, feature="fan", logger="exporter.worker.nvml.client")
         per_gpu = Counter(r["uuid"] for r in fan_logs)
         uuids = {g["uuid"] for g in scenario["gpus"]}
         assert per_gpu == {u: 1 for u in uuids}, fan_logs

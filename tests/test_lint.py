@@ -67,53 +67,77 @@ def _exporter_imports(path: Path) -> list[tuple[str, bool]]:
     return found
 
 
-# The fake's modules that the supervisor runs (Config checks a scenario before anything starts).
-FAKE_STDLIB_ONLY = {"scenario.py", "spec.py", "records.py", "__init__.py"}
+NVML = ROOT / "exporter" / "worker" / "nvml"  # the real path
+FAKE = ROOT / "exporter" / "worker" / "fakenvml"
+# The fake's standard-library-only half: the scenario files, their check (Config runs it in the
+# supervisor) and the value kinds and record layouts the fake evaluates.
+SCENARIOS = ROOT / "exporter" / "common" / "scenarios"
+ERRORS = "exporter.common.nvml.errors"  # the return-code table (standard library only)
 
 
 def test_pynvml_only_behind_exporter_nvml() -> None:
-    """pynvml is imported under exporter/nvml/ (the real path) and exporter/fakenvml/ (the fake raises
-    pynvml's errors and fills its structs), except in the fake's standard-library-only modules. The fake
-    needs nothing of the product but the error table; the product reaches the fake only through the
-    backend loader and Config's scenario check, and lazily, so the real path never loads it."""
+    """pynvml is imported under exporter/worker/nvml/ (the real path) and exporter/worker/fakenvml/ (the
+    fake raises pynvml's errors and fills its structs), nowhere else. The fake needs nothing of the
+    product but its scenarios and the error table; the product reaches the fake only through the
+    backend loader, lazily, so the real path never loads it; the scenario check imports only itself
+    and the error table."""
     offenders = [
         str(p.relative_to(ROOT))
         for p in (ROOT / "exporter").rglob("*.py")
-        if "pynvml" in _imports(p)
-        and (p.parent.name not in ("nvml", "fakenvml") or (p.parent.name == "fakenvml" and p.name in FAKE_STDLIB_ONLY))
+        if "pynvml" in _imports(p) and NVML not in p.parents and FAKE not in p.parents
     ]
     assert offenders == []
-    fake = ROOT / "exporter" / "fakenvml"
-    stdlib_only = {f"exporter.fakenvml.{name[:-3]}" for name in FAKE_STDLIB_ONLY} | {"exporter.nvml.errors"}
-    outside = []
-    for p in fake.glob("*.py"):
-        allowed = stdlib_only if p.name in FAKE_STDLIB_ONLY else {"exporter.fakenvml", "exporter.nvml.errors"}
-        outside += [f"{p.name}: {m}" for m, _ in _exporter_imports(p) if not any(m.startswith(a) for a in allowed)]
-    assert outside == [], "the fake imports only itself and exporter.nvml.errors"
-    privates = [f"{p.name}: {m}" for p in fake.glob("*.py") for m, _ in _exporter_imports(p) if "._" in m]
+    assert any("pynvml" in _imports(p) for p in NVML.glob("*.py")), "the check sees the real path's import"
+    outside = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in FAKE.glob("*.py")
+        for m, _ in _exporter_imports(p)
+        if not m.startswith(("exporter.worker.fakenvml", "exporter.common.scenarios", ERRORS))
+    ]
+    assert outside == [], "the fake imports only itself, the scenarios and exporter.common.nvml.errors"
+    outside = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in SCENARIOS.glob("*.py")
+        for m, _ in _exporter_imports(p)
+        if not m.startswith(("exporter.common.scenarios", ERRORS))
+    ]
+    assert outside == [], "the scenario check imports only itself and exporter.common.nvml.errors"
+    stdlib = {*sys.stdlib_module_names, "__future__", "exporter"}
+    third_party = [f"{p.relative_to(ROOT)}: {m}" for p in SCENARIOS.glob("*.py") for m in _imports(p) - stdlib]
+    assert third_party == [], "the scenario check is standard library only"
+    privates = [
+        f"{p.name}: {m}"
+        for p in [*FAKE.glob("*.py"), *SCENARIOS.glob("*.py")]
+        for m, _ in _exporter_imports(p)
+        if "._" in m
+    ]
     assert privates == [], "no module of the fake imports another module's private names"
     users = {
         f"{p.relative_to(ROOT)}{'' if lazily else ' (at import)'}"
         for p in [*(ROOT / "exporter").rglob("*.py"), *(ROOT / "guards").rglob("*.py")]
-        if fake not in p.parents
+        if FAKE not in p.parents
         for m, lazily in _exporter_imports(p)
-        if m.startswith("exporter.fakenvml")
+        if m.startswith("exporter.worker.fakenvml")
     }
-    assert users == {"exporter/nvml/backend.py", "exporter/config.py"}
+    assert users == {"exporter/worker/nvml/backend.py"}
 
 
 def test_aiohttp_only_on_the_http_side() -> None:
-    allowed = {"web.py", "cli.py"}
+    """aiohttp: the supervisor's HTTP side (exporter/supervisor/http/) and the entry (cli.py)."""
+    http = ROOT / "exporter" / "supervisor" / "http"
     offenders = [
         str(p.relative_to(ROOT))
         for p in (ROOT / "exporter").rglob("*.py")
-        if "aiohttp" in _imports(p) and p.name not in allowed
+        if "aiohttp" in _imports(p) and http not in p.parents and p != ROOT / "exporter" / "cli.py"
     ]
     assert offenders == []
 
 
 def test_worker_imports_neither_aiohttp_nor_prometheus_client() -> None:
-    code = "import sys, exporter.worker; print(sorted(m for m in ('aiohttp', 'prometheus_client') if m in sys.modules))"
+    code = (
+        "import sys, exporter.worker.main; "
+        "print(sorted(m for m in ('aiohttp', 'prometheus_client') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

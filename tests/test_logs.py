@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from exporter_proc import SCENARIOS, Exporter, load_scenario, write_scenario
 
-from exporter import logs
-from exporter.workerproc import MAX_LINE, LineSplitter, WorkerProcess
+from exporter.common import logs
+from exporter.supervisor.workerproc import MAX_LINE, LineSplitter, WorkerProcess
 
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
@@ -226,8 +226,8 @@ def test_crash_run_in_text_shows_the_traceback_once(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("xid", "level"), [(13, "INFO"), (79, "ERROR")])
 def test_xid_log_line_carries_the_catalogs_meaning_severity_and_action(xid: int, level: str) -> None:
     """Issue 16: "Xid 79 on GPU 0 ... from NVML event" said nothing the catalog knows."""
-    from exporter.xid import classify
-    from exporter.xids import XidLedger
+    from exporter.supervisor.xid import classify
+    from exporter.supervisor.xids import XidLedger
 
     stream = capture("json")
     XidLedger().record_xid("0", "GPU-a", xid, 1_700_000_000.0, "NVML event")

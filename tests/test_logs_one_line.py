@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from exporter.logs import TextFormatter, one_line
+from exporter.common.logs import TextFormatter, one_line
 
 
 @pytest.mark.parametrize(

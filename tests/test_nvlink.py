@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fake_device import DEFAULT_ON, DETAILS, Clock, device, fake_of, render
 
-from exporter.collectors import nvlink, nvlink_throughput
-from exporter.nvml.client import DeviceClient
+from exporter.common.collectors import nvlink, nvlink_throughput
+from exporter.worker.nvml.client import DeviceClient
 
 LINKS = 4
 CRC_DATA = (7, 0, 3, 9)  # per link, counter 3: every healthy link may count some (H200 pair: 25-375)

@@ -59,7 +59,7 @@ try:  # pod attribution needs grpcio (the `kubernetes` extra, installed in CI)
     import grpc
     from fake_kubelet import FakeKubelet
 
-    from exporter.podresources.v1 import api_pb2, api_pb2_grpc
+    from exporter.supervisor.podresources.v1 import api_pb2, api_pb2_grpc
 except ImportError as exc:  # grpcio missing: fake_kubelet and the stubs need it
     grpc = None
     NO_DATA_ALLOWED[("NVIDIA GPU fleet (nvgpu-exporter)", "Pods on each GPU")] = (

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import collectors
+from exporter.common import collectors
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 BUDGET = 60

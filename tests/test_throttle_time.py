@@ -1,4 +1,4 @@
-"""Throttle time (issue 14): exporter.collectors.throttle_time on the fake backend.
+"""Throttle time (issue 14): exporter.common.collectors.throttle_time on the fake backend.
 
 The point of the counters: a flag read once per sample aliases; the time counters give the true
 share whatever the sampling phase. Shown here on the fake with a 0.5 s hardware power brake every
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fake_device import DETAILS, Clock, device, devices, fake_of, render
 
-from exporter.collectors import clocks, throttle_time
+from exporter.common.collectors import clocks, throttle_time
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = 1_000_000_000

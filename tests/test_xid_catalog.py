@@ -1,4 +1,4 @@
-"""Tests for the Xid catalog (exporter/xid/catalog.json and its loader)."""
+"""Tests for the Xid catalog (exporter/supervisor/xid/catalog.json and its loader)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exporter.xid import (
+from exporter.supervisor.xid import (
     ACTIONS,
     CLASSES,
     SEVERITIES,
@@ -25,7 +25,7 @@ from exporter.xid import (
     promql_regex,
 )
 
-CATALOG_PATH = Path(__file__).resolve().parents[1] / "exporter" / "xid" / "catalog.json"
+CATALOG_PATH = Path(__file__).resolve().parents[1] / "exporter" / "supervisor" / "xid" / "catalog.json"
 
 # Every code of ../shared/reference/nvml-notes.md §6.3, plus NVML's "unknown Xid".
 NOTES_CODES = (

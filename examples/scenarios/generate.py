@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generate the H200 fake-NVML scenarios (h200x1.json, h200x2.json, h200x8.json,
-h200x2-mig.json) in exporter/scenarios/.
+h200x2-mig.json) in exporter/common/scenarios/.
 
 They ship inside the package (so ``--nvml-backend fake:h200x2`` works after any install and in the
 image); the files next to this script are links to them, kept for paths in older notes.
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE.parent.parent / "exporter" / "scenarios"  # package data: selectable by name
+OUT = HERE.parent.parent / "exporter" / "common" / "scenarios"  # package data: selectable by name
 PHASE_S = 5
 
 # --- system-wide, nvml_probe_*.json "driver", "nvml_version", "cuda_driver" -----------------------
@@ -670,7 +670,7 @@ MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 def validate(name, doc):
     """The exporter's own scenario check (docs/scenarios.md), plus the real UUID and bus-id forms."""
     sys.path.insert(0, str(HERE.parent.parent))
-    from exporter.fakenvml.scenario import validate as validate_scenario  # stdlib only
+    from exporter.common.scenarios.scenario import validate as validate_scenario  # stdlib only
 
     validate_scenario(name, doc)
     for gi, g in enumerate(doc["gpus"]):

@@ -58,7 +58,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SCENARIOS = ROOT / "exporter" / "scenarios"
+SCENARIOS = ROOT / "exporter" / "common" / "scenarios"
 
 T0 = 1_700_000_000.0  # Unix time of scenario time 0 in every fixture
 INTERVAL_S = 0.5
@@ -296,7 +296,7 @@ def _child() -> None:
     """Run the real worker module with the fake's clock pinned at scenario time 0."""
     import runpy
 
-    from exporter.fakenvml import binding
+    from exporter.worker.fakenvml import binding
 
     original = binding.FakeNvml.__init__
 
@@ -309,10 +309,10 @@ def _child() -> None:
 
 def capture(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """Run the worker on golden ``name``; returns the fixture (also written to disk)."""
-    from exporter import selfcheck
+    from exporter.common import selfcheck
+    from exporter.common.workerconfig import ENV_VAR
     from exporter.config import Config
-    from exporter.workerconfig import ENV_VAR
-    from exporter.workerproc import worker_config
+    from exporter.supervisor.workerproc import worker_config
     from guards import features as gf
 
     scenario, modes = GOLDENS[name]()

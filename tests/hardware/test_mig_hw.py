@@ -71,9 +71,9 @@ def _smi_modes() -> dict[int, list[str]]:
 
 def _devices() -> tuple[Any, list[Any]]:
     """The exporter's own NVML client and device clients on the real binding (read-only)."""
-    from exporter.breadcrumb import BreadcrumbWriter
-    from exporter.nvml.backend import RealNvml
-    from exporter.nvml.client import DeviceClient, NvmlClient
+    from exporter.common.breadcrumb import BreadcrumbWriter
+    from exporter.worker.nvml.backend import RealNvml
+    from exporter.worker.nvml.client import DeviceClient, NvmlClient
 
     client = NvmlClient(RealNvml(), BreadcrumbWriter(None))
     client.raw("init", "nvmlInit", "")
@@ -107,7 +107,7 @@ def _exporter_run(tmp: Path, env: dict[str, str]) -> list[Scrape]:
 def test_mig_reads_say_disabled_and_cost_nothing_per_sample(tmp_path: Path) -> None:
     import pynvml
 
-    from exporter.collectors import mig
+    from exporter.common.collectors import mig
 
     smi = _smi_modes()
     client, devs = _devices()

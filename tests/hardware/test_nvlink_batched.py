@@ -66,7 +66,7 @@ BACKEND = os.environ.get("NVGPU_HW_BACKEND", "nvml")
 
 @pytest.fixture(scope="module")
 def nvml() -> Iterator[Any]:
-    from exporter.nvml.backend import load
+    from exporter.worker.nvml.backend import load
 
     real = load(BACKEND)
     real.nvmlInit()
