@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16 on a GPU machine: what the image's Python packages and the real NVML do with it.
+"""On a GPU machine: what the image's Python packages and the real NVML do with it.
 
 1. Pod attribution's gRPC stubs load on the grpcio/protobuf installed there (the H200 image has
    grpcio 1.84, which the previous stubs refused): ``unsupported_reason()`` is None.
@@ -170,7 +170,7 @@ def main() -> int:
 
     if shutil.which("openssl") is None:
         raise SystemExit("openssl is needed for the throw-away certificates")
-    # The web config needs PyYAML, basic auth bcrypt (new dependencies of issue 16; a machine where
+    # The web config needs PyYAML, basic auth bcrypt (new dependencies; a machine where
     # the project was installed with --no-deps may lack them: then say so and check what can be).
     missing = [m for m in ("yaml", "bcrypt") if importlib.util.find_spec(m) is None]
     result["missing_modules"] = missing

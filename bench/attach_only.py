@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 13 (point 9) and issue 19 (point 4): what a worker that attaches only some GPUs does on the
+"""What a worker that attaches only some GPUs does on the
 real driver.
 
 Runs the real worker module (``python -m exporter.worker``) three ways on this machine and reports,

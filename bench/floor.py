@@ -1,11 +1,11 @@
 """The raw NVML floor: a plain pynvml loop making the same calls as our worker's default features.
 
-Issue 8 compares our worker's time per sample (``nvgpu_sample_duration_seconds``) with this loop.
+bench/peer.py compares our worker's time per sample (``nvgpu_sample_duration_seconds``) with this loop.
 It imports nothing from the exporter (except the fake backend for ``--fake``): the calls are
 listed here by hand from ``exporter/common/collectors/*.py`` and ``exporter/worker/main.py``, in the worker's
 order (GPU by GPU, feature by feature), in their steady state, i.e. after the first sample:
 
-The default features since issue 17 (the series budget: ``details`` and ``nvlink_links`` off); the
+The default features since the series budget (2026-11-30: ``details`` and ``nvlink_links`` off); the
 NVLink error counters at the worker's cadence: the batched fields every sample, the per-call data
 CRC counters every :data:`SLOW_EVERY` samples (30 s at the default 5 s interval), so that the floor
 and the worker make the same calls in the same mix of samples.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the exporter's memory goes: per process, per mapping, per import (issue 17).
+"""Where the exporter's memory goes: per process, per mapping, per import.
 
 Three views, one JSON:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Series per GPU: what one exporter costs Prometheus, by family and by feature (issue 17).
+"""Series per GPU: what one exporter costs Prometheus, by family and by feature.
 
 Runs the real exporter (``python -m exporter``, supervisor and worker) on the fake NVML backend with
 each H200 scenario (``h200x1``, ``h200x2``, ``h200x8``), scrapes ``/metrics`` after the second

@@ -344,7 +344,7 @@ def _log_listening(config: Config, watcher: WebConfigWatcher | None, cap: int, s
 
 async def _drain(config: Config, supervisor: Supervisor, task: asyncio.Future[Any]) -> None:
     """Stop the supervisor: drain the worker for at most ``NVGPU_SHUTDOWN_TIMEOUT_SECONDS``, then
-    kill it (no worker is ever left behind, issue 12)."""
+    kill it (no worker is ever left behind)."""
     log.info("stopping: draining the worker (at most %g s)", config.shutdown_timeout_s)
     await supervisor.stop()
     try:

@@ -198,7 +198,7 @@ def _path(name: str, text: str) -> str:
     return text.strip()
 
 
-# -- the HTTP edge (issues 12 and 16) ------------------------------------------------------------
+# -- the HTTP edge: connection cap, header timeout, TLS and auth ------------------------------------
 
 PROBE_PATHS = ("/healthz", "/readyz")
 _URL_PATH = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@-]+)+")
@@ -496,7 +496,7 @@ SETTINGS: tuple[Setting, ...] = (
         _duration,
         "stuck-context signature: how long the conditions must hold",
     ),
-    # -- the HTTP edge (issues 12 and 16); keep these rows together --------------------------------
+    # -- the HTTP edge (connections, TLS, auth); keep these rows together ---------------------------
     Setting(
         "web_config_file",
         "NVGPU_WEB_CONFIG_FILE",

@@ -3,7 +3,7 @@
 ``python tests/faultinject.py FAULT [exporter arguments]`` patches one component of the supervisor
 process, then runs ``exporter.cli.main`` exactly as ``python -m exporter`` does: the HTTP server,
 the supervisor loop and real worker subprocesses (which are not patched). Each fault stands for a
-class of bug or environment failure that the component must contain (issue 12):
+class of bug or environment failure that the component must contain:
 
 - ``dispatch``: applying every second snapshot raises (a bug in the supervisor's message handling);
 - ``decode``: decoding every third message raises RecursionError (what a deeply nested line does);
@@ -91,7 +91,7 @@ Assignments = tuple[dict[str, tuple[Any, ...]], dict[str, tuple[Any, ...]]]
 
 
 def _no_kubelet_needed() -> None:
-    """The pod extension waits for the kubelet's socket before it loads gRPC (issue 17): there is no
+    """The pod extension waits for the kubelet's socket before it loads gRPC: there is no
     kubelet here, and the client's List is replaced anyway."""
     import exporter.supervisor.podresources as podresources
 

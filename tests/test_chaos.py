@@ -1,4 +1,4 @@
-"""Issue 3, chaos benchmark: bench/chaos.py's run for 60 s meets its goals (docs/reliability.md).
+"""Chaos benchmark: bench/chaos.py's run for 60 s meets its goals (docs/reliability.md).
 
 The real exporter on the fake backend (8 H200s) while its worker is killed from outside with random
 signals, hangs in seeded scenario-time windows, and crashes on purpose in one feature until that

@@ -1,4 +1,4 @@
-"""Issue 16 point 5: `nvgpu-exporter quarantine --state-file F` works after the subcommand and
+"""`nvgpu-exporter quarantine --state-file F` works after the subcommand and
 says which file it read; the no-GPU hint names a scenario every install has."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_the_no_gpu_demo_hint_works_from_any_directory(tmp_path: Path) -> None:
 
 
 def test_an_unwritable_state_file_is_reported_at_start(tmp_path: Path) -> None:
-    """Issue 16: said at start (ERROR, naming the file), not after the first crash; it still serves."""
+    """Said at start (ERROR, naming the file), not after the first crash; it still serves."""
     from exporter_proc import Exporter
 
     blocker = tmp_path / "not-a-dir"

@@ -247,7 +247,7 @@ def test_listen_address_forms(text: str, want: tuple[str, int]) -> None:
         ("127.0.0.1:", "port must be 1-65535"),
         ("127.0.0.1:http", "port must be 1-65535"),
         ("[::1]:-1", "port must be 1-65535"),
-        # issue 12: these passed the parser and failed at bind (exit 1); host names are not resolved
+        # These passed the parser and failed at bind (exit 1); host names are not resolved
         ("256.1.1.1:19400", "not an IP address"),
         ("localhost:19400", "host names are not resolved"),
         ("gpu-node-1.example:19400", "host names are not resolved"),
@@ -354,7 +354,7 @@ def test_a_fake_backend_does_not_resolve_its_pids_in_this_machines_proc(tmp_path
     assert Config.from_env({}).proc_path == "/proc"
 
 
-# -- issue 16 and the HTTP edge of issue 12 ------------------------------------------------------
+# -- the HTTP edge: TLS, auth, connections ------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["h200x1", "h200x2", "h200x8", "h200x2-nvlink-crash", "h200x2-xid79"])

@@ -1,4 +1,4 @@
-"""Issue 12, containment: an exception in any part of the supervisor's own work never ends the process.
+"""Containment: an exception in any part of the supervisor's own work never ends the process.
 
 Each test runs the real exporter (HTTP server, supervisor loop, real workers on the fake backend)
 with one fault injected into one component (``tests/faultinject.py``) and asserts that ``/metrics``

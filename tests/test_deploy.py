@@ -315,7 +315,7 @@ def test_daemonset_security(rendering: str) -> None:
     sa = _one(rendering, "ServiceAccount")
     assert sa["automountServiceAccountToken"] is False
     root = "pod-attribution-root" in rendering
-    processes = "process-attribution" in rendering  # issue 18: hostPID and the container log names
+    processes = "process-attribution" in rendering  # hostPID and the container log names
     for ds in _daemonsets(rendering):
         pod = ds["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == sa["metadata"]["name"]

@@ -243,7 +243,7 @@ def test_dockerfile_install_steps_in_a_fresh_venv(tmp_path: Path) -> None:
     assert out[1] == "None", "pod attribution's grpc/protobuf did not load from the extra"
 
 
-# -- multi-arch (issue 16) -------------------------------------------------------------------------
+# -- multi-arch -------------------------------------------------------------------------
 
 
 def test_multi_arch_recipe_keeps_the_self_check_on_each_platform() -> None:

@@ -163,7 +163,7 @@ def test_worker_reported_failure_kept(sup: ServedState) -> None:
 
 
 def test_stale_snapshot_drops_readings_keeps_identity_state_and_self_metrics(sup: ServedState) -> None:
-    """Issue 13: readings older than the stale bound go; what the supervisor owns stays: the GPUs'
+    """Readings older than the stale bound go; what the supervisor owns stays: the GPUs'
     identity, their state (now unknown: no fresh sample), Xid counters."""
     load(sup, snapshot(), age_s=sup.config.stale_s + 1)
     sup.xids.record_xid("1", UUIDS[1], 79, 1_700_000_000.0, "NVML event")

@@ -1,4 +1,4 @@
-"""NVLink fabric state (issue 14): exporter.common.collectors.fabric on the fake backend (the real binding's
+"""NVLink fabric state: exporter.common.collectors.fabric on the fake backend (the real binding's
 versioned struct is exercised in tests/test_gpm.py against pynvml's own structures)."""
 
 from __future__ import annotations

@@ -623,7 +623,7 @@ def test_crash_faults_are_real(tmp_path: Path, fault: dict[str, Any], returncode
     assert proc.stdout == "before\nfirst\n"
 
 
-# -- issue 14: integral values, GPM and fabric shapes ------------------------------------------------
+# -- integral values, GPM and fabric shapes ------------------------------------------------
 
 
 def test_integral_counts_time_spent_where_the_cycle_is_non_zero(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Property tests (Hypothesis, issue 12) of everything the kernel-log reader takes in: ``/dev/kmsg``
+"""Property tests (Hypothesis) of everything the kernel-log reader takes in: ``/dev/kmsg``
 records, text-log lines, whole files of random bytes read in random pieces, and the cursor file.
 
 Each property is "correct behaviour or a clear error, never anything else": parsers return a

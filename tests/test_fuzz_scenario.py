@@ -1,4 +1,4 @@
-"""Property tests (Hypothesis, issue 12) of scenario files: ``load_scenario`` answers a clear
+"""Property tests (Hypothesis) of scenario files: ``load_scenario`` answers a clear
 ScenarioError (naming the file) or a valid scenario, never another exception, and reads a bounded
 amount of memory whatever the file holds. Inputs are the shipped scenarios with random values
 replaced, keys removed or added, and files that are not JSON or nest past the decoder's limit."""

@@ -1,4 +1,4 @@
-"""Property tests (Hypothesis, issue 12) of the quarantine state file: whatever it holds, the store
+"""Property tests (Hypothesis) of the quarantine state file: whatever it holds, the store
 loads (bad entries dropped, a file that is not ours counted as empty), every value it keeps is one
 the supervisor can compute with, it goes on recording and saving, and what it saves loads back the
 same. The issue's own examples run on the real exporter and the ``quarantine`` command."""

@@ -11,7 +11,7 @@ Regenerate after an intended change, then review the diff like code::
 
 (re-captures the fixtures from the real worker and rewrites the ``.prom`` files).
 
-The lint checks every golden against DESIGN.md "Names" and docs/metrics.md: the ``nvgpu_``
+The lint checks every golden against docs/design.md "Names" and docs/metrics.md: the ``nvgpu_``
 namespace, ``_total`` exactly on counters, base units only, the labels each metric may carry,
 that every documented metric appears in some golden (or is listed in ``NOT_YET_EMITTED`` with a
 reason), that every emitted metric is documented, that every metric a dashboard or alert rule uses
@@ -134,7 +134,7 @@ def _fixed_process_stats(pid: int) -> procmetrics.ProcStats:
 
 
 def _supervisor_side_mig_pods(sup: Supervisor, fixture: dict[str, Any]) -> None:
-    """Golden 'h200x2-mig' (issue 15): the kubelet's holders of MIG devices of GPU 0 (by MIG UUID, and
+    """Golden 'h200x2-mig': the kubelet's holders of MIG devices of GPU 0 (by MIG UUID, and
     one in the pre-R470 MIG-GPU-<uuid>/<gi>/<ci> form), a MIG UUID no GPU has, a device id of the
     index strategy, and GPU 1 whole."""
     hello = next(m for m in fixture["messages"] if m["type"] == "hello")
@@ -242,7 +242,7 @@ def test_goldens_and_docs_present() -> None:
 
 
 def lint_problems(fam: Family, docs: dict[str, Doc]) -> list[str]:
-    """Everything wrong with one family by DESIGN.md "Names" and docs/metrics.md; empty if fine."""
+    """Everything wrong with one family by docs/design.md "Names" and docs/metrics.md; empty if fine."""
     name = fam.name
     out = []
     if not name.startswith(NAMESPACES):

@@ -1,4 +1,4 @@
-"""GPM profiling (issue 14): exporter.common.collectors.gpm and gpm_pipes on the fake backend, and the
+"""GPM profiling: exporter.common.collectors.gpm and gpm_pipes on the fake backend, and the
 real-binding path of DeviceClient.gpm_metrics against pynvml's own structures.
 
 The fake answers GPM as pynvml shapes it (docs/scenarios.md), on an injected scenario clock, so
@@ -118,7 +118,7 @@ def test_gpm_nvlink_bytes_equal_the_nvlink_byte_counters_on_the_fake(tmp_path: P
 
 
 def test_nvlink_traffic_is_asked_of_gpm_only_while_nvlink_throughput_is_off(tmp_path: Path) -> None:
-    """Issue 17: with the field counters on, GPM's NVLink bytes would be the same numbers twice."""
+    """With the field counters on, GPM's NVLink bytes would be the same numbers twice."""
     nvlink_ids = {gpm.NVLINK_TOTAL_TX_PER_SEC, gpm.NVLINK_TOTAL_RX_PER_SEC}
     for switches, asked in ((DEFAULT_ON, False), (DEFAULT_ON - {"nvlink_throughput"}, True)):
         clock = Clock(3.0)

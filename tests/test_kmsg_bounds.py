@@ -1,4 +1,4 @@
-"""Issue 12, kernel-log input: every read bounded per record and per poll, nothing read twice, a
+"""Kernel-log input: every read bounded per record and per poll, nothing read twice, a
 bad cursor never switches Xid collection off, a planted symlink is never written through."""
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ The same commands as ``bash .ci/run lint`` (pyproject.toml holds their settings)
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -143,7 +144,7 @@ def test_worker_imports_neither_aiohttp_nor_prometheus_client() -> None:
 
 
 def test_no_class_over_300_lines() -> None:
-    """Issue 11: every class in exporter/ and guards/ can be read in one sitting."""
+    """Every class in exporter/ and guards/ can be read in one sitting."""
     long = []
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
@@ -153,3 +154,62 @@ def test_no_class_over_300_lines() -> None:
                 if isinstance(node, ast.ClassDef) and (node.end_lineno or 0) - node.lineno + 1 > 300:
                     long.append(f"{path.relative_to(ROOT)}:{node.name} ({(node.end_lineno or 0) - node.lineno + 1})")
     assert long == []
+
+
+# What the code and the docs a user reads may not cite: files outside the repository (the design
+# notes and NVML notes the project started from) and issue numbers of no public tracker. A public
+# issue names its repository ("NVIDIA/go-nvml#75", a github.com URL) and passes.
+_OUTSIDE = re.compile(r"\.\./shared|nvml-notes|\bDESIGN\.md\b|\bSTYLE\.md\b")
+_ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
+_TRACKER = re.compile(r"[\w.-]+/[\w.-]+\s+$")  # owner/repo right before it
+
+
+def citations(text: str) -> list[tuple[int, str]]:
+    """(line, what) for each citation of a file outside the repository or of a bare issue number."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        found += [(number, m.group()) for m in _OUTSIDE.finditer(line)]
+        found += [(number, m.group()) for m in _ISSUE.finditer(line) if not _TRACKER.search(line[: m.start()])]
+    return found
+
+
+def _read_by_users() -> list[Path]:
+    """exporter/ and guards/ (code and data), README, CONTRIBUTING, docs/, the deploy manifests and
+    rules, and the dashboards."""
+    paths = [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+    for base, suffixes in [
+        ("exporter", (".py", ".json")),
+        ("guards", (".py", ".json")),
+        ("docs", (".md", ".py", ".json")),
+        ("deploy", (".yaml", ".yml", ".md", ".py", ".tpl")),
+        ("dashboards", (".json", ".py", ".md")),
+    ]:
+        paths += [p for p in sorted((ROOT / base).rglob("*")) if p.is_file() and p.suffix in suffixes]
+    return paths
+
+
+def test_no_citation_of_a_file_outside_the_repository_or_a_bare_issue_number() -> None:
+    """State the fact, or cite its public source (nvml.h in NVIDIA/go-nvml, NVIDIA's docs, a public
+    issue with its repository): a reader has neither ../shared nor the project's issue tracker."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for path in _read_by_users()
+        if "_pb2" not in path.name
+        for line, what in citations(path.read_text(errors="replace"))
+    ]
+    assert found == []
+
+
+def test_the_citation_check_sees_what_it_should() -> None:
+    assert citations("see ../shared/reference/h200/misc.json") == [(1, "../shared")]
+    assert citations("a\n(nvml-notes §4.2) and DESIGN.md, STYLE.md") == [
+        (2, "nvml-notes"),
+        (2, "DESIGN.md"),
+        (2, "STYLE.md"),
+    ]
+    assert citations("the budget (issue 17); Issue 12 found it; issues 13 and 14") == [
+        (1, "issue 17"),
+        (1, "Issue 12"),
+        (1, "issues 13"),
+    ]
+    assert citations("NVIDIA/go-nvml#75, NVIDIA/go-nvml issue 75, docs/design.md, github.com/a/b/issues/3") == []

@@ -1,4 +1,4 @@
-"""MIG (issue 15): exporter.common.collectors.mig, GPM per GPU instance, utilization and the stuck signature
+"""MIG: exporter.common.collectors.mig, GPM per GPU instance, utilization and the stuck signature
 on MIG GPUs, on the fake backend (docs/scenarios.md, "MIG"), and the shipped scenario's golden.
 
 The checks against duplicate series use prometheus_client's parser: promtool 2.42 does not flag

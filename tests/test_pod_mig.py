@@ -1,4 +1,4 @@
-"""Issue 15, point 4: pods holding MIG devices are placed on their parent GPU and instance; a device
+"""Pods holding MIG devices are placed on their parent GPU and instance; a device
 id the exporter cannot place is counted in a self-metric and logged once, never dropped silently.
 
 The tried-as-a-new-user case of the issue: a fake kubelet with three time-sliced pods, two MPS

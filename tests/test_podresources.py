@@ -134,7 +134,7 @@ def test_list_maps_each_gpu_uuid_to_its_containers(serve: Servers) -> None:
 
 
 def test_gpu_ids_that_are_not_uuids_are_reported_not_dropped(serve: Servers) -> None:
-    """Issue 15: the device plugin's deviceIDStrategy=index ("0", "0:1" for a MIG device) gives ids
+    """The device plugin's deviceIDStrategy=index ("0", "0:1" for a MIG device) gives ids
     of GPU resources that NVML's UUIDs cannot join: they come back with their holders, to be counted.
     A network device of another nvidia.com/ resource is not a GPU and is not among them."""
     pods = [
@@ -380,7 +380,7 @@ def _stub_texts() -> tuple[str, str]:
 
 
 def test_the_stubs_carry_no_version_guard() -> None:
-    """Issue 16: stubs from grpcio-tools >= 1.63 refuse an older grpcio (the H200 image's 1.84 was
+    """Stubs from grpcio-tools >= 1.63 refuse an older grpcio (the H200 image's 1.84 was
     refused by 1.85.1 stubs) and protobuf gencode >= 5.26 refuses an older protobuf runtime."""
     pb2, pb2_grpc = _stub_texts()
     assert "ValidateProtobufRuntimeVersion" not in pb2
@@ -465,7 +465,7 @@ def test_wire_contract_matches_the_kubelet_api() -> None:
 
 
 def test_no_grpc_import_while_the_kubelet_socket_is_missing(tmp_path: Path) -> None:
-    """Issue 17: grpcio and protobuf cost the supervisor about 10 MB; on a node without the kubelet's
+    """Grpcio and protobuf cost the supervisor about 10 MB; on a node without the kubelet's
     socket the pod-attribution loop reports the missing socket and never imports them."""
     code = f"""
 import asyncio, sys

@@ -1,4 +1,4 @@
-"""Power by scope (issue 14): exporter.common.collectors.power on the fake backend. Each scope is its own
+"""Power by scope: exporter.common.collectors.power on the fake backend. Each scope is its own
 family, so GPU and module power never share a family and labels."""
 
 from __future__ import annotations

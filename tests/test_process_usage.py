@@ -1,4 +1,4 @@
-"""Issue 18 on the real exporter (supervisor + worker subprocess, fake backend).
+"""On the real exporter (supervisor + worker subprocess, fake backend).
 
 - Records that cannot be true are not exported: the R535 struct mismatch (32-byte ``_v3``
   records read as 24 bytes) and pid/memory swapped, with the drop counter, the API info, the

@@ -1,4 +1,4 @@
-"""Issue 7: the status page at ``/``, rendered by the real exporter and read by headless Chromium.
+"""The status page at ``/``, rendered by the real exporter and read by headless Chromium.
 
 The browser tests run the real exporter on h200x2-nvlink-crash.json (two H200s; the NVLink
 throughput query segfaults the worker) with NVGPU_QUARANTINE_AFTER=1, so nvlink_throughput is

@@ -1,4 +1,4 @@
-"""The stuck-context signature (exporter.supervisor.stuck), with and without GPM (issue 14).
+"""The stuck-context signature (exporter.supervisor.stuck), with and without GPM.
 
 Busy by utilization, no SM activity and no processes is the strongest evidence of a wedged
 context; without GPM the signature falls back to "no memory in use".

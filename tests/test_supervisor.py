@@ -67,7 +67,7 @@ def test_backoff_doubles_and_is_bounded() -> None:
 
 
 def test_backoff_never_overflows() -> None:
-    """Issue 12: 2 ** (n - 1) stopped converting to float after 1,025 consecutive failures."""
+    """2 ** (n - 1) stopped converting to float after 1,025 consecutive failures."""
     policy = _policy(initial=0.001, max=60.0)
     for _ in range(5000):
         delay = policy.decide(_out("nvml_error"), unreaped=0, had_snapshot=False, new_quarantine=False).delay_s

@@ -39,7 +39,7 @@ def test_the_round_trip_through_the_environment_keeps_every_field() -> None:
 
 
 def test_the_worker_gets_the_settings_it_needs() -> None:
-    """Issue 18's options and the worker's deadlines come from the settings, nowhere else."""
+    """The processes options and the worker's deadlines come from the settings, nowhere else."""
     env = {
         "NVGPU_SAMPLE_INTERVAL_SECONDS": "2",
         "NVGPU_SHUTDOWN_TIMEOUT_SECONDS": "8",

@@ -1,4 +1,4 @@
-"""Issue 12, worker I/O: nothing the worker writes ends the reading of its streams.
+"""Worker I/O: nothing the worker writes ends the reading of its streams.
 
 The supervisor reads two pipes of each worker: JSON lines (``_read_messages``) and stderr
 (``_read_stderr``). These tests feed real asyncio stream readers with what a broken or hostile

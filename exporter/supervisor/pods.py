@@ -7,7 +7,7 @@ containers hold which GPU, and re-renders only when the answer changed. It expor
 ``namespace``/``pod``/``container`` to every per-GPU series of a GPU held by exactly one container
 (empty values for a shared or free GPU: join ``nvgpu_gpu_pod_info`` for those).
 
-MIG devices (issue 15): the kubelet names a MIG device by its ``MIG-…`` UUID (or, from drivers
+MIG devices: the kubelet names a MIG device by its ``MIG-…`` UUID (or, from drivers
 before R470, ``MIG-GPU-<parent UUID>/<GPU instance>/<compute instance>``). It is mapped to its
 parent GPU and instance through the MIG layout the worker reported (:mod:`exporter.common.collectors.mig`):
 ``nvgpu_gpu_pod_info`` carries the parent's ``gpu``/``uuid`` and the instance labels

@@ -1,6 +1,6 @@
 """The restart policy: how a worker ended -> what the supervisor does next. Pure: no processes, no I/O.
 
-Rules (DESIGN.md, failure model):
+Rules (docs/design.md, "Failure model"):
 
 - every death is followed by a restart after a delay that doubles per consecutive failure
   (``backoff_initial_s``, ``2x``, ``4x`` … up to ``backoff_max_s``); a worker that lived long

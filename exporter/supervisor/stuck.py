@@ -19,7 +19,7 @@ nothing actually running:
 When the conditions hold continuously for ``after_s`` seconds, ``nvgpu_stuck_context_suspected``
 is 1 and ``nvgpu_stuck_context_since_timestamp_seconds`` says when they began. Any condition ending
 resets it. When a reading the signature needs is missing (feature off or unsupported) it is not
-evaluated and no series is exported for that GPU. Nor on a GPU in MIG mode (issue 15): device-wide
+evaluated and no series is exported for that GPU. Nor on a GPU in MIG mode: device-wide
 utilization is not defined there (NVML answers NOT_SUPPORTED), and the parent's process list and
 memory do not describe the instances' work, so a utilization some driver might still report would
 make the signature fire on a GPU whose instances are busy.

@@ -1,6 +1,6 @@
 """What an NVML failure at init means, and the one line that tells the operator.
 
-Three kinds must not be confused (DESIGN.md, failure model): a node without an NVIDIA device (the
+Three kinds must not be confused (docs/design.md, "Failure model"): a node without an NVIDIA device (the
 demo hint is for it, and only for it: no device node, no kernel module, never a GPU since start);
 NVML that worked and then answers UNKNOWN to everything (a container that lost its device access:
 liveness fails after ``NVGPU_UNHEALTHY_AFTER_SECONDS``, a restart cures it); and

@@ -249,7 +249,7 @@ class WorkerProcess:
 
         Reading never waits for a newline: a line longer than :data:`MAX_LINE` bytes (a very long
         driver string) is cut there and marked with the number of bytes dropped, and the rest is
-        still read, so the worker never blocks on a full pipe and nothing later is lost (issue 12).
+        still read, so the worker never blocks on a full pipe and nothing later is lost.
         """
         splitter = LineSplitter(MAX_LINE)
         block = _StderrBlock(self)

@@ -6,7 +6,7 @@ the main thread keeps sending snapshots of the other GPUs, and this worker makes
 this GPU (a hung thread cannot be cancelled, and a second call would only join it). The supervisor
 retries such a GPU in an expendable probe process and readmits it when the probe succeeds
 (:mod:`exporter.supervisor.gpuhealth`). Measured on the H200 pair (driver 580.159.04,
-../shared/reference/h200/2026-11-30/attach.json): ``nvmlInit`` attaches every GPU, and an init that
+2026-11-30): ``nvmlInit`` attaches every GPU, and an init that
 does not attach cannot attach one GPU later, so a fresh NVML client cannot avoid a wedged GPU at
 init; keeping this worker alive is what keeps the healthy GPUs sampled.
 

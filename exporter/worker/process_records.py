@@ -5,7 +5,7 @@ ctypes structs that the binding decodes with its own idea of the struct layout. 
 driver disagree the fields scramble silently: drivers 535.43-535.86 write a 32-byte
 ``nvmlProcessInfo_v3_t`` (with ``usedGpuCcProtectedMemory``) through ``_v3`` while nvidia-ml-py
 reads 24-byte records, so the second record onwards starts mid-struct (pids 0 and 4294967295,
-memory read from the next pid; ../shared/reference/nvml-notes.md §5.1, nvitop PR #79/#89/#94). A
+memory read from the next pid; XuehaiPan/nvitop PRs #79, #89 and #94, NVIDIA/go-nvml#75). A
 binding with the fields in another order gives pid and memory swapped (pid 6498025472, 9980
 bytes). Nothing in such a list may be exported as if it were true, so every record is checked
 before use:

@@ -10,7 +10,8 @@ the pod UID and the container id the runtime gave it::
 
 Both files are world-readable, but only for processes in the reader's PID namespace: a container
 without ``hostPID: true`` does not see the workloads' processes, and current drivers translate
-NVML's pids into the caller's namespace and skip the processes it cannot see (nvml-notes §5.3).
+NVML's pids into the caller's namespace and skip the processes it cannot see (open-gpu-kernel-modules:
+``gpuGetProcWithObject_IMPL`` -> ``_gpuConvertPid``; NVIDIA/nvidia-docker#1483 for older drivers).
 :meth:`ProcFs.host_pid_namespace` tells whether this process runs in the host's PID namespace.
 
 The root is injectable (``NVGPU_PROC_PATH``; its default is the worker config's) so tests run on a

@@ -337,7 +337,7 @@ class Sampler:
 
 def _log_unsupported(feature: str, detail: str, answers: set[str]) -> None:
     """The hardware saying no (no fan on an H200, no NVLink on a single GPU) is not a fault: INFO,
-    once (the supervisor keeps it once across workers too; issue 16). A missing symbol or a refused
+    once (the supervisor keeps it once across workers too). A missing symbol or a refused
     permission is worth a WARNING: a newer binding or driver, or the container's device access,
     would change it."""
     logs.log_once(

@@ -1,4 +1,4 @@
-"""Issue 17 on real GPUs: NVLink error counters batched in one field-value call, and their cost.
+"""On real GPUs: NVLink error counters batched in one field-value call, and their cost.
 
 Run on the H200 pair (also runs on one GPU, where the NVLink parts skip; PyTorch not needed; the
 project installed with ``pip install --no-deps --no-build-isolation -e .``)::

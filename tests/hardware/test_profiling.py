@@ -1,4 +1,4 @@
-"""Issue 14 on real GPUs: GPM profiling, throttle time, power scope, fabric state, and their cost.
+"""On real GPUs: GPM profiling, throttle time, power scope, fabric state, and their cost.
 
 Run on a machine with one or two H200s (PyTorch installed; the project installed with
 ``pip install --no-deps --no-build-isolation -e .``)::
@@ -16,7 +16,7 @@ peer-connected GPUs). About 1.5 minutes. Writes under ``$NVGPU_HW_OUT`` (when se
   increase of the GPM NVLink byte counter against the NVLink byte counters (fields 138/139, all
   links, read by this test) and the bytes the loop copied (expected within 5 %). The exporter runs
   with ``nvlink_throughput`` off, as on H20 / 580: only then does it ask GPM for NVLink traffic
-  (issue 17);
+;
 - ``cost.json``: per GPU, medians of 20 calls, measured in this process with pynvml:
   nvmlGpmSampleGet, nvmlGpmMetricsGet for the gpm feature's 9 metrics, gpm_pipes' 7 and both
   (16), the throttle-time field call (11 fields) against 8 nvmlDeviceGetViolationStatus calls,

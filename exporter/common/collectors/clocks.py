@@ -5,7 +5,7 @@ MEM 2, VIDEO 3; the max is static and costs ~1.4 ms serialised, so it is read on
 nvmlDeviceGetPerformanceState (P0..P15, 32 = unknown), nvmlDeviceGetCurrentClocksEventReasons
 (bitmask, 535+ drivers; bits from nvml.h ``nvmlClocksEventReason*``).
 
-Default series (issue 17, the budget of 60 per GPU): the SM and memory clocks and the SM maximum
+Default series (within the default budget of 60 per GPU): the SM and memory clocks and the SM maximum
 (what a share-of-maximum panel needs; dcgm-exporter's default set has the same two clocks). With
 the ``details`` feature on, also the graphics and video clocks (graphics equals SM on every data
 centre GPU measured: H200 345/345 MHz idle, 1980/1980 MHz max), the other maxima (the HBM memory

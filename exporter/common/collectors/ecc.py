@@ -12,8 +12,8 @@ the aggregate count (the board's life, kept in the inforom), so a ``sum()`` over
 every error twice. The volatile family's standing value is what the uncorrectable-ECC alert reads
 (deploy/prometheus/rules.yaml): errors counted before the exporter started never "increase".
 
-The aggregate (lifetime) counters are read only with the ``details`` feature on (issue 17, the
-default budget of 60 series per GPU): they are the board's history, which no alert reads; the
+The aggregate (lifetime) counters are read only with the ``details`` feature on (the default
+budget is 60 series per GPU): they are the board's history, which no alert reads; the
 volatile counters are the state to act on.
 """
 

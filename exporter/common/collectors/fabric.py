@@ -12,7 +12,7 @@ for a driver that rejects v3 (ARGUMENT_VERSION_MISMATCH), once per worker life. 
 ``status`` is the probe's NVML return code, meaningful once the state is completed (0 = success).
 A GPU answering NOT_SUPPORTED, or state 0, has no fabric: no series (and the feature is switched
 off when no GPU has one). Measured on the direct-NVLink H200 pair (no NVSwitch, driver 580.159.04):
-v3 answers state 3, status 0, clique 0, health mask 0 (../shared/reference/h200/2026-11-30/misc.json).
+v3 answers state 3, status 0, clique 0, health mask 0 (2026-11-30).
 """
 
 from __future__ import annotations

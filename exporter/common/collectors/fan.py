@@ -1,7 +1,7 @@
 """Fan speed as a ratio of the maximum (may exceed 1: it is the *intended* speed).
 
 Sources: nvmlDeviceGetNumFans, nvmlDeviceGetFanSpeed_v2 (percent). Passive data-centre boards
-(H200 SXM) answer NOT_SUPPORTED, at ~160 µs per call even then (nvml-notes §3.2): the client caches
+(H200 SXM) answer NOT_SUPPORTED, at ~160 µs per call even then (measured on 580.159.04): the client caches
 the answer and never asks again on that GPU. A board that answers the fan count (0, or a count
 whose fans all answer NOT_SUPPORTED) is marked unsupported the same way, so the worker switches
 the feature off when no GPU has a readable fan.

@@ -21,7 +21,7 @@ Sources (nvml.h ``NVML_GPM_METRIC_*``): nvmlGpmQueryDeviceSupport and nvmlDevice
 GPU and worker life), nvmlGpmSampleAlloc (two buffers, once), nvmlGpmSampleGet and
 nvmlGpmMetricsGet (every sample; every entry's own return code is checked and an unsupported
 metric is not asked again), nvmlGpmSampleFree (when the GPU stops answering). Measured on H200 /
-driver 580.159.04 / nvidia-ml-py 13.615 (../shared/reference/h200/2026-11-30/gpm*.json):
+driver 580.159.04 / nvidia-ml-py 13.615 (2026-11-30):
 supported on both GPUs; nvmlGpmSampleGet about 0.5 ms and nvmlGpmMetricsGet for 11 metrics 5-7 ms
 per GPU; idle, every activity metric reads 0; under a bf16 matmul SM activity 0.90 and tensor 0.83.
 
@@ -29,7 +29,7 @@ Buffers are freed when a GPU stops answering GPM (NOT_SUPPORTED); otherwise they
 the worker, and the process's exit releases them (a GPU that is lost and attached again gets a new
 device client and two new buffers: two small allocations per loss).
 
-MIG (issue 15): on a MIG-enabled GPU (the layout the ``mig`` feature read earlier in the same
+MIG: on a MIG-enabled GPU (the layout the ``mig`` feature read earlier in the same
 pass, :func:`exporter.common.collectors.mig.layout`) the five activity metrics are read per GPU instance
 instead: :func:`take` with a window per GPU instance (key ``gpm:mig:<id>:<profile>``, so a GPU
 instance destroyed and created again with another profile under the same id starts a new window)
@@ -43,7 +43,7 @@ MIG-enabled GPU is skipped (the feature is unsupported there).
 NVLink traffic is asked of GPM only while the ``nvlink_throughput`` feature is off (env, known issue
 as on H20 / 580, quarantine; fixed for the worker's life): otherwise the NVLink byte counters of
 that feature measure the same traffic exactly, since the driver loaded, and GPM's would be two more
-series per GPU for the same numbers (issue 17, the budget of 60 series per GPU).
+series per GPU for the same numbers (the default budget is 60 series per GPU).
 
 The pipe-level detail (HMMA, IMMA, DMMA, DFMA, FP64, FP32, FP16) is the separate, off-by-default
 feature ``gpm_pipes`` (:mod:`exporter.common.collectors.gpm_pipes`), with its own buffers: seven more

@@ -2,7 +2,7 @@
 
 Sources: nvmlDeviceGetMemoryInfo with ``version=nvmlMemory_v2`` (``used`` excludes the driver's
 ``reserved`` memory, as nvidia-smi shows it; idle H200: v1 used 644,939,776 = v2 reserved, v2 used
-0 — nvml-notes §3.1), falling back to v1 (``used`` includes reserved; no reserved series) when v2 is
+0, measured on 580.159.04), falling back to v1 (``used`` includes reserved; no reserved series) when v2 is
 not there; nvmlDeviceGetBAR1MemoryInfo.
 """
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 FEATURE = "memory"
 NEEDS: tuple[str, ...] = ()
-DETAILS = "details"  # free (total - reserved - used) and BAR1: outside the default budget (issue 17)
+DETAILS = "details"  # free (total - reserved - used) and BAR1: outside the default budget of 60 series per GPU
 NVML_MEMORY_V2 = 0x02000028  # sizeof(nvmlMemory_v2_t) | 2 << 24
 _SRC = "nvmlDeviceGetMemoryInfo, v2 when available"
 

@@ -13,13 +13,13 @@ Instance GPU Management" and "Device Queries"), Ampere and newer, Linux only:
 - ``nvmlDeviceGetMigMode(device)`` -> ``[current, pending]``: ``NVML_DEVICE_MIG_DISABLE`` 0 /
   ``NVML_DEVICE_MIG_ENABLE`` 1; "Changing MIG modes may require device unbind or reset. The
   'pending' MIG mode refers to the target mode following the next activation trigger." NOT_SUPPORTED
-  on GPUs without MIG. About 160 µs on the H200 (an RPC to the GSP; nvml-notes §9.1), so on a GPU
+  on GPUs without MIG. About 160 µs on the H200 (an RPC to the GSP; measured on 580.159.04), so on a GPU
   with MIG off the answer is kept until the next re-probe (``NVGPU_REPROBE_SECONDS``, at once after
   a MIG configuration change event): a GPU without MIG costs no call per sample.
 - ``nvmlDeviceGetMaxMigDeviceCount(device)``: "the maximum number of MIG devices that can exist
   under a given parent NVML device. Returns zero if MIG is not supported or enabled."
 - ``nvmlDeviceGetMigDeviceHandleByIndex(device, index)`` for every index below that count:
-  NOT_FOUND for an empty slot (skipped, not an error: nvml-notes §2.2). "If the compute instance
+  NOT_FOUND for an empty slot (skipped, not an error; index 0 too while MIG is off, measured). "If the compute instance
   is destroyed ... the MIG device handle would remain invalid and must be requested again using
   this API. Handles may be reused and their properties can change in the process": on a GPU with
   MIG on, every sample enumerates again, so a created or destroyed instance shows in the next

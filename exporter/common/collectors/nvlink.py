@@ -8,7 +8,7 @@ NVML_NVLINK_ERROR_DL_REPLAY 0, DL_RECOVERY 1, DL_CRC_FLIT 2, DL_CRC_DATA 3) for 
 no per-link field, and for any counter whose field the driver does not serve (the 570 header marks
 161-163 "unsupported for Blackwell+").
 
-Measured on the H200 pair (driver 580.159.04, ../shared/reference/h200/2026-11-30/fields.json):
+Measured on the H200 pair (driver 580.159.04, 2026-11-30):
 each nvmlDeviceGetNvLinkErrorCounter call is a driver RPC of about 0.9 ms (18 links x 4 counters:
 63 ms per GPU); the one field-value call for 18 links x 3 fields takes 14-15 ms and gives the same
 values as the per-call replay, recovery and flit-CRC counters; the all-lane total fields (38, 45,
@@ -19,9 +19,9 @@ GPU, on that GPU's own thread), and the per-call ones every :data:`SLOW_EVERY_S`
 The links are discovered once per worker life (and after a re-probe) by asking link 0, 1, … until
 the driver answers INVALID_ARGUMENT or NOT_SUPPORTED: ``NVML_NVLINK_MAX_LINKS`` is only an upper
 bound (18 up to nvidia-ml-py 13.595, 36 from 13.610) and indices past the real count answer
-INVALID_ARGUMENT (nvml-notes §3.9).
+INVALID_ARGUMENT (NVIDIA/TensorRT-LLM PR #17060, on GB200's 18 links).
 
-Series (issue 17: the everyday question is "is any link of this GPU erroring", and 18 links x 5
+Series (the everyday question is "is any link of this GPU erroring", and 18 links x 5
 series per GPU were most of a node's series):
 
 - per GPU, always: links up, and each error type summed over the links. The sum adds each link's

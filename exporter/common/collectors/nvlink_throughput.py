@@ -1,7 +1,8 @@
 """NVLink data throughput: transmit and receive byte counters per GPU (per link on request).
 
 Source: nvmlDeviceGetFieldValues with NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX (138) / _RX (139).
-Despite the name these are cumulative counters of payload in KiB (nvml-notes §4.3), exported in
+Despite the name these are cumulative counters of payload in KiB (nvml.h: "NVLink TX Data throughput
+in KiB"), exported in
 bytes as counters. Every entry's own return code is checked; an entry answering NOT_SUPPORTED or
 INVALID_ARGUMENT is never asked again. This is the query that crashed with glibc heap corruption on
 H20 / 580 (the incident); it is its own feature so it can be switched off or quarantined alone.

@@ -8,8 +8,8 @@ Sources: nvmlDeviceGetPowerUsage (mW, GPU scope; a 1-second average on Ampere ex
 newer), field ``NVML_FI_DEV_POWER_AVERAGE`` (185, mW, 1 s average) with the power scope as scopeId:
 ``NVML_POWER_SCOPE_MODULE`` 1 (NVIDIA CPU modules only) and ``NVML_POWER_SCOPE_MEMORY`` 2;
 nvmlDeviceGetEnforcedPowerLimit (mW), nvmlDeviceGetTotalEnergyConsumption (mJ since the driver was
-last loaded, Volta+; ~3 ms per call and serialised, nvml-notes §3.3). Measured on H200 / 580.159.04
-(../shared/reference/h200/2026-11-30/misc*.json): field 185 answers for scope GPU (equal to
+last loaded, Volta+; ~3 ms per call and serialised across threads, measured). Measured on H200 /
+580.159.04 (2026-11-30): field 185 answers for scope GPU (equal to
 nvmlDeviceGetPowerUsage) and memory (39 W idle, 144 W under load), NOT_SUPPORTED for module; the
 instant field 186 has no memory scope there, so the average is used for both.
 

@@ -4,8 +4,8 @@ Sources (worker side, per GPU and sample):
 
 - ``nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses_v3``, ``_v2`` when the driver lacks
   the ``_v3`` symbol or when ``_v3``'s records fail validation while ``_v2``'s pass (drivers
-  535.43-535.86 write a 32-byte ``_v3`` struct that nvidia-ml-py reads as 24 bytes; nvml-notes
-  §5.1). Every record is checked (:mod:`exporter.worker.process_records`): implausible ones are dropped
+  535.43-535.86 write a 32-byte ``_v3`` struct that nvidia-ml-py reads as 24 bytes; XuehaiPan/nvitop
+  PRs #89 and #94). Every record is checked (:mod:`exporter.worker.process_records`): implausible ones are dropped
   and counted by reason, logged once with the binding and driver versions.
 - ``nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp)`` (about 2.7 ms per GPU on the
   H200 even with nothing to report), called only when per-process or per-pod usage needs it and
@@ -341,7 +341,7 @@ def _log_mismatch(
         "GPU %s: %d of %d records from %s failed validation (%s) and were dropped "
         "(nvgpu_process_records_dropped_total); %s. Usual cause: the binding and the driver disagree "
         "on the process struct: nvidia-ml-py %s, driver %s (drivers 535.43-535.86 write 32-byte _v3 "
-        "records that the binding reads as 24 bytes; nvml-notes 5.1)",
+        "records that the binding reads as 24 bytes)",
         dev.uuid,
         sum(bad.values()),
         listed,

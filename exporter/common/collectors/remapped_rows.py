@@ -4,7 +4,7 @@ Sources: nvmlDeviceGetRemappedRows -> (correctable rows, uncorrectable rows, pen
 NOT_SUPPORTED while MIG has active instances. Pending means a GPU reset is needed to activate a
 remap; failure means the RMA path. Field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230, 570+ drivers):
 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, 5 recover IMEX domain,
-6 bus reset, 7 system reboot (nvml-notes §3.8).
+6 bus reset, 7 system reboot (``NVML_GPU_RECOVERY_ACTION_*`` in nvml.h; 6 and 7 from the 615 header).
 """
 
 from __future__ import annotations

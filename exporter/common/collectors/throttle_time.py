@@ -5,14 +5,15 @@ read once per sample aliases: a 0.5 s hardware power brake every 10 s, sampled e
 fake, showed the brake in 9 of 19 samples (47 %) against a true 5 %. The driver also keeps the
 time spent in each reason; exported as counters in seconds, ``rate()`` gives the true share.
 
-Sources, cheapest first (measured on H200 / 580.159.04, ../shared/reference/h200/2026-11-30/misc*.json):
+Sources, cheapest first (measured on H200 / 580.159.04, 2026-11-30):
 
 - field values, one ``nvmlDeviceGetFieldValues`` call for all of them (4.5 ms for the eleven per
   GPU, nanoseconds, each entry's code checked): ``NVML_FI_DEV_PERF_POLICY_*`` 74-81 (power = SW
   power cap, thermal, sync boost, board limit, low utilization, reliability, total app clocks,
   total base clocks) and ``NVML_FI_DEV_CLOCKS_EVENT_REASON_{SW_THERM,HW_THERM,HW_POWER_BRAKE}_SLOWDOWN``
   269-271. Those three were 251-253 in the 575 header and nvidia-ml-py 12.575 and moved to 269-271
-  with driver and binding 580.82 (nvml-notes §4.4); on older drivers 269-271 are other fields, so
+  with driver and binding 580.82 (the nvml.h of CUDA 13.1 and nvidia-ml-py 13.580.82; 580.159.04
+  serves 269-271, measured); on older drivers 269-271 are other fields, so
   they are only asked for from driver 580.82 on (read once per GPU with nvmlSystemGetDriverVersion),
   and omitted before.
 - ``nvmlDeviceGetViolationStatus`` per policy (0.9 ms a call, eight calls; DEPRECATED in NVML 13,
@@ -22,7 +23,7 @@ Counters reset when the driver reloads; ``rate()`` treats that as a counter rese
 in time (the two totals contain the others; SW power cap and a thermal reason can hold at once):
 never sum over ``reason``.
 
-Default reasons (issue 17, the budget of 60 series per GPU): the power and thermal ones and the
+Default reasons (within the default budget of 60 series per GPU): the power and thermal ones and the
 time below base clocks for any reason (:data:`DEFAULT_REASONS`). Sync boost (only with a sync-boost
 group), board limit, low utilization (the GPU idling: ``nvgpu_gpu_utilization_ratio`` says as
 much), reliability and the time below application clocks are read with the ``details`` feature.
@@ -58,7 +59,7 @@ DEFAULT_REASONS = frozenset(
     }
 )
 NS_PER_S = 1e9
-# Driver from which fields 269-271 are the clock-event-reason durations (nvml-notes §4.4).
+# Driver from which fields 269-271 are the clock-event-reason durations (nvidia-ml-py 13.580.82).
 NEW_REASON_FIELDS_FROM = (580, 82)
 
 # (reason label, field id, perf policy for nvmlDeviceGetViolationStatus or None, needs the 580.82 numbering)

@@ -13,7 +13,7 @@ absent, never 0, and ``nvgpu_gpu_feature_unsupported{feature="utilization"}`` wi
 ``.memory`` is the share of the sample period during which device memory was being read or
 written (the memory controller's busy time), not memory used / total: it is exported as
 ``nvgpu_memory_copy_utilization_ratio``, dcgm-exporter's "memory copy utilization"
-(``DCGM_FI_DEV_MEM_COPY_UTIL``). Until issue 14 it was called ``nvgpu_memory_utilization_ratio``,
+(``DCGM_FI_DEV_MEM_COPY_UTIL``). Until 2026-11-30 it was called ``nvgpu_memory_utilization_ratio``,
 a name that read as "used / total" (CHANGELOG.md).
 """
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 FEATURE = "utilization"
 NEEDS: tuple[str, ...] = (mig.FEATURE,)  # mig.layout: absent on a MIG-enabled GPU
-DETAILS = "details"  # encoder and decoder utilization: outside the default budget (issue 17)
+DETAILS = "details"  # encoder and decoder utilization: outside the default budget of 60 series per GPU
 
 GPU_UTILIZATION = MetricDef(
     "nvgpu_gpu_utilization_ratio", "Fraction of time one or more kernels ran (nvmlDeviceGetUtilizationRates.gpu)"

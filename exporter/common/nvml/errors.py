@@ -3,7 +3,8 @@
 Errors are classified by numeric return code, never by exception class: older bindings lack the
 newer classes (a code a binding does not know arrives as the base ``NVMLError``), and a function
 missing from the binding or the driver is treated as "function not found". Codes and their meaning
-come from ``nvml.h`` (NVML 13.x) and ../shared/reference/nvml-notes.md §7.
+come from ``nvml.h`` (NVML 13.x, as vendored in NVIDIA/go-nvml ``pkg/nvml/nvml.h``) and the classes
+nvidia-ml-py generates from them (``NVML_ERROR_FOO_BAR`` -> ``NVMLError_FooBar``).
 
 Collectors let errors propagate; the device client and the sampler ask :func:`classify` (or
 :func:`classify_entry`, :func:`sample_failed_everywhere`) what to do. Every rule lives here.
@@ -76,7 +77,7 @@ _TABLE: dict[int, ErrorClass] = {
     VGPU_ECC_NOT_SUPPORTED: _C.UNSUPPORTED,
     NOT_FOUND: _C.ABSENT,  # "no samples newer than the timestamp", empty MIG slot
     # pynvml's nvmlDeviceGetProcessUtilization raises NVMLError(ret) for any first-call result
-    # but INSUFFICIENT_SIZE, SUCCESS included (nothing to return): no samples (nvml-notes §5.2).
+    # but INSUFFICIENT_SIZE, SUCCESS included (nothing to return): no samples.
     SUCCESS: _C.ABSENT,
     NO_DATA: _C.ABSENT,
     TIMEOUT: _C.ABSENT,  # normal for event waits
@@ -114,10 +115,11 @@ class Context(str, enum.Enum):
 
 # Per-context exceptions to _TABLE, each with its reason:
 # - INDEXED: INVALID_ARGUMENT means "this GPU has no such link / fan / counter" (indices past the
-#   real count answer it; nvml-notes §3.9), so it is cached like NOT_SUPPORTED.
+#   real count answer it: NVIDIA/TensorRT-LLM PR #17060), so it is cached like NOT_SUPPORTED.
 # - HANDLE_LOOKUP: UNKNOWN means the GPU is gone (gpud: Xid 79 can surface as "Unknown Error" from
 #   nvmlDeviceGetHandleByIndex), and INVALID_ARGUMENT for an index NVML just counted means the same.
-# - FIELD_ENTRY: INVALID_ARGUMENT means "no such field / scope on this driver" (nvml-notes §4.2).
+# - FIELD_ENTRY: INVALID_ARGUMENT means "no such field / scope on this driver" (measured on 580.159.04:
+#   field ids newer than the driver, and a scope a field does not take).
 # - MIG_DEVICE: INVALID_ARGUMENT means the MIG device (or GPU instance) went away between its
 #   enumeration and this call. NVML API reference, nvmlDeviceGetMigDeviceHandleByIndex: "If the
 #   compute instance is destroyed either explicitly or by destroying, resetting or unbinding the

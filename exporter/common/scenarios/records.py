@@ -30,7 +30,7 @@ class ProcessInfoV2(ctypes.Structure):
 
 class ProcessInfoR535(ctypes.Structure):
     """The 32-byte record drivers 535.43-535.86 write through the _v3 calls: ``usedGpuCcProtectedMemory``
-    added without a version bump (XuehaiPan/nvitop PRs 79 and 89, NVIDIA/go-nvml issue 75)."""
+    added without a version bump (XuehaiPan/nvitop PRs #79 and #89, NVIDIA/go-nvml#75)."""
 
     _fields_ = [
         ("pid", ctypes.c_uint),

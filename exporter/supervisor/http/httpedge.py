@@ -9,7 +9,7 @@ connection costs anything:
   closed before any handshake (TLS). An idle-connection flood therefore cannot take the
   supervisor's file descriptors: the cap is lowered to the open-file limit minus
   :data:`FD_HEADROOM`, which stays free for the worker's pipes, the state file and the kernel log
-  (issue 12: 250 idle connections under a 200-fd limit made the next worker respawn fail and the
+  (without it, 250 idle connections under a 200-fd limit made the next worker respawn fail and the
   process exit 1).
 - **TLS per connection.** Each accepted socket becomes a transport through
   ``loop.connect_accepted_socket`` with the TLS context current at that moment (``tls()``), so a

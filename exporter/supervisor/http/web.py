@@ -37,7 +37,7 @@ from exporter.supervisor.supervisor import Supervisor
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "nvgpu-exporter"
-# aiohttp's default Server header names the Python and aiohttp versions (issue 12); responses
+# aiohttp's default Server header names the Python and aiohttp versions (a gift to a scanner); responses
 # aiohttp makes itself (400 for a request line it cannot parse) take this module default.
 aiohttp.web_response.SERVER_SOFTWARE = SERVER_NAME  # type: ignore[attr-defined]
 REFRESH_S = 5.0  # a rendering older than this is redone on request (process_* series age)

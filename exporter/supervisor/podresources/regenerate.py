@@ -13,7 +13,7 @@ The stubs are generated with grpcio-tools :data:`GRPCIO_TOOLS` (1.62.3, protoc 2
 gencode 4.25), the last release whose output carries no version guard: newer ``api_pb2.py`` files
 call ``ValidateProtobufRuntimeVersion`` (refusing any older protobuf runtime) and newer
 ``api_pb2_grpc.py`` files refuse any grpcio older than the grpcio-tools that made them, which
-made pod attribution "unsupported" on an H200 image with grpcio 1.84 (issue 16). These stubs load
+made pod attribution "unsupported" on an H200 image with grpcio 1.84 (2026-11-29). These stubs load
 on grpcio 1.62 to 1.85 and protobuf 4.25 to 7.x (the combinations tests/test_podresources.py and
 ``tests/grpc_matrix.sh`` run); the ``kubernetes`` extra in pyproject.toml admits that range.
 Regenerating with another grpcio-tools is refused unless ``--any-version`` is given.

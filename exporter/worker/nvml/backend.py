@@ -4,8 +4,9 @@ Only the worker calls :func:`load`; the supervisor never imports ``pynvml``.
 
 The real backend is ``pynvml`` itself plus one replacement: :func:`field_values`, because pynvml's
 ``nvmlDeviceGetFieldValues`` allocates exactly ``n`` zeroed entries, so an entry the driver leaves
-untouched reads as SUCCESS with value 0 (measured on 580.159, nvml-notes §4.2), and NVML may touch
-one entry past the count during NVLink queries (nitop 1.7.2 comment, nvml-notes §4.2 pitfall 4).
+untouched reads as SUCCESS with value 0 and timestamp 0 (measured on H200 / 580.159.04, for field
+147 and in large batches), and NVML may touch one entry past the count during NVLink queries (a
+comment in nvitop 1.7.2's ``libnvml.py``, which allocates one entry more for it).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def decode_entry(entry: Any) -> FieldValue:
     value: int | float | None = None
     if code == errors.SUCCESS:
         if ts == 0:
-            code = UNPOPULATED  # zero-initialised and never written (nvml-notes §4.2 pitfall 1)
+            code = UNPOPULATED  # zero-initialised and never written by the driver
         else:
             member = _UNION_MEMBER.get(int(entry.valueType))
             if member is None:
