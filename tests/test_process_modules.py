@@ -30,14 +30,14 @@ from exporter.supervisor.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: E
 NOT_MIG = 0xFFFFFFFF
 POD = Container("ml", "train-0", "trainer")
 SITECUSTOMIZE = """
-import os, sys, threading, time
+import json, os, sys, threading, time
 
 def _dump(path):
     while True:
         names = sorted(n for n in list(sys.modules) if n.split(".")[0] in
                        ("exporter", "guards", "pynvml", "aiohttp", "prometheus_client", "grpc"))
         with open(path + ".tmp", "w") as f:
-            f.write(json.dumps({"argv": sys.argv, "modules": names}) if (json := sys.modules.get("json")) else "")
+            json.dump({"argv": sys.argv, "modules": names}, f)
         os.replace(path + ".tmp", path)
         time.sleep(0.2)
 
@@ -67,15 +67,27 @@ def kubelet() -> Iterator[str]:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _modules(dump: Path, pid: int, after: float) -> list[str]:
-    """The modules process ``pid`` had loaded, from a dump written after ``after`` (time.time())."""
+def _modules(dump: Path, pid: int, after: float) -> list[str] | None:
+    """The modules process ``pid`` had loaded, from a dump written after ``after`` (time.time());
+    None when it wrote none within 10 s (it is gone)."""
     path = dump / str(pid)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if path.exists() and path.stat().st_mtime > after and (text := path.read_text()):
-            return list(json.loads(text)["modules"])
+        if path.exists() and path.stat().st_mtime > after:
+            return list(json.loads(path.read_text())["modules"])
         time.sleep(0.1)
-    raise AssertionError(f"no fresh module dump from pid {pid} in {dump}")
+    return None
+
+
+def _worker_modules(exp: Exporter, dump: Path, after: float) -> list[str]:
+    """The modules of the sampling worker (``python -m exporter.worker``; the self-check's short-lived
+    worker interpreter runs ``python -c`` and is not it)."""
+    for _ in range(3):
+        for proc in exp.workers():
+            if proc.cmdline()[-2:] == ["-m", "exporter.worker"] and (found := _modules(dump, proc.pid, after)):
+                return found
+        time.sleep(0.5)
+    raise AssertionError(f"no fresh module dump from a worker in {dump}:\n{exp.logs()[-3000:]}")
 
 
 def test_each_process_loads_only_its_own_folder_and_common(tmp_path: Path, kubelet: str) -> None:
@@ -120,7 +132,8 @@ def test_each_process_loads_only_its_own_folder_and_common(tmp_path: Path, kubel
             assert status == 200, path
         after = time.time()
         supervisor = _modules(dump, exp.proc.pid, after)
-        worker = _modules(dump, exp.wait_worker().pid, after)
+        assert supervisor is not None, f"no fresh module dump from the supervisor in {dump}"
+        worker = _worker_modules(exp, dump, after)
         assert exp.terminate() == 0
 
     def under(modules: list[str], package: str) -> list[str]:
