@@ -54,7 +54,7 @@ python3 release/release.py ci --dist "$release_dist"
 rm -rf "$release_dist"
 
 echo "== pod-resources stubs vs proto"
-python3 -m exporter.podresources.regenerate --check || {
+python3 -m exporter.supervisor.podresources.regenerate --check || {
   # The stubs are made with grpcio-tools 1.62.3 (requirements-ci.txt; regenerate.py refuses
   # another version); tests/test_podresources.py says what differs.
   echo "stubs differ from a regeneration (see tests/test_podresources.py)"

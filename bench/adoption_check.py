@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16 on a GPU machine: what the image's Python packages and the real NVML do with it.
+"""On a GPU machine: what the image's Python packages and the real NVML do with it.
 
 1. Pod attribution's gRPC stubs load on the grpcio/protobuf installed there (the H200 image has
    grpcio 1.84, which the previous stubs refused): ``unsupported_reason()`` is None.
@@ -164,13 +164,13 @@ def main() -> int:
         result["grpcio"], result["protobuf"] = grpc.__version__, google.protobuf.__version__
     except ImportError as exc:
         result["grpcio"] = result["protobuf"] = f"not installed ({exc})"
-    from exporter.podresources import unsupported_reason
+    from exporter.supervisor.podresources import unsupported_reason
 
     result["pod_attribution_unsupported_reason"] = unsupported_reason()
 
     if shutil.which("openssl") is None:
         raise SystemExit("openssl is needed for the throw-away certificates")
-    # The web config needs PyYAML, basic auth bcrypt (new dependencies of issue 16; a machine where
+    # The web config needs PyYAML, basic auth bcrypt (new dependencies; a machine where
     # the project was installed with --no-deps may lack them: then say so and check what can be).
     missing = [m for m in ("yaml", "bcrypt") if importlib.util.find_spec(m) is None]
     result["missing_modules"] = missing
@@ -182,7 +182,7 @@ def main() -> int:
         users = ""
         auth: dict[str, str] = {}
         if "bcrypt" not in missing:
-            from exporter.webauth import hash_password
+            from exporter.supervisor.http.webauth import hash_password
 
             users = f"basic_auth_users:\n  prometheus: {hash_password(PASSWORD)}\n"
             auth = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}

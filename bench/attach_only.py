@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 13 (point 9) and issue 19 (point 4): what a worker that attaches only some GPUs does on the
+"""What a worker that attaches only some GPUs does on the
 real driver.
 
 Runs the real worker module (``python -m exporter.worker``) three ways on this machine and reports,
@@ -65,7 +65,7 @@ def gpus(backend: str) -> list[dict[str, Any]]:
 def worker_config(extra: dict[str, Any], backend: str = "nvml") -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from exporter.config import Config
-    from exporter.workerproc import worker_config as build
+    from exporter.supervisor.workerproc import worker_config as build
     from guards import features as gf
 
     cfg = Config(
@@ -74,7 +74,7 @@ def worker_config(extra: dict[str, Any], backend: str = "nvml") -> dict[str, Any
         feature_modes=dict.fromkeys(gf.FEATURES, gf.Mode.AUTO),
         log_level="WARNING",
     )
-    data = build(cfg, {}).to_wire()  # the worker decodes it as exporter.workerconfig.WorkerConfig
+    data = build(cfg, {}).to_wire()  # the worker decodes it as exporter.common.workerconfig.WorkerConfig
     data.update(extra)
     return data
 

@@ -1,4 +1,4 @@
-"""Issue 2's benchmark: our exporter on the 8-GPU fake scenario, measured against the goals.
+"""The local benchmark: our exporter on the 8-GPU fake scenario, measured against the goals.
 
 Starts ``python -m exporter`` (supervisor + NVML worker) with
 ``NVGPU_NVML_BACKEND=fake:examples/scenarios/h200x8.json``, ``NVGPU_STATE_FILE=""``, a 5 s sample
@@ -351,7 +351,7 @@ def print_summary(res: dict[str, Any], rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Issue 2 benchmark on the 8-GPU fake scenario")
+    p = argparse.ArgumentParser(description="local benchmark on the 8-GPU fake scenario")
     p.add_argument(
         "--scenario", default="examples/scenarios/h200x8.json", help="fake scenario (relative to the repo root)"
     )
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     exp = start_exporter(env, load.free_port(), log_path, no_uvloop=args.no_uvloop)
     print(f"exporter pid {exp.pid} on {exp.base} (log {log_path})", flush=True)
     result: dict[str, Any] = {
-        "benchmark": "issue-2 local",
+        "benchmark": "local",
         "date": started.isoformat(timespec="seconds"),
         "machine": machine_info(),
         "nofile": nofile,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chaos benchmark: the real exporter keeps answering /metrics while its NVML worker is killed and hung.
 
-What it does (issue 3, "Chaos benchmark and real hardware"; docs/reliability.md has a recorded run):
+What it does ("Chaos benchmark and real hardware"; docs/reliability.md has a recorded run):
 
 - starts the real exporter (``python -m exporter``: aiohttp supervisor + ``exporter.worker`` child)
   on the fake NVML backend, with a copy of a shipped scenario (default ``h200x8``) to which it adds
@@ -884,7 +884,7 @@ def hang_outcomes(plan: Plan, scenario: Mapping[str, Any], log_path: Path, epoch
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                when = rec["ts"] if "ts" in rec else _rfc3339(rec["time"])  # "time" (RFC 3339) since issue 16
+                when = rec["ts"] if "ts" in rec else _rfc3339(rec["time"])  # "time" (RFC 3339) since 2026-11-30
                 deaths.append((when - epoch, rec.get("reason"), rec.get("function"), rec.get("uuid")))
     except OSError:
         pass

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """NVLink chaos on the real H200 pair: counters stay monotonic while the worker is SIGSEGV'd every 30 s.
 
-Issue 3, "Chaos benchmark and real hardware". What one run does:
+What one run does:
 
 - starts the exporter (``python -m exporter``) on the REAL NVML backend (``--backend nvml``, the
   default) with ``NVGPU_FEATURE_NVLINK_THROUGHPUT=on``, a 1 s sample interval, the state file in the

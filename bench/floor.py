@@ -1,11 +1,11 @@
 """The raw NVML floor: a plain pynvml loop making the same calls as our worker's default features.
 
-Issue 8 compares our worker's time per sample (``nvgpu_sample_duration_seconds``) with this loop.
+bench/peer.py compares our worker's time per sample (``nvgpu_sample_duration_seconds``) with this loop.
 It imports nothing from the exporter (except the fake backend for ``--fake``): the calls are
-listed here by hand from ``exporter/collectors/*.py`` and ``exporter/worker.py``, in the worker's
+listed here by hand from ``exporter/common/collectors/*.py`` and ``exporter/worker/main.py``, in the worker's
 order (GPU by GPU, feature by feature), in their steady state, i.e. after the first sample:
 
-The default features since issue 17 (the series budget: ``details`` and ``nvlink_links`` off); the
+The default features since the series budget (2026-11-30: ``details`` and ``nvlink_links`` off); the
 NVLink error counters at the worker's cadence: the batched fields every sample, the per-call data
 CRC counters every :data:`SLOW_EVERY` samples (30 s at the default 5 s interval), so that the floor
 and the worker make the same calls in the same mix of samples.
@@ -77,11 +77,11 @@ FIELD_RECOVERY_ACTION = 230
 FIELD_NVLINK_LINK_COUNT = 91
 FIELD_NVLINK_TX = 138
 FIELD_NVLINK_RX = 139
-FIELDS_THROTTLE = (74, 75, 81)  # exporter/collectors/throttle_time.py DEFAULT_REASONS
+FIELDS_THROTTLE = (74, 75, 81)  # exporter/common/collectors/throttle_time.py DEFAULT_REASONS
 FIELDS_THROTTLE_580_82 = (269, 270, 271)
 FIELDS_POWER_SCOPES = [(185, 1), (185, 2)]
-GPM_METRICS = (1, 2, 3, 5, 10, 20, 21)  # exporter/collectors/gpm.py, nvlink_throughput on
-FIELDS_NVLINK_ERRORS = (161, 162, 163)  # DL replay, recovery, flit CRC per link (exporter/collectors/nvlink.py)
+GPM_METRICS = (1, 2, 3, 5, 10, 20, 21)  # exporter/common/collectors/gpm.py, nvlink_throughput on
+FIELDS_NVLINK_ERRORS = (161, 162, 163)  # DL replay, recovery, flit CRC per link (exporter/common/collectors/nvlink.py)
 ALL_LINKS = 0xFFFFFFFF
 SLOW_EVERY = 6  # per-call NVLink counters every 30 s = every 6th sample at the default 5 s interval
 MAX_LINKS = 36
@@ -299,7 +299,7 @@ class Floor:
             for clock in (1, 2):
                 self._try(plan, "clocks", "nvmlDeviceGetClockInfo", clock, indexed=True)
             self._try(plan, "clocks", "nvmlDeviceGetMaxClockInfo", 1, keep=False, indexed=True)
-            # throttle time: fields 74-81, and 269-271 from driver 580.82 (exporter/collectors/throttle_time.py)
+            # throttle time: fields 74-81, and 269-271 from driver 580.82 (exporter/common/collectors/throttle_time.py)
             self._try_fields(plan, "throttle_time", [(f, 0) for f in FIELDS_THROTTLE + self._new_reason_fields()])
             # pcie
             for fn in (
@@ -427,7 +427,7 @@ def load_binding(fake: str | None = None) -> Any:
         root = Path(__file__).resolve().parent.parent
         if str(root) not in sys.path:
             sys.path.insert(0, str(root))
-        from exporter.fakenvml.binding import FakeNvml
+        from exporter.worker.fakenvml.binding import FakeNvml
 
         return FakeNvml(fake)
     import pynvml

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the exporter's memory goes: per process, per mapping, per import (issue 17).
+"""Where the exporter's memory goes: per process, per mapping, per import.
 
 Three views, one JSON:
 
@@ -44,7 +44,7 @@ import load  # noqa: E402
 
 import bench  # noqa: E402
 
-# What each process imports, in the order it does (exporter/cli.py serve; exporter/worker.py main).
+# What each process imports, in the order it does (exporter/cli.py serve; exporter/worker/main.py main).
 SUPERVISOR_STEPS: list[tuple[str, list[str]]] = [
     ("asyncio", ["asyncio"]),
     ("uvloop", ["uvloop"]),
@@ -54,17 +54,20 @@ SUPERVISOR_STEPS: list[tuple[str, list[str]]] = [
         "exporter (supervisor side)",
         [
             "exporter.cli",
-            "exporter.supervisor",
-            "exporter.web",
-            "exporter.exposition",
-            "exporter.statuspage",
-            "exporter.selfcheck",
+            "exporter.supervisor.supervisor",
+            "exporter.supervisor.http.web",
+            "exporter.supervisor.exposition",
+            "exporter.supervisor.statuspage",
+            "exporter.common.selfcheck",
         ],
     ),
-    ("grpc + protobuf (pod attribution)", ["exporter.podresources.client", "grpc", "google.protobuf"]),
+    ("grpc + protobuf (pod attribution)", ["exporter.supervisor.podresources.client", "grpc", "google.protobuf"]),
 ]
 WORKER_STEPS: list[tuple[str, list[str]]] = [
-    ("exporter (worker side)", ["exporter.worker", "exporter.sampler", "exporter.collectors", "exporter.selfcheck"]),
+    (
+        "exporter (worker side)",
+        ["exporter.worker", "exporter.worker.sampler", "exporter.common.collectors", "exporter.common.selfcheck"],
+    ),
     ("pynvml", ["pynvml"]),
 ]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU load for the side-by-side benchmark (issue 17): every GPU busy, NVLink carrying traffic.
+"""GPU load for the side-by-side benchmark: every GPU busy, NVLink carrying traffic.
 
 One thread per GPU runs a bf16 matmul loop (8192 x 8192 by default: the tensor pipes and HBM
 busy, the GPU at its power cap, as tests/hardware does); with two GPUs that can reach each other

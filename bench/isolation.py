@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Isolation benchmark (issue 13): one sick GPU of eight must cost only its own series.
+"""Isolation benchmark: one sick GPU of eight must cost only its own series.
 
 The real exporter (supervisor + worker) on the fake backend with the eight-GPU H200 scenario and
-the fault of issue 13: from t = 15 s every NVML call that takes GPU 1 (its handle lookup included)
+the fault: from t = 15 s every NVML call that takes GPU 1 (its handle lookup included)
 blocks 45 s, then fails with UNKNOWN, for good; a new NVML client's ``nvmlInit`` blocks 45 s while
 the GPU is wedged (a fresh client attaches every GPU); an Xid 119 (GSP RPC timeout) for GPU 1
 arrives at t = 16 s. Default settings otherwise (5 s interval, 15 s stale bound, probes from 30 s

@@ -1,6 +1,6 @@
 """Load generator and process-tree sampler for ``/metrics`` benchmarks (loopback only).
 
-Reusable by ``bench/bench.py`` (issue 2) and ``bench/peer.py`` (issue 8), and runnable on its own
+Reusable by ``bench/bench.py`` and ``bench/peer.py``, and runnable on its own
 against any exporter already listening on 127.0.0.1::
 
     python bench/load.py --url http://127.0.0.1:19400/metrics --pid 1234 \

@@ -19,7 +19,7 @@ load. For ours also ``nvgpu_sample_duration_seconds`` read from ``/metrics`` onc
 the idle window until ``--our-samples`` distinct samples were seen (median), and the per-feature
 durations, compared with the floor.
 
-With ``--gpu-load`` (issue 17) the whole run happens under GPU load: ``bench/gpuload.py`` (a bf16
+With ``--gpu-load`` the whole run happens under GPU load: ``bench/gpuload.py`` (a bf16
 matmul loop on every GPU and, with two peer GPUs, a cuda:0 -> cuda:1 copy that keeps NVLink busy)
 starts first and stops last; what it did is in the JSON under ``gpu_load``. The "idle" window is
 then the window without scrapes.
@@ -28,7 +28,7 @@ An exporter that cannot start (nvitop-exporter without NVML exits 1 silently; a 
 reported in the JSON with its log tail and the run continues. The JSON (``--out``) is rewritten
 after every phase, so a run cut short still leaves what it measured.
 
-Goals (issues 8 and 17), printed as PASS/MISS/N/A: ours answers all 1000 concurrent with p99 <
+Goals, printed as PASS/MISS/N/A: ours answers all 1000 concurrent with p99 <
 250 ms; our sequential p50 at least 20 times lower than nvitop-exporter's; our time per sample
 within 20 % of the floor; our PSS (all processes, idle) no higher than nvitop-exporter's and our RSS
 (idle and peak) within 1.3 times its.
@@ -73,11 +73,11 @@ import load  # noqa: E402  (bench/load.py)
 ROOT = Path(__file__).resolve().parent.parent
 FLOOR = ROOT / "bench" / "floor.py"
 GOAL_CONCURRENT_P99_MS = 250.0
-GOAL_SEQ_RATIO = 20.0  # issue 17 (issue 8: 5)
+GOAL_SEQ_RATIO = 20.0  # sequential scrapes: at least 20x the peer's rate
 GOAL_FLOOR_RATIO = 1.2
-GOAL_RSS_RATIO = 1.3  # issue 17: RSS within 1.3 x nvitop-exporter's; PSS no higher
+GOAL_RSS_RATIO = 1.3  # RSS within 1.3 x nvitop-exporter's; PSS no higher
 GPU_LOAD = ROOT / "bench" / "gpuload.py"
-SLOW_EVERY_S = 30.0  # the worker's per-call NVLink counters (exporter/collectors/nvlink.py SLOW_EVERY_S)
+SLOW_EVERY_S = 30.0  # the worker's per-call NVLink counters (exporter/common/collectors/nvlink.py SLOW_EVERY_S)
 
 
 # -- environment -----------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def run_floor(samples: int, spacing_s: float, fake: str | None, slow_every: int 
     return result
 
 
-# -- GPU load (issue 17) ---------------------------------------------------------------------------
+# -- GPU load ---------------------------------------------------------------------------
 
 
 class GpuLoad:
@@ -764,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "benchmark": "issues 8 and 17 peer",
+        "benchmark": "peer",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "config": {
             "idle_seconds": args.idle_seconds,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Series per GPU: what one exporter costs Prometheus, by family and by feature (issue 17).
+"""Series per GPU: what one exporter costs Prometheus, by family and by feature.
 
 Runs the real exporter (``python -m exporter``, supervisor and worker) on the fake NVML backend with
 each H200 scenario (``h200x1``, ``h200x2``, ``h200x8``), scrapes ``/metrics`` after the second
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import load  # noqa: E402
 
 import bench  # noqa: E402  (bench/bench.py: start_exporter)
-from exporter import collectors  # noqa: E402
+from exporter.common import collectors  # noqa: E402
 
 SCENARIOS = ("h200x1", "h200x2", "h200x8")
 # Off-by-default switches that add per-GPU series, each measured on its own.

@@ -11,7 +11,7 @@ model Grafana 11 and 12 import). Every panel and variable uses the ``datasource`
 
 Only metric names from docs/metrics.md are used (tests/test_dashboards.py checks), and every panel
 query is sent to a real Prometheus scraping the real exporter (tests/test_prometheus_e2e.py).
-The Xid class regexes come from exporter/xid/catalog.json, so a catalog change shows up here as
+The Xid class regexes come from exporter/supervisor/xid/catalog.json, so a catalog change shows up here as
 a diff that the test asks you to regenerate.
 """
 
@@ -41,7 +41,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 from grafana_foundation_sdk.models.common import DataSourceRef
 
-from exporter.xid import CLASSES, UNKNOWN_CLASS, codes_of_class, promql_regex
+from exporter.supervisor.xid import CLASSES, UNKNOWN_CLASS, codes_of_class, promql_regex
 
 HERE = Path(__file__).resolve().parent
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -778,7 +778,7 @@ def gpu_fleet() -> dict[str, Any]:
         .with_panel(
             bargauge_panel(
                 "Xid errors by class",
-                "nvgpu_xid_errors_total summed by the class exporter/xid/catalog.json gives "
+                "nvgpu_xid_errors_total summed by the class exporter/supervisor/xid/catalog.json gives "
                 "each code (application, driver, memory, nvlink, ...), counted since each exporter started." + QUIET,
                 [
                     (
@@ -904,7 +904,7 @@ def gpu_fleet() -> dict[str, Any]:
                 "Stuck-context signature",
                 "nvgpu_stuck_context_suspected per GPU: busy (utilization at or above "
                 "NVGPU_STUCK_UTILIZATION_RATIO), no compute processes and nothing running (no SM active by GPM, "
-                "or no memory used without GPM) for NVGPU_STUCK_AFTER_SECONDS. The second incident in DESIGN.md.",
+                "or no memory used without GPM) for NVGPU_STUCK_AFTER_SECONDS. The second incident in docs/design.md.",
                 [(f"nvgpu_stuck_context_suspected{{{GPU}}}", GPU_LEGEND)],
                 _mapping({"0": ("ok", "green"), "1": ("STUCK", "red")}),
                 OK_RED,
@@ -1053,7 +1053,7 @@ def gpu_fleet() -> dict[str, Any]:
     return to_json(d)
 
 
-# MIG (issue 15): instances under their GPU. Every MIG series carries the parent's gpu/uuid, so the GPU
+# MIG: instances under their GPU. Every MIG series carries the parent's gpu/uuid, so the GPU
 # variable selects a GPU with its instances; legends and the table order put each instance after its GPU.
 MIG_LEGEND = GPU_LEGEND + " / GI {{gpu_instance_id}} {{mig_profile}}"
 GI_BY = GPU_BY + ", gpu_instance_id, mig_profile"
@@ -1150,7 +1150,7 @@ def _mig_instances(d: dashboard.Dashboard) -> dashboard.Dashboard:
     )
 
 
-# Fleet views (issue 17): recording rules from deploy/prometheus/rules.yaml (group nvgpu-fleet), so a
+# Fleet views: recording rules from deploy/prometheus/rules.yaml (group nvgpu-fleet), so a
 # view over thousands of GPUs reads a few series per node or cluster instead of every GPU's.
 CLUSTER = 'cluster=~"$cluster"'
 RULES_NOTE = " Recording rules of deploy/prometheus/rules.yaml (group nvgpu-fleet): empty until they are loaded."
@@ -1288,7 +1288,7 @@ def _fleet(d: dashboard.Dashboard) -> dashboard.Dashboard:
     )
 
 
-# Per-pod usage (issue 18): who uses a shared GPU, from the processes' cgroups joined with the kubelet.
+# Per-pod usage: who uses a shared GPU, from the processes' cgroups joined with the kubelet.
 POD_BY = GPU_BY + ", namespace, pod"
 POD_LEGEND = "{{namespace}}/{{pod}} on {{instance}} GPU {{gpu}}"
 

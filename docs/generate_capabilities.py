@@ -244,8 +244,8 @@ SOURCES = {
     },
     "repo-collectors": {
         "kind": "repository",
-        "what": "this repository: exporter/collectors/*.py and exporter/nvml/structs.py (what the exporter calls today)",
-        "file": "exporter/collectors/",
+        "what": "this repository: exporter/common/collectors/*.py and exporter/worker/nvml/structs.py (what the exporter calls today)",
+        "file": "exporter/common/collectors/",
     },
     "repo-features": {
         "kind": "repository",
@@ -254,8 +254,8 @@ SOURCES = {
     },
     "repo-xid-catalog": {
         "kind": "repository",
-        "what": "this repository: exporter/xid/catalog.json",
-        "file": "exporter/xid/catalog.json",
+        "what": "this repository: exporter/supervisor/xid/catalog.json",
+        "file": "exporter/supervisor/xid/catalog.json",
     },
 }
 
@@ -870,14 +870,14 @@ def feat_nvlink(g, b):
         calls = {
             "nvmlDeviceGetNvLinkState": "supported",
             "fields 161-163 NVML_FI_DEV_NVLINK_ERROR_DL_*": "NOT_SUPPORTED (documented: 'unsupported for Blackwell+')",
-            "nvmlDeviceGetNvLinkErrorCounter": "unknown (issue 27 observed NOT_SUPPORTED on the fake; no public source for real GB200/B200)",
+            "nvmlDeviceGetNvLinkErrorCounter": "unknown (the plan assumes NOT_SUPPORTED on the fake; no public source for real GB200/B200)",
             "fields 201-222, 235-250 NVML_FI_DEV_NVLINK_COUNT_*": "supported (not read by the exporter today)",
         }
         return cell(
             "unsupported",
             calls,
             ["nvmlDeviceGetNvLinkState"],
-            "fields 161-163 -> NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_* (213-215), EFFECTIVE_ERRORS 219, SYMBOL_ERRORS 221, FEC history 235-250 (not implemented: issue 27 point 2)",
+            "fields 161-163 -> NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_* (213-215), EFFECTIVE_ERRORS 219, SYMBOL_ERRORS 221, FEC history 235-250 (not implemented yet)",
             src + ["nre-302", "dcgm-exporter-581", "marin-9086", "nvml-api-fields"],
             "today the feature reads only link state and errors nowhere: it must report unsupported for the error counters, not success; 18 links, indices 18-35 INVALID_ARGUMENT",
             "documented",
@@ -1641,7 +1641,7 @@ def main():
         "schema": 1,
         "date": "2026-12-01",
         "description": "Capability table of nvgpu-exporter (docs/capabilities.md): per feature (guards/features.py FEATURES), GPU generation and driver branch, "
-        "the NVML calls and fields used, what they answer there, the fallback, and the source of every cell. 'planned' holds the calls issue 27 "
+        "the NVML calls and fields used, what they answer there, the fallback, and the source of every cell. 'planned' holds the calls the planned work "
         "points 2-4 will add.",
         "statuses": {
             "supported": "the feature gives values with the calls listed",

@@ -5,16 +5,17 @@ constructed; nothing is wired afterwards by overwriting an attribute. The order 
 their dependencies:
 
 1. the web config watcher (``--web.config.file``), the open-file limit and the connection cap;
-2. the counter of the supervisor's own failures (:class:`~exporter.served.ComponentErrors`) and the
-   :class:`~exporter.quarantine.QuarantineStore` whose failed saves go to it;
+2. the counter of the supervisor's own failures (:class:`~exporter.supervisor.served.ComponentErrors`) and the
+   :class:`~exporter.supervisor.quarantine.QuarantineStore` whose failed saves go to it;
 3. the extensions the provisional feature states allow (:func:`extensions`), the HTTP edge's
-   counters with the watcher among them (:class:`~exporter.httpedge.HttpEdge`);
-4. the :class:`~exporter.served.ServedState` over the quarantine and the extensions, and the
-   :class:`~exporter.supervisor.Supervisor` over it (:func:`build_supervisor`);
-5. the :class:`~exporter.web.Renderer`, which follows the served state;
-6. the :class:`~exporter.httpedge.Listener`, the middleware's :class:`~exporter.web.Edge` (which
-   holds it), and the aiohttp side (:class:`~exporter.web.HttpServer`), whose protocol factory the
-   listener is given when it starts.
+   counters with the watcher among them (:class:`~exporter.supervisor.http.httpedge.HttpEdge`);
+4. the :class:`~exporter.supervisor.served.ServedState` over the quarantine and the extensions, and the
+   :class:`~exporter.supervisor.supervisor.Supervisor` over it (:func:`build_supervisor`);
+5. the :class:`~exporter.supervisor.http.web.Renderer`, which follows the served state;
+6. the :class:`~exporter.supervisor.http.httpedge.Listener`, the middleware's
+   :class:`~exporter.supervisor.http.web.Edge` (which holds it), and the aiohttp side
+   (:class:`~exporter.supervisor.http.web.HttpServer`), whose protocol factory the listener is given
+   when it starts.
 
 :func:`exporter.cli.serve` builds, then runs.
 """
@@ -27,18 +28,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.config import Config
-from exporter.extensions import Extension
-from exporter.httpedge import HttpEdge, Listener, connection_cap, raise_open_file_limit
-from exporter.kernel_xid import KernelXid
-from exporter.pods import PodAttribution
-from exporter.quarantine import QuarantineStore
-from exporter.served import ComponentErrors, ServedState, provisional_states
-from exporter.stuck import StuckDetector
-from exporter.supervisor import Supervisor
-from exporter.web import Edge, HttpServer, Renderer
-from exporter.webauth import peer_problem
-from exporter.webtls import WebConfigWatcher
-from exporter.workerproc import proc_state
+from exporter.supervisor.extensions import Extension
+from exporter.supervisor.http.httpedge import HttpEdge, Listener, connection_cap, raise_open_file_limit
+from exporter.supervisor.http.web import Edge, HttpServer, Renderer
+from exporter.supervisor.http.webauth import peer_problem
+from exporter.supervisor.http.webtls import WebConfigWatcher
+from exporter.supervisor.kernel_xid import KernelXid
+from exporter.supervisor.pods import PodAttribution
+from exporter.supervisor.quarantine import QuarantineStore
+from exporter.supervisor.served import ComponentErrors, ServedState, provisional_states
+from exporter.supervisor.stuck import StuckDetector
+from exporter.supervisor.supervisor import Supervisor
+from exporter.supervisor.workerproc import proc_state
 from guards.features import FeatureState
 
 __all__ = ["Exporter", "build", "build_supervisor", "extensions"]

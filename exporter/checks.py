@@ -2,7 +2,7 @@
 
 :meth:`exporter.config.Config.from_env` checks each value on its own; these check the values
 against the machine (without taking the port or writing the state file), for ``--check-config``
-and the start-up log, beside :mod:`exporter.selfcheck`, which checks the imported modules.
+and the start-up log, beside :mod:`exporter.common.selfcheck`, which checks the imported modules.
 """
 
 from __future__ import annotations

@@ -15,14 +15,15 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from exporter import __version__, protocol
+from exporter import __version__
 from exporter.checks import environment_problems, state_file_problem
+from exporter.common import protocol
 from exporter.config import SETTINGS, Config, ConfigError, Setting
 
 if TYPE_CHECKING:  # imported where used: the CLI's subcommands must not pay for aiohttp
     from exporter.app import Exporter
-    from exporter.supervisor import Supervisor
-    from exporter.webtls import WebConfigWatcher
+    from exporter.supervisor.http.webtls import WebConfigWatcher
+    from exporter.supervisor.supervisor import Supervisor
 
 log = logging.getLogger("exporter")
 
@@ -136,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "selfcheck":
-        from exporter import selfcheck
+        from exporter.common import selfcheck
 
         return selfcheck.command(args.json, args.strict)
     if args.command == "hash-password":
@@ -157,7 +158,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return protocol.EXIT_OK
     if args.command == "quarantine":
         return _quarantine(config, args)
-    from exporter import logs
+    from exporter.common import logs
 
     logs.setup(config.log_level, config.log_format)
     try:
@@ -183,7 +184,7 @@ def _run(main: Coroutine[Any, Any, int]) -> int:
 def _hash_password(cost: int) -> int:
     import getpass
 
-    from exporter.webauth import hash_password
+    from exporter.supervisor.http.webauth import hash_password
 
     if sys.stdin.isatty():
         password = getpass.getpass("password: ")
@@ -201,7 +202,7 @@ def _hash_password(cost: int) -> int:
 
 
 def _quarantine(config: Config, args: argparse.Namespace) -> int:
-    from exporter.quarantine import QuarantineStore
+    from exporter.supervisor.quarantine import QuarantineStore
     from guards.features import FEATURES
 
     if args.clear and args.clear not in FEATURES:
@@ -249,7 +250,7 @@ async def serve(config: Config) -> int:
     """Build the exporter (:func:`exporter.app.build`), then run it until SIGTERM/SIGINT; returns
     the exit code."""
     from exporter import app
-    from exporter.webconfig import WebConfigError
+    from exporter.supervisor.http.webconfig import WebConfigError
 
     try:
         built = app.build(config)
@@ -343,7 +344,7 @@ def _log_listening(config: Config, watcher: WebConfigWatcher | None, cap: int, s
 
 async def _drain(config: Config, supervisor: Supervisor, task: asyncio.Future[Any]) -> None:
     """Stop the supervisor: drain the worker for at most ``NVGPU_SHUTDOWN_TIMEOUT_SECONDS``, then
-    kill it (no worker is ever left behind, issue 12)."""
+    kill it (no worker is ever left behind)."""
     log.info("stopping: draining the worker (at most %g s)", config.shutdown_timeout_s)
     await supervisor.stop()
     try:

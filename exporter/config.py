@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.workerconfig import ENV_VAR as WORKER_CONFIG_VAR
+from exporter.common.workerconfig import ENV_VAR as WORKER_CONFIG_VAR
 from guards import features as gf
 
 DEFAULT_PORT = 19400
@@ -168,8 +168,8 @@ def _backend(name: str, text: str) -> str:
     if text == "nvml":
         return text
     if text.startswith("fake:"):
-        from exporter import scenarios  # stdlib only
-        from exporter.fakenvml.scenario import ScenarioError, load_scenario  # stdlib only: no pynvml here
+        from exporter.common import scenarios  # stdlib only
+        from exporter.common.scenarios.scenario import ScenarioError, load_scenario  # stdlib only: no pynvml here
 
         path = text[len("fake:") :]
         if not path:
@@ -198,7 +198,7 @@ def _path(name: str, text: str) -> str:
     return text.strip()
 
 
-# -- the HTTP edge (issues 12 and 16) ------------------------------------------------------------
+# -- the HTTP edge: connection cap, header timeout, TLS and auth ------------------------------------
 
 PROBE_PATHS = ("/healthz", "/readyz")
 _URL_PATH = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@-]+)+")
@@ -230,8 +230,8 @@ def _web_config(name: str, text: str) -> str:
     path = text.strip()
     if not path:
         return ""
-    from exporter.webconfig import WebConfigError
-    from exporter.webtls import load_with_context  # reads the file and every file it names
+    from exporter.supervisor.http.webconfig import WebConfigError
+    from exporter.supervisor.http.webtls import load_with_context  # reads the file and every file it names
 
     try:
         load_with_context(path)
@@ -496,7 +496,7 @@ SETTINGS: tuple[Setting, ...] = (
         _duration,
         "stuck-context signature: how long the conditions must hold",
     ),
-    # -- the HTTP edge (issues 12 and 16); keep these rows together --------------------------------
+    # -- the HTTP edge (connections, TLS, auth); keep these rows together ---------------------------
     Setting(
         "web_config_file",
         "NVGPU_WEB_CONFIG_FILE",

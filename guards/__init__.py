@@ -13,5 +13,5 @@ Modules:
     versions: the self-check of the modules a process actually imported, and the nvidia-ml-py
         binding branch against the driver branch.
 
-See ../shared/DESIGN.md, sections "Features and guards" and "Self-check".
+See docs/design.md, sections "Features and guards" and "Self-check".
 """

@@ -1,6 +1,6 @@
 """Feature registry, environment switches and effective feature state.
 
-A *feature* is a named group of NVML queries (DESIGN.md, "Features and guards"). Every feature has
+A *feature* is a named group of NVML queries (docs/design.md, "Features and guards"). Every feature has
 a default, an environment switch ``NVGPU_FEATURE_<NAME>=auto|on|off`` and an effective state that
 is exported as ``nvgpu_feature_enabled{feature, reason}`` (docs/metrics.md).
 
@@ -29,8 +29,8 @@ Why this order:
   lands (e.g. ``NVGPU_FEATURE_NVLINK_THROUGHPUT=on``; known_issues.json cites it per rule).
 * ``auto`` means: on unless a known-issue rule applies, then the feature's default.
 
-Sources: ../shared/DESIGN.md ("Features and guards", incident 1), docs/metrics.md (which feature
-owns which metric and its NVML source), ../shared/reference/nvml-notes.md (function names).
+Sources: docs/design.md ("Features and guards", "Why it exists"), docs/metrics.md (which feature
+owns which metric and its NVML source), nvml.h (function names).
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ FEATURES: Mapping[str, Feature] = _registry(
             "NVLink TX/RX data bytes per GPU via field values NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX "
             "(138/139, scope 0xFFFFFFFF = all links; per link with nvlink_links) and the link count "
             "NVML_FI_DEV_NVLINK_LINK_COUNT (91); the query that crashed with glibc heap corruption on H20 / "
-            "driver 580 (DESIGN.md incident 1)"
+            "driver 580 (docs/design.md)"
         ),
         nvml_functions=("nvmlDeviceGetFieldValues",),
     ),
@@ -438,7 +438,7 @@ def parse_feature_env(environ: Mapping[str, str]) -> tuple[dict[str, Mode], list
         ``(modes, errors)``: ``modes`` maps every name in `FEATURES` (registry order) to its
         `Mode`, ``Mode.AUTO`` when unset or invalid; ``errors`` is one human message per problem,
         sorted by variable name, empty when all is well. Never raises for bad input: the caller
-        reports all problems at once (DESIGN.md failure model: "bad config / env" exits 2).
+        reports all problems at once (docs/design.md, "Failure model": "bad config / env" exits 2).
     """
     modes: dict[str, Mode] = dict.fromkeys(FEATURES, Mode.AUTO)
     errors: list[str] = []

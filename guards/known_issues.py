@@ -20,7 +20,9 @@ prefix, so ``"580" <= "580.126.20" < "581"`` and ``max_exclusive: "580.126"`` ex
 in range; the feature is then disabled for the whole node (features are node-wide switches), unless
 the operator sets ``NVGPU_FEATURE_<NAME>=on`` (see guards.features).
 
-Sources: ../shared/DESIGN.md (incident 1), ../shared/reference/nvml-notes.md §8 (version schemes).
+Sources: docs/design.md ("Why it exists": the H20 / 580 crash); nvidia-ml-py's version scheme
+``<CUDA major>.<driver branch>.<driver minor>`` (PyPI nvidia-ml-py), driver versions
+``<branch>.<minor>.<patch>`` (``nvmlSystemGetDriverVersion``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Self-check of the modules a process actually imported, and of the binding against the driver.
 
-Incident (../shared/DESIGN.md, "Why it exists"): an upgrade that ``pip show`` reported as done was
+Incident (docs/design.md, "Why it exists"): an upgrade that ``pip show`` reported as done was
 not what ran, because the image's working directory held an old copy of the package and Python
 imported that one (``python -c`` and ``python -m`` put the current directory first on
 ``sys.path``). Installed-package metadata alone cannot see this; only the running module's
@@ -15,11 +15,13 @@ what the process imported (or would import) with what the distribution says it i
   that comes before the distribution's location;
 * distributions known to install the same top-level module (``pynvml`` from gpuopenanalytics).
 
-Everything here returns data; ``exporter/selfcheck.py`` turns it into logs, metrics and exit codes.
+Everything here returns data; ``exporter/common/selfcheck.py`` turns it into logs, metrics and exit codes.
 Standard library only, like the whole package.
 
-Sources: ../shared/DESIGN.md ("Self-check"), ../shared/reference/nvml-notes.md §8 (nvidia-ml-py
-version scheme, deprecated ``pynvml`` distribution, binding/driver compatibility), PEP 610, PEP 660.
+Sources: docs/design.md ("Self-check"); nvidia-ml-py's version scheme (PyPI nvidia-ml-py); the
+deprecated ``pynvml`` distribution (gpuopenanalytics/pynvml, whose 12.0 depends on nvidia-ml-py);
+binding/driver compatibility (NVIDIA/go-nvml README: the latest bindings work with any
+``libnvidia-ml.so``, newer functions answer FUNCTION_NOT_FOUND); PEP 610, PEP 660.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ NOTE_PREFIX = "note: "
 """Prefix of informational findings of `check_binding_against_driver` (not failures)."""
 
 # Module -> other distributions that install the same top-level module, with the advice.
-# nvml-notes §8.1: the gpuopenanalytics `pynvml` distribution is deprecated and, like
+# The gpuopenanalytics `pynvml` distribution is deprecated (its 13.0.1 says so) and, like
 # nvidia-ml-py, installs a top-level `pynvml`; which one wins depends on install order.
 _CONFLICTING_DISTRIBUTIONS: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
     {
@@ -78,14 +80,14 @@ _CONFLICTING_DISTRIBUTIONS: Mapping[str, tuple[tuple[str, str], ...]] = MappingP
 )
 
 # Binding branches whose field-id constants 251-253 are the clock-event-reason durations, while
-# 580+ drivers (and 13.580.82+ bindings) serve power-smoothing fields there (nvml-notes §4.4,
-# measured on 580.159.04).
+# 580+ drivers (and 13.580.82+ bindings) serve power-smoothing fields there (nvidia-ml-py 12.575.51
+# against 13.580.82; measured on 580.159.04: 251-268 power smoothing, 269-271 the durations).
 _RENUMBERED_FIELDS_SINCE = 580
 _OLD_FIELD_NUMBERING_FROM = 575
 
 # Drivers that write a 32-byte nvmlProcessInfo_v3_t (with usedGpuCcProtectedMemory) through the
 # _v3 process-list calls without a version bump, while nvidia-ml-py reads 24-byte records:
-# 535.43.02 up to (not including) 535.104.05 (nvml-notes §5.1; nvitop PR #79/#89/#94).
+# 535.43.02 up to (not including) 535.104.05 (XuehaiPan/nvitop PRs #79, #89 and #94).
 _PROCESS_STRUCT_32_BYTES_FROM = (535, 43)
 _PROCESS_STRUCT_32_BYTES_UNTIL = (535, 104)
 
@@ -413,7 +415,7 @@ def check_binding_against_driver(binding_version: str, driver_version: str) -> l
 
     nvidia-ml-py versions are ``<CUDA major>.<driver branch>.<minor>`` of the NVML header they
     were generated from (``12.575.51``, ``13.580.82``); driver versions are
-    ``<branch>.<minor>.<patch>`` (``580.159.04``); nvml-notes §8.1.
+    ``<branch>.<minor>.<patch>`` (``580.159.04``).
 
     Args:
         binding_version: Installed nvidia-ml-py version (PEP 440 suffixes are tolerated).
@@ -421,8 +423,8 @@ def check_binding_against_driver(binding_version: str, driver_version: str) -> l
 
     Returns:
         ``[]`` when the branches are equal. A problem when the binding's branch is older
-        (missing functions and field ids; nvml-notes §8.2; for 575-era bindings on a 580+
-        driver also the renumbered field ids 251-253, §4.4). One informational message
+        (missing functions and field ids; for 575-era bindings on a 580+ driver also the
+        renumbered field ids 251-253). One informational message
         starting with `NOTE_PREFIX` when the binding is newer (new functions answer
         FUNCTION_NOT_FOUND, new field ids INVALID_ARGUMENT; §8.3): supported, not a failure.
 
@@ -440,19 +442,17 @@ def check_binding_against_driver(binding_version: str, driver_version: str) -> l
     if binding_branch < driver_branch:
         message = prefix + f"functions and field ids added since {binding_branch} are missing"
         if _OLD_FIELD_NUMBERING_FROM <= binding_branch < _RENUMBERED_FIELDS_SINCE <= driver_branch:
-            message += f", field ids 251-253 changed meaning in {_RENUMBERED_FIELDS_SINCE} (see nvml-notes §4.4)"
-        else:
-            message += " (see nvml-notes §8.2)"
+            message += f", field ids 251-253 changed meaning in {_RENUMBERED_FIELDS_SINCE}"
         return [message]
     if binding_branch > driver_branch:
         message = (
             NOTE_PREFIX + prefix + f"functions added after {driver_branch} may answer FUNCTION_NOT_FOUND and newer "
-            "field ids INVALID_ARGUMENT (see nvml-notes §8.3)"
+            "field ids INVALID_ARGUMENT"
         )
         if _OLD_FIELD_NUMBERING_FROM <= driver_branch < _RENUMBERED_FIELDS_SINCE <= binding_branch:
             message += (
                 f"; field ids 251-253 follow the {_RENUMBERED_FIELDS_SINCE} numbering in these "
-                f"bindings, not the driver's (see nvml-notes §4.4)"
+                f"bindings, not the driver's"
             )
         return [message]
     return []
@@ -481,8 +481,8 @@ def check_process_struct(binding_version: str, driver_version: str) -> list[str]
     return [
         f"process struct mismatch: driver {driver_version} writes 32-byte process records through "
         f"nvmlDeviceGet*RunningProcesses_v3 while nvidia-ml-py {binding_version} reads 24-byte ones, so pid "
-        "and memory scramble from the second record on (drivers 535.43 up to 535.104.05; see nvml-notes "
-        "§5.1); the exporter drops implausible records and reads _v2 instead (nvgpu_process_api_info); "
+        "and memory scramble from the second record on (drivers 535.43 up to 535.104.05); the exporter "
+        "drops implausible records and reads _v2 instead (nvgpu_process_api_info); "
         "upgrade the driver to 535.104.05 or later"
     ]
 

@@ -205,7 +205,11 @@ def wheel_problems(wheel: Path, version: str, data: Sequence[str]) -> list[str]:
         info = f"{DIST_NAME}-{version}.dist-info"
         metadata = zf.read(f"{info}/METADATA").decode() if f"{info}/METADATA" in names else ""
         entry_points = zf.read(f"{info}/entry_points.txt").decode() if f"{info}/entry_points.txt" in names else ""
-    needed = [*data, "exporter/podresources/v1/api_pb2.py", "exporter/podresources/v1/api_pb2_grpc.py"]
+    needed = [
+        *data,
+        "exporter/supervisor/podresources/v1/api_pb2.py",
+        "exporter/supervisor/podresources/v1/api_pb2_grpc.py",
+    ]
     problems += [f"{wheel.name}: {path} missing" for path in needed if path not in names]
     if f"Version: {version}\n" not in metadata:
         problems.append(f"{wheel.name}: METADATA does not say Version: {version}")

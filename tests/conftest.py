@@ -36,7 +36,7 @@ STARTS_A_PROCESS = frozenset(
         "Exporter",  # tests/exporter_proc.py: the real supervisor and worker
         "running_prometheus",  # tests/prometheus_proc.py: a real Prometheus
         "subprocess",  # any child process (promtool, openssl, chromium, python -c ...)
-        "run_worker_check",  # exporter.selfcheck: a real worker interpreter
+        "run_worker_check",  # exporter.common.selfcheck: a real worker interpreter
     }
 )
 _MARKED = ("slow", "hardware")

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ROOT / "exporter" / "scenarios"
+SCENARIOS = ROOT / "exporter" / "common" / "scenarios"
 
 
 def load_scenario(name: str) -> dict[str, Any]:

@@ -13,14 +13,14 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from exporter import collectors
-from exporter.breadcrumb import BreadcrumbWriter
-from exporter.collectors.base import SystemInfo
-from exporter.decode import decode_dataclass
-from exporter.fakenvml.binding import FakeNvml
-from exporter.metric import GpuKey
-from exporter.nvml.backend import FakeBackend
-from exporter.nvml.client import DeviceClient, NvmlClient
+from exporter.common import collectors
+from exporter.common.breadcrumb import BreadcrumbWriter
+from exporter.common.collectors.base import SystemInfo
+from exporter.common.decode import decode_dataclass
+from exporter.common.metric import GpuKey
+from exporter.worker.fakenvml.binding import FakeNvml
+from exporter.worker.nvml.backend import FakeBackend
+from exporter.worker.nvml.client import DeviceClient, NvmlClient
 from guards.features import FEATURES
 
 UUID = "GPU-00000000-0000-0000-0000-0000000000aa"

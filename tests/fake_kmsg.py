@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.xid.parse import KernelXidEvent, parse_kmsg_record
-from exporter.xid.reader import KmsgReader
+from exporter.supervisor.xid.parse import KernelXidEvent, parse_kmsg_record
+from exporter.supervisor.xid.reader import KmsgReader
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kmsg"
 BOOT_WALL = 1_773_000_000.0  # injected wall time of boot for the fixtures

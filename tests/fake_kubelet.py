@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from exporter.podresources.v1 import api_pb2, api_pb2_grpc
+from exporter.supervisor.podresources.v1 import api_pb2, api_pb2_grpc
 
 
 class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]

@@ -3,7 +3,7 @@
 ``python tests/faultinject.py FAULT [exporter arguments]`` patches one component of the supervisor
 process, then runs ``exporter.cli.main`` exactly as ``python -m exporter`` does: the HTTP server,
 the supervisor loop and real worker subprocesses (which are not patched). Each fault stands for a
-class of bug or environment failure that the component must contain (issue 12):
+class of bug or environment failure that the component must contain:
 
 - ``dispatch``: applying every second snapshot raises (a bug in the supervisor's message handling);
 - ``decode``: decoding every third message raises RecursionError (what a deeply nested line does);
@@ -32,8 +32,8 @@ from typing import Any
 
 
 def _dispatch() -> None:
-    from exporter.snapshot import Snapshot
-    from exporter.supervisor import Supervisor
+    from exporter.common.snapshot import Snapshot
+    from exporter.supervisor.supervisor import Supervisor
 
     real = Supervisor._dispatch
     seen = [0]
@@ -49,7 +49,7 @@ def _dispatch() -> None:
 
 
 def _decode() -> None:
-    from exporter import workerproc
+    from exporter.supervisor import workerproc
 
     real = workerproc.decode_message
     seen = [0]
@@ -64,7 +64,7 @@ def _decode() -> None:
 
 
 def _state() -> None:
-    from exporter import quarantine
+    from exporter.supervisor import quarantine
 
     def dump(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("injected: the state writer failed")
@@ -73,7 +73,7 @@ def _state() -> None:
 
 
 def _kernel_log() -> None:
-    from exporter.xid.reader import KmsgReader
+    from exporter.supervisor.xid.reader import KmsgReader
 
     real = KmsgReader.poll
     seen = [0]
@@ -91,15 +91,15 @@ Assignments = tuple[dict[str, tuple[Any, ...]], dict[str, tuple[Any, ...]]]
 
 
 def _no_kubelet_needed() -> None:
-    """The pod extension waits for the kubelet's socket before it loads gRPC (issue 17): there is no
+    """The pod extension waits for the kubelet's socket before it loads gRPC: there is no
     kubelet here, and the client's List is replaced anyway."""
-    import exporter.podresources as podresources
+    import exporter.supervisor.podresources as podresources
 
     podresources.check_socket = lambda path: None  # type: ignore[assignment]
 
 
 def _pods() -> None:
-    from exporter.podresources import PodRef, PodResourcesClient
+    from exporter.supervisor.podresources import PodRef, PodResourcesClient
 
     seen = [0]
     uuid = os.environ["FAULT_POD_UUID"]
@@ -115,9 +115,9 @@ def _pods() -> None:
 
 
 def _render() -> None:
-    from exporter.collectors import temperature
-    from exporter.podresources import PodRef, PodResourcesClient
-    from exporter.stuck import StuckDetector
+    from exporter.common.collectors import temperature
+    from exporter.supervisor.podresources import PodRef, PodResourcesClient
+    from exporter.supervisor.stuck import StuckDetector
 
     uuid = os.environ["FAULT_POD_UUID"]
 

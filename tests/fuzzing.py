@@ -1,4 +1,4 @@
-"""Shared by the property tests (``tests/test_fuzz_*.py``, issue 12): Hypothesis profiles, a memory
+"""Shared by the property tests (``tests/test_fuzz_*.py``): Hypothesis profiles, a memory
 bound, and JSON strategies that reach the corners parsers trip on.
 
 Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (default) keeps each property test to a few seconds on a

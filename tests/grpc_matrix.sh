@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pod-attribution stubs (exporter/podresources/v1, grpcio-tools 1.62.3) against the grpcio and
+# The pod-attribution stubs (exporter/supervisor/podresources/v1, grpcio-tools 1.62.3) against the grpcio and
 # protobuf versions in common use: the oldest the `kubernetes` extra admits, the H200 image's grpcio
 # 1.84, and the newest. Each combination gets a throwaway virtual environment (needs the package
 # index) and runs tests/test_podresources.py there: a real gRPC server on a unix socket, the real

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.xid import SEVERITIES, classify, codes_of_class, load_catalog
-from exporter.xid.reader import KmsgReader
+from exporter.supervisor.xid import SEVERITIES, classify, codes_of_class, load_catalog
+from exporter.supervisor.xid.reader import KmsgReader
 
 ROOT = Path(__file__).resolve().parents[1]
 PROM = ROOT / "deploy" / "prometheus"
@@ -320,7 +320,7 @@ def test_story_test_uses_the_kernel_log_fixture_xids() -> None:
 
 
 def test_fleet_rules_aggregate_every_gpu_series_without_its_gpu_labels(groups: list[dict[str, Any]]) -> None:
-    """Issue 17: per-target rules keep the target labels (node, cluster), drop only gpu and uuid; the
+    """Per-target rules keep the target labels (node, cluster), drop only gpu and uuid; the
     cluster rules read the per-target ones (or the raw series for means), by cluster alone."""
     fleet = next(g for g in groups if g["name"] == "nvgpu-fleet")
     records = {r["record"]: " ".join(r["expr"].split()) for r in fleet["rules"]}

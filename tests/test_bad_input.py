@@ -11,8 +11,8 @@ import pytest
 from exporter_proc import SCENARIOS
 from exporter_proc import load_scenario as shipped
 
-from exporter.fakenvml.scenario import ScenarioError, load_scenario
-from exporter.web import accepts_gzip
+from exporter.common.scenarios.scenario import ScenarioError, load_scenario
+from exporter.supervisor.http.web import accepts_gzip
 
 
 def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:

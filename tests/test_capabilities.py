@@ -3,7 +3,7 @@
 Every feature of guards/features.py has a cell per GPU generation and driver branch; every cell
 says what each NVML call answers there and names its sources; only the H200 / R580 cells are
 measured, and those cite a measurement. The same holds for the ``planned`` capabilities (the calls
-issue 27 adds).
+the planned work adds).
 """
 
 from __future__ import annotations

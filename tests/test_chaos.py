@@ -1,4 +1,4 @@
-"""Issue 3, chaos benchmark: bench/chaos.py's run for 60 s meets its goals (docs/reliability.md).
+"""Chaos benchmark: bench/chaos.py's run for 60 s meets its goals (docs/reliability.md).
 
 The real exporter on the fake backend (8 H200s) while its worker is killed from outside with random
 signals, hangs in seeded scenario-time windows, and crashes on purpose in one feature until that
@@ -32,7 +32,7 @@ def _chaos() -> ModuleType:
 
 def test_fault_plan_is_seeded_and_a_valid_scenario(tmp_path: Path) -> None:
     """Same seed, same plan; the scenario it writes is accepted by the fake backend."""
-    from exporter.fakenvml.binding import FakeNvml
+    from exporter.worker.fakenvml.binding import FakeNvml
 
     chaos = _chaos()
     cfg = chaos.ChaosConfig(duration=300, seed=7)

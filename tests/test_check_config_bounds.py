@@ -1,4 +1,4 @@
-"""Issue 12, "check what runs": ``--check-config`` refuses what would fail at run time, exit 2,
+"""Check what runs: ``--check-config`` refuses what would fail at run time, exit 2,
 naming the variable (or flag) and what was expected. Listen-address syntax is tested with the web
 side (helper A's part of the issue)."""
 

@@ -1,4 +1,4 @@
-"""Issue 16 point 5: `nvgpu-exporter quarantine --state-file F` works after the subcommand and
+"""`nvgpu-exporter quarantine --state-file F` works after the subcommand and
 says which file it read; the no-GPU hint names a scenario every install has."""
 
 from __future__ import annotations
@@ -72,11 +72,11 @@ def test_the_no_gpu_demo_hint_works_from_any_directory(tmp_path: Path) -> None:
     """`fake:h200x2`, the hint's scenario, resolves from a directory without the source tree."""
     proc = run(["--check-config", "--nvml-backend", "fake:h200x2"], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert any(line.endswith("exporter/scenarios/h200x2.json") for line in proc.stdout.splitlines())
+    assert any(line.endswith("exporter/common/scenarios/h200x2.json") for line in proc.stdout.splitlines())
 
 
 def test_an_unwritable_state_file_is_reported_at_start(tmp_path: Path) -> None:
-    """Issue 16: said at start (ERROR, naming the file), not after the first crash; it still serves."""
+    """Said at start (ERROR, naming the file), not after the first crash; it still serves."""
     from exporter_proc import Exporter
 
     blocker = tmp_path / "not-a-dir"

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from fake_device import Clock, devices
 
-from exporter import collectors, scenarios
-from exporter import process_attribution as attribution
-from exporter.collectors import gpm
-from exporter.gpustate import GpuState, Lifetime
-from exporter.nvml.client import DeviceClient
+from exporter.common import collectors, scenarios
+from exporter.common.collectors import gpm
+from exporter.common.gpustate import GpuState, Lifetime
+from exporter.worker import process_attribution as attribution
+from exporter.worker.nvml.client import DeviceClient
 from guards.features import FEATURES
 
 
@@ -112,7 +112,7 @@ def test_sampling_leaves_every_collector_modules_globals_as_they_were(tmp_path: 
 
 
 def _state_classes() -> list[type[GpuState]]:
-    return [kind for kind in GpuState.__subclasses__() if kind.__module__.startswith("exporter.collectors.")]
+    return [kind for kind in GpuState.__subclasses__() if kind.__module__.startswith("exporter.common.collectors.")]
 
 
 @pytest.mark.parametrize("kind", _state_classes(), ids=lambda k: f"{k.__module__.rsplit('.', 1)[-1]}.{k.__name__}")

@@ -10,17 +10,11 @@ from pathlib import Path
 import pytest
 
 from exporter.checks import environment_problems, state_file_problem
-from exporter.config import (
-    DEFAULT_PORT,
-    SETTINGS,
-    Config,
-    ConfigError,
-    parse_listen_address,
-)
+from exporter.config import DEFAULT_PORT, SETTINGS, Config, ConfigError, parse_listen_address
 from guards import features as gf
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO = ROOT / "exporter" / "scenarios" / "h200x2.json"
+SCENARIO = ROOT / "exporter" / "common" / "scenarios" / "h200x2.json"
 
 
 def problems(environ: dict[str, str], flags: dict[str, str] | None = None) -> list[str]:
@@ -253,7 +247,7 @@ def test_listen_address_forms(text: str, want: tuple[str, int]) -> None:
         ("127.0.0.1:", "port must be 1-65535"),
         ("127.0.0.1:http", "port must be 1-65535"),
         ("[::1]:-1", "port must be 1-65535"),
-        # issue 12: these passed the parser and failed at bind (exit 1); host names are not resolved
+        # These passed the parser and failed at bind (exit 1); host names are not resolved
         ("256.1.1.1:19400", "not an IP address"),
         ("localhost:19400", "host names are not resolved"),
         ("gpu-node-1.example:19400", "host names are not resolved"),
@@ -360,7 +354,7 @@ def test_a_fake_backend_does_not_resolve_its_pids_in_this_machines_proc(tmp_path
     assert Config.from_env({}).proc_path == "/proc"
 
 
-# -- issue 16 and the HTTP edge of issue 12 ------------------------------------------------------
+# -- the HTTP edge: TLS, auth, connections ------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["h200x1", "h200x2", "h200x8", "h200x2-nvlink-crash", "h200x2-xid79"])
@@ -368,7 +362,7 @@ def test_shipped_scenario_by_name(name: str, tmp_path: Path, monkeypatch: pytest
     """``fake:<name>`` resolves to package data from any working directory (the no-GPU hint)."""
     monkeypatch.chdir(tmp_path)
     backend = Config.from_env({"NVGPU_NVML_BACKEND": f"fake:{name}"}).nvml_backend
-    assert backend == f"fake:{ROOT / 'exporter' / 'scenarios' / name}.json"
+    assert backend == f"fake:{ROOT / 'exporter' / 'common' / 'scenarios' / name}.json"
 
 
 def test_unknown_scenario_name_lists_the_shipped_ones() -> None:

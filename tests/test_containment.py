@@ -1,4 +1,4 @@
-"""Issue 12, containment: an exception in any part of the supervisor's own work never ends the process.
+"""Containment: an exception in any part of the supervisor's own work never ends the process.
 
 Each test runs the real exporter (HTTP server, supervisor loop, real workers on the fake backend)
 with one fault injected into one component (``tests/faultinject.py``) and asserts that ``/metrics``
@@ -231,8 +231,8 @@ def test_respawn_with_file_descriptors_exhausted(tmp_path: Path) -> None:
 def test_count_error_is_counted_and_logged_once_per_type(component: str, caplog: pytest.LogCaptureFixture) -> None:
     """The unit under every test above: counted each time, logged once per component and type."""
     from exporter.config import Config
-    from exporter.quarantine import QuarantineStore
-    from exporter.served import ServedState
+    from exporter.supervisor.quarantine import QuarantineStore
+    from exporter.supervisor.served import ServedState
 
     state = ServedState(Config(state_file=""), QuarantineStore("", 3, 600, 86400), [])
     for exc in (RuntimeError("a"), RuntimeError("b"), KeyError("c")):
@@ -266,11 +266,11 @@ def test_failed_listen_socket_is_the_one_start_failure(tmp_path: Path) -> None:
 
 
 def test_extension_that_raises_on_a_snapshot_is_counted_and_the_snapshot_kept() -> None:
+    from exporter.common.snapshot import Snapshot, SystemInfo
     from exporter.config import Config
-    from exporter.extensions import Extension
-    from exporter.quarantine import QuarantineStore
-    from exporter.served import ServedState
-    from exporter.snapshot import Snapshot, SystemInfo
+    from exporter.supervisor.extensions import Extension
+    from exporter.supervisor.quarantine import QuarantineStore
+    from exporter.supervisor.served import ServedState
 
     class Broken(Extension):
         feature = "broken_unit"

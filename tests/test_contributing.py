@@ -13,9 +13,9 @@ from typing import Any
 import pynvml
 import pytest
 
+from exporter.common.scenarios import scenario, spec
 from exporter.config import SETTINGS, Config, Setting
-from exporter.fakenvml import scenario, spec
-from exporter.fakenvml.binding import FakeNvml
+from exporter.worker.fakenvml.binding import FakeNvml
 from guards.features import FEATURES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def test_the_page_names_paths_and_tests() -> None:
 
 @pytest.mark.parametrize(("path", "test"), NAMED, ids=lambda v: v or "-")
 def test_every_path_and_test_the_page_names_exists(path: str, test: str) -> None:
-    if "<" in path:  # a pattern such as exporter/collectors/<domain>.py: its directory exists
+    if "<" in path:  # a pattern such as exporter/common/collectors/<domain>.py: its directory exists
         assert (ROOT / path.split("<", 1)[0]).is_dir(), path
         return
     assert (ROOT / path).is_file(), f"CONTRIBUTING.md names {path}, which is not in the repository"
@@ -81,7 +81,7 @@ EXAMPLES: dict[str, tuple[str, Any]] = {
     ),
     "per_process": ("nvmlDeviceGetProcessUtilization", {"per_process": {"smUtil": 60}}),
 }
-# The kinds the validator and the fake know: one class each in exporter/fakenvml/spec.py.
+# The kinds the validator and the fake know: one class each in exporter/common/scenarios/spec.py.
 KINDS = sorted(kind.KEY for kind in spec.KINDS)
 
 

@@ -1,4 +1,4 @@
-"""Issue 3: crashes and hangs of the real worker are survived, attributed, and quarantined."""
+"""Crashes and hangs of the real worker are survived, attributed, and quarantined."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_nvlink_segfault_is_quarantined_and_survives_restart(tmp_path: Path) -> 
         assert scrape.value("nvgpu_worker_last_exit_signal") == 11.0
         assert scrape.gpus() == {"0", "1"}
         assert not scrape.find("nvgpu_nvlink_transmit_bytes_total")
-        # issue 17: with the field counters quarantined, GPM measures the NVLink traffic instead
+        # With the field counters quarantined, GPM measures the NVLink traffic instead
         scrape = exp.wait_for(
             lambda s: len(s.find("nvgpu_gpm_nvlink_transmit_bytes_total")) == 2, timeout=20, what="GPM NVLink bytes"
         )

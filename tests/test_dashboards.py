@@ -1,9 +1,9 @@
-"""Issue 7: the Grafana dashboards are import-ready, generated, and use only documented metrics.
+"""The Grafana dashboards are import-ready, generated, and use only documented metrics.
 
 tests/test_prometheus_e2e.py sends every query to a real Prometheus; this file checks what can be
 checked without one: the committed JSON is what dashboards/generate.py builds, its structure is
 what Grafana imports into any instance (a `datasource` variable, no data source UIDs), every
-metric name is in docs/metrics.md, and the panels the issue asks for exist. Issue 29: the event
+metric name is in docs/metrics.md, and the panels operators asked for exist. The event
 panels say "none" while the exporter is scraped and nothing happened, and "No data" once it is not
 (promtool evaluates their queries on a quiet exporter before and after a failed scrape).
 """
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dashboards import queries as dq  # noqa: E402
-from exporter.xid import CLASSES, UNKNOWN_CLASS, codes_of_class, promql_regex  # noqa: E402
+from exporter.supervisor.xid import CLASSES, UNKNOWN_CLASS, codes_of_class, promql_regex  # noqa: E402
 
 FLEET = "gpu-fleet.json"
 HEALTH = "exporter-health.json"
@@ -138,11 +138,11 @@ def test_the_fleet_dashboard_covers_the_issue(dashboards: dict[str, dict[str, An
         "nvgpu_gpu_temperature_celsius",
         "nvgpu_memory_temperature_celsius",
         "nvgpu_clock_hertz",
-        "rate(nvgpu_clock_event_reason_seconds_total",  # issue 17: the exact counters, not the point flags
-        "nvgpu_nvlink_links_up",  # issue 17: per-GPU NVLink totals, and the links with errors
+        "rate(nvgpu_clock_event_reason_seconds_total",  # the exact counters, not the point flags
+        "nvgpu_nvlink_links_up",  # per-GPU NVLink totals, and the links with errors
         "nvgpu_nvlink_errors_total",
         "nvgpu_nvlink_link_errors_total",
-        "cluster:nvgpu_device_up:count",  # issue 17: the Fleet row reads recording rules
+        "cluster:nvgpu_device_up:count",  # the Fleet row reads recording rules
         "cluster:nvgpu_gpu_utilization_ratio:avg",
         "instance:nvgpu_device_up:count",
         "nvgpu_ecc_volatile_errors_total",
@@ -154,7 +154,7 @@ def test_the_fleet_dashboard_covers_the_issue(dashboards: dict[str, dict[str, An
         "rate(nvgpu_nvlink_receive_bytes_total",
         "nvgpu_gpu_pod_info",
         "nvgpu_stuck_context_suspected",
-        # issue 14: profiling, throttle time, power scope, fabric
+        # Profiling, throttle time, power scope, fabric
         "nvgpu_gpm_sm_activity_ratio",
         "nvgpu_gpm_tensor_activity_ratio",
         "nvgpu_gpm_sm_occupancy_ratio",
@@ -166,9 +166,9 @@ def test_the_fleet_dashboard_covers_the_issue(dashboards: dict[str, dict[str, An
         "nvgpu_memory_power_usage_watts",
         "nvgpu_module_power_usage_watts",
         "nvgpu_fabric_state",
-        "nvgpu_pod_memory_used_bytes",  # issue 18: per-pod usage on shared GPUs
+        "nvgpu_pod_memory_used_bytes",  # per-pod usage on shared GPUs
         "nvgpu_pod_sm_utilization_ratio",
-        # issue 15: MIG instances under their GPU
+        # MIG instances under their GPU
         "nvgpu_mig_mode",
         "nvgpu_mig_mode_pending",
         "nvgpu_mig_instance_info",
@@ -207,7 +207,7 @@ def test_the_health_dashboard_covers_the_issue(dashboards: dict[str, dict[str, A
         "nvgpu_selfcheck_failures",
         "nvgpu_build_info",
         "nvgpu_module_info",
-        "increase(nvgpu_process_records_dropped_total",  # issue 18
+        "increase(nvgpu_process_records_dropped_total",
         "nvgpu_process_api_info",
         "nvgpu_pod_attribution_source_up",
     ]:
@@ -251,7 +251,7 @@ def test_variable_queries_become_promql() -> None:
 
 
 def test_the_per_pod_usage_panel_shows_memory_and_sm_per_pod(dashboards: dict[str, dict[str, Any]]) -> None:
-    """Issue 18: one table with both columns per (GPU, namespace, pod), drill-down filters kept."""
+    """One table with both columns per (GPU, namespace, pod), drill-down filters kept."""
     panel = next(p for p in dashboards[FLEET]["panels"] if p["title"] == "Per-pod GPU usage")
     exprs = [t["expr"] for t in panel["targets"]]
     assert [e.split("(")[0] for e in exprs] == ["sum by ", "sum by "]
@@ -260,7 +260,7 @@ def test_the_per_pod_usage_panel_shows_memory_and_sm_per_pod(dashboards: dict[st
 
 
 def test_the_fleet_row_reads_only_recording_rules_that_exist(dashboards: dict[str, dict[str, Any]]) -> None:
-    """Issue 17: the Fleet row stays cheap over thousands of GPUs: no raw per-GPU series, and every
+    """The Fleet row stays cheap over thousands of GPUs: no raw per-GPU series, and every
     recorded series it names is a rule of deploy/prometheus/rules.yaml."""
     yaml = pytest.importorskip("yaml")
     rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "rules.yaml").read_text())
@@ -276,7 +276,7 @@ def test_the_fleet_row_reads_only_recording_rules_that_exist(dashboards: dict[st
         assert not re.search(r"(?<![:\w])nvgpu_\w+", expr), f"raw per-GPU series in the Fleet row: {expr}"
 
 
-# Issue 29: event panels (Xids, restarts, crashes, quarantines, faults, error counters) say "none"
+# Event panels (Xids, restarts, crashes, quarantines, faults, error counters) say "none"
 # while the exporter is scraped and nothing happened, and keep Grafana's "No data" while it is not
 # scraped; measurements and inventory are untouched. dashboards/generate.py (quiet_zero) says why.
 EVENT_PANELS = {

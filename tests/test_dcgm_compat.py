@@ -1,4 +1,4 @@
-"""Issues 16 and 29: the compatibility rule sets, in a real Prometheus on the real exporter.
+"""The compatibility rule sets, in a real Prometheus on the real exporter.
 
 A real Prometheus scrapes two exporters over TLS with a client certificate and basic auth: h200x2
 with `details` and `gpm_pipes` on (target gpu-node-1) and h200x2-mig with default settings
@@ -39,7 +39,7 @@ from prometheus_proc import running_prometheus
 from tls_material import PASSWORD, USER, Material, bcrypt_hash, make_material
 from waiting import wait_until
 
-from exporter.xid import classify, load_catalog
+from exporter.supervisor.xid import classify, load_catalog
 
 yaml = pytest.importorskip("yaml")
 
@@ -70,7 +70,7 @@ DEFAULT_FIELDS = (
     # the profiling fields the default file enables where DCGM supports them
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE",
     "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
-    # issue 29: the optional lines shops alert on (FB_TOTAL, the throttle durations; DCGM 4's *_NS)
+    # The optional lines shops alert on (FB_TOTAL, the throttle durations; DCGM 4's *_NS)
     "DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION",
     "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS", "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS",
     "DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS",
@@ -366,7 +366,7 @@ def test_every_dashboard_panel_query_returns_data(stack: Stack) -> None:
     assert sorted(h["metric"]["Hostname"] for h in hosts) == [NODE_A, NODE_B]
 
 
-# Names recorded from `details` series (off by default, issue 17): no data on the default exporter
+# Names recorded from `details` series (off by default): no data on the default exporter
 # (gpu-node-2); docs/migrating-from-dcgm.md says so in their rows.
 NEEDS_DETAILS = {
     "DCGM_FI_DEV_ENC_UTIL",
@@ -436,7 +436,7 @@ def test_every_recorded_dcgm_name_has_data_with_dcgm_labels(stack: Stack) -> Non
 
 
 def test_xid_series_carry_err_code_and_the_catalog_meaning(stack: Stack) -> None:
-    """dcgm-exporter 4.x's err_code (the value) and err_msg, from exporter/xid/catalog.json: "No Error"
+    """dcgm-exporter 4.x's err_code (the value) and err_msg, from exporter/supervisor/xid/catalog.json: "No Error"
     before an Xid, the catalog's meaning for 79 and 94."""
     messages = {r["metric"]["err_code"]: r["metric"]["err_msg"] for r in stack.result("nvgpu:dcgm_xid_messages")}
     assert messages == {"0": "No Error", **{str(c): info.meaning for c, info in load_catalog().items()}}

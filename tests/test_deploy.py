@@ -183,7 +183,7 @@ def test_crd_model_validation_rejects_typos() -> None:
 def _app_routes() -> set[str]:
     from exporter.config import Config
 
-    text = (REPO / "exporter" / "web.py").read_text(encoding="utf-8")
+    text = (REPO / "exporter" / "supervisor" / "http" / "web.py").read_text(encoding="utf-8")
     return set(re.findall(r"add_get\(\s*\"([^\"]+)\"", text)) | {Config().telemetry_path}  # --web.telemetry-path
 
 
@@ -315,7 +315,7 @@ def test_daemonset_security(rendering: str) -> None:
     sa = _one(rendering, "ServiceAccount")
     assert sa["automountServiceAccountToken"] is False
     root = "pod-attribution-root" in rendering
-    processes = "process-attribution" in rendering  # issue 18: hostPID and the container log names
+    processes = "process-attribution" in rendering  # hostPID and the container log names
     for ds in _daemonsets(rendering):
         pod = ds["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == sa["metadata"]["name"]

@@ -234,13 +234,16 @@ def test_dockerfile_install_steps_in_a_fresh_venv(tmp_path: Path) -> None:
     json.loads(report.stdout)  # well-formed
     assert str(REPO) not in report.stdout
     assert str(venv_dir) in report.stdout
-    probe = "import exporter, exporter.podresources as p; print(exporter.__file__); print(p.unsupported_reason())"
+    probe = (
+        "import exporter, exporter.supervisor.podresources as p; "
+        "print(exporter.__file__); print(p.unsupported_reason())"
+    )
     out = run([str(py), "-c", probe], Path("/")).stdout.splitlines()
     assert out[0].startswith(str(venv_dir)), out
     assert out[1] == "None", "pod attribution's grpc/protobuf did not load from the extra"
 
 
-# -- multi-arch (issue 16) -------------------------------------------------------------------------
+# -- multi-arch -------------------------------------------------------------------------
 
 
 def test_multi_arch_recipe_keeps_the_self_check_on_each_platform() -> None:

@@ -1,4 +1,4 @@
-"""ECC (issue 14): current and pending mode, volatile and aggregate counts in two families."""
+"""ECC: current and pending mode, volatile and aggregate counts in two families."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from fake_device import DETAILS, Clock, device, fake_of, render
 
-from exporter.collectors import ecc
+from exporter.common.collectors import ecc
 
 
 def ecc_gpu(mode: list[int], **counts: int) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def test_volatile_and_aggregate_are_two_families(tmp_path: Path) -> None:
 
 
 def test_lifetime_counters_only_with_details(tmp_path: Path) -> None:
-    """Issue 17: the aggregate (lifetime) counters are history no alert reads: not asked by default."""
+    """The aggregate (lifetime) counters are history no alert reads: not asked by default."""
     dev = device(tmp_path, ecc_gpu([1, 1], e0c0=3, e0c1=10, e1c0=2, e1c1=2), Clock(1.0))
     r = ecc.read(dev)
     assert r == ecc.Reading(True, True, {"corrected": 3, "uncorrected": 2}, {})

@@ -1,6 +1,6 @@
-"""exporter.nvml.errors: the one table that says what an NVML error means.
+"""exporter.common.nvml.errors: the one table that says what an NVML error means.
 
-The expected table below is written from DESIGN.md ("NVML errors") and nvml.h, independently of
+The expected table below is written from nvml.h's return codes and what each means for an exporter, independently of
 the module's own table: every return code the module knows must appear here, so a new code forces
 a decision in review.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from exporter.nvml import errors
-from exporter.nvml.errors import ErrorClass as C
+from exporter.common.nvml import errors
+from exporter.common.nvml.errors import ErrorClass as C
 
 EXPECTED: dict[str, C] = {
     # unsupported / denied: cache, log once, omit, never ask again

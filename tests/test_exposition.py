@@ -1,6 +1,6 @@
-"""exporter.exposition: rendering from the served state, content negotiation, gzip.
+"""exporter.supervisor.exposition: rendering from the served state, content negotiation, gzip.
 
-The state is a real :class:`exporter.served.ServedState` (no worker) fed a snapshot message in the
+The state is a real :class:`exporter.supervisor.served.ServedState` (no worker) fed a snapshot message in the
 shape the worker sends (``readings`` are collectors' Reading dataclasses as JSON), decoded as the
 supervisor decodes it.
 """
@@ -18,13 +18,14 @@ import pytest
 from exporter_proc import Scrape
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from exporter import collectors, exposition
-from exporter.collectors import identity, power, temperature, utilization
+from exporter.common import collectors
+from exporter.common.collectors import identity, power, temperature, utilization
+from exporter.common.snapshot import decode_message
 from exporter.config import Config
-from exporter.extensions import Extension
-from exporter.quarantine import QuarantineStore
-from exporter.served import ServedState
-from exporter.snapshot import decode_message
+from exporter.supervisor import exposition
+from exporter.supervisor.extensions import Extension
+from exporter.supervisor.quarantine import QuarantineStore
+from exporter.supervisor.served import ServedState
 
 UUIDS = [
     "GPU-00000000-0000-0000-0000-000000000000",
@@ -162,7 +163,7 @@ def test_worker_reported_failure_kept(sup: ServedState) -> None:
 
 
 def test_stale_snapshot_drops_readings_keeps_identity_state_and_self_metrics(sup: ServedState) -> None:
-    """Issue 13: readings older than the stale bound go; what the supervisor owns stays: the GPUs'
+    """Readings older than the stale bound go; what the supervisor owns stays: the GPUs'
     identity, their state (now unknown: no fresh sample), Xid counters."""
     load(sup, snapshot(), age_s=sup.config.stale_s + 1)
     sup.xids.record_xid("1", UUIDS[1], 79, 1_700_000_000.0, "NVML event")
@@ -292,7 +293,7 @@ def test_pod_labels_on_per_gpu_series_when_switched_on(sup: ServedState) -> None
 def test_pod_labels_leave_per_pod_and_per_process_series_alone(sup: ServedState) -> None:
     """NVGPU_POD_LABELS must not overwrite the pod of a per-process series with the GPU's holder
     (on a shared GPU each process has its own pod)."""
-    from exporter.collectors import processes
+    from exporter.common.collectors import processes
 
     class Labels(Extension):
         relabels_gpus = True

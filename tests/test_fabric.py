@@ -1,4 +1,4 @@
-"""NVLink fabric state (issue 14): exporter.collectors.fabric on the fake backend (the real binding's
+"""NVLink fabric state: exporter.common.collectors.fabric on the fake backend (the real binding's
 versioned struct is exercised in tests/test_gpm.py against pynvml's own structures)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fake_device import Clock, device, fake_of, render
 
-from exporter.collectors import fabric
+from exporter.common.collectors import fabric
 
 COMPLETED = {"state": 3, "status": 0, "cliqueId": 0, "healthMask": 0, "healthSummary": 0}
 

@@ -1,4 +1,4 @@
-"""exporter.fakenvml: scenario validation, value specs, faults, events, and real crashes.
+"""exporter.worker.fakenvml: scenario validation, value specs, faults, events, and real crashes.
 
 Scenario time is driven by an injected clock (``FakeNvml(path, epoch=0, clock=...)``); crashes run
 in a child interpreter whose return code names the signal.
@@ -22,11 +22,11 @@ import pynvml
 import pytest
 from waiting import masks_signal, wait_until
 
-from exporter.fakenvml import spec
-from exporter.fakenvml.binding import FakeNvml
-from exporter.fakenvml.scenario import ScenarioError
-from exporter.nvml import errors
-from exporter.nvml.backend import UNPOPULATED, FakeBackend
+from exporter.common.nvml import errors
+from exporter.common.scenarios import spec
+from exporter.common.scenarios.scenario import ScenarioError
+from exporter.worker.fakenvml.binding import FakeNvml
+from exporter.worker.nvml.backend import UNPOPULATED, FakeBackend
 
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
 
@@ -210,7 +210,7 @@ def test_shipped_scenarios_are_valid(name: str) -> None:
 
 
 def test_every_value_kind_has_one_section_in_the_scenario_docs() -> None:
-    """docs/scenarios.md has one "#### <key>" section per kind of exporter/fakenvml/spec.py."""
+    """docs/scenarios.md has one "#### <key>" section per kind of exporter/common/scenarios/spec.py."""
     docs = (Path(__file__).resolve().parent.parent / "docs" / "scenarios.md").read_text()
     headings = re.findall(r"^#### (.+)$", docs, flags=re.M)
     for kind in spec.KINDS:
@@ -547,8 +547,8 @@ def run_child(tmp_path: Path, data: dict[str, Any], body: str) -> subprocess.Com
     path.write_text(json.dumps(data))
     code = (
         textwrap.dedent(f"""
-        from exporter.fakenvml.binding import FakeNvml
-        from exporter.fakenvml.core import FakeHandle
+        from exporter.worker.fakenvml.binding import FakeNvml
+        from exporter.worker.fakenvml.core import FakeHandle
         fake = FakeNvml({str(path)!r})
         fake.nvmlInit()
         print("before", flush=True)
@@ -602,7 +602,7 @@ def test_crash_faults_are_real(tmp_path: Path, fault: dict[str, Any], returncode
         path = tmp_path / "crash.json"
         path.write_text(json.dumps(data))
         code = (
-            f"from exporter.fakenvml.binding import FakeNvml\nfake = FakeNvml({str(path)!r})\nfake.nvmlInit()\n"
+            f"from exporter.worker.fakenvml.binding import FakeNvml\nfake = FakeNvml({str(path)!r})\nfake.nvmlInit()\n"
             + body
             + "\nprint('after', flush=True)\n"
         )
@@ -623,7 +623,7 @@ def test_crash_faults_are_real(tmp_path: Path, fault: dict[str, Any], returncode
     assert proc.stdout == "before\nfirst\n"
 
 
-# -- issue 14: integral values, GPM and fabric shapes ------------------------------------------------
+# -- integral values, GPM and fabric shapes ------------------------------------------------
 
 
 def test_integral_counts_time_spent_where_the_cycle_is_non_zero(tmp_path: Path) -> None:

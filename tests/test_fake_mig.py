@@ -1,4 +1,4 @@
-"""The fake backend's MIG model (exporter/fakenvml/mig_model.py, docs/scenarios.md "MIG"): mode and
+"""The fake backend's MIG model (exporter/worker/fakenvml/mig_model.py, docs/scenarios.md "MIG"): mode and
 instance layouts over time, MIG device handles that go stale as NVML documents, per-instance values
 and errors, GPM samples per GPU instance, and strict validation of the ``mig`` object."""
 
@@ -13,10 +13,10 @@ import pynvml
 import pytest
 from fake_device import Clock
 
-from exporter.fakenvml.binding import FakeNvml
-from exporter.fakenvml.mig_model import FakeMigHandle
-from exporter.fakenvml.scenario import ScenarioError
-from exporter.nvml import errors
+from exporter.common.nvml import errors
+from exporter.common.scenarios.scenario import ScenarioError
+from exporter.worker.fakenvml.binding import FakeNvml
+from exporter.worker.fakenvml.mig_model import FakeMigHandle
 
 UUID = "GPU-00000000-0000-0000-0000-0000000000aa"
 MIG_A = "MIG-aaaaaaaa-0000-5000-8000-000000000001"

@@ -1,4 +1,4 @@
-"""Property tests (Hypothesis, issue 12) of everything the kernel-log reader takes in: ``/dev/kmsg``
+"""Property tests (Hypothesis) of everything the kernel-log reader takes in: ``/dev/kmsg``
 records, text-log lines, whole files of random bytes read in random pieces, and the cursor file.
 
 Each property is "correct behaviour or a clear error, never anything else": parsers return a
@@ -20,9 +20,9 @@ from fuzzing import HOSTILE_TEXT, JSON_VALUES, NUMBERS, bounded_memory
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.xid import reader as kmsg_reader
-from exporter.xid.parse import KernelXidEvent, normalize_pci_bus_id, parse_kmsg_record, parse_line
-from exporter.xid.reader import KmsgReader
+from exporter.supervisor.xid import reader as kmsg_reader
+from exporter.supervisor.xid.parse import KernelXidEvent, normalize_pci_bus_id, parse_kmsg_record, parse_line
+from exporter.supervisor.xid.reader import KmsgReader
 
 NVML_BUS = re.compile(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]")
 HEX = "0123456789abcdefABCDEF"

@@ -1,4 +1,4 @@
-"""Property tests (Hypothesis, issue 12) of scenario files: ``load_scenario`` answers a clear
+"""Property tests (Hypothesis) of scenario files: ``load_scenario`` answers a clear
 ScenarioError (naming the file) or a valid scenario, never another exception, and reads a bounded
 amount of memory whatever the file holds. Inputs are the shipped scenarios with random values
 replaced, keys removed or added, and files that are not JSON or nest past the decoder's limit."""
@@ -16,8 +16,8 @@ from fuzzing import HOSTILE_TEXT, JSON_VALUES, TEXT, bounded_memory
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.fakenvml import scenario
-from exporter.fakenvml.scenario import ScenarioError, load_scenario
+from exporter.common.scenarios import scenario
+from exporter.common.scenarios.scenario import ScenarioError, load_scenario
 
 SHIPPED = {p.stem: json.loads(p.read_text()) for p in sorted(SCENARIOS.glob("*.json"))}
 BASES = ["h200x1", "h200x2-xid79", "h200x2-nvlink-crash"]

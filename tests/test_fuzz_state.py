@@ -1,4 +1,4 @@
-"""Property tests (Hypothesis, issue 12) of the quarantine state file: whatever it holds, the store
+"""Property tests (Hypothesis) of the quarantine state file: whatever it holds, the store
 loads (bad entries dropped, a file that is not ours counted as empty), every value it keeps is one
 the supervisor can compute with, it goes on recording and saving, and what it saves loads back the
 same. The issue's own examples run on the real exporter and the ``quarantine`` command."""
@@ -20,7 +20,7 @@ from fuzzing import HOSTILE_TEXT, JSON_VALUES, NUMBERS, TEXT, bounded_memory
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.quarantine import MAX_TTL_S, QuarantineStore
+from exporter.supervisor.quarantine import MAX_TTL_S, QuarantineStore
 from guards.features import FEATURES
 
 NOW = 1_800_000_000.0
@@ -152,7 +152,7 @@ def test_failed_save_leaves_no_temporary_file(tmp_path: Path, how: str) -> None:
     errors: list[str] = []
     store.on_error = lambda component, doing: errors.append(component)
     if how == "writer raises":
-        import exporter.quarantine as q
+        import exporter.supervisor.quarantine as q
 
         real = q.json
         q.json = type("J", (), {"dump": staticmethod(lambda *a, **k: 1 / 0), "loads": json.loads})  # type: ignore[assignment]

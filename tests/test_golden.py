@@ -2,7 +2,7 @@
 
 ``tests/golden/<name>.snapshot.json`` holds what a real worker sent for a golden scenario at
 scenario time 0 (``tests/golden/capture.py``). The test feeds those messages to a real
-:class:`exporter.supervisor.Supervisor` (with the supervisor-side integrations attached, as
+:class:`exporter.supervisor.supervisor.Supervisor` (with the supervisor-side integrations attached, as
 ``cli.serve`` does), renders the exposition and compares it with ``tests/golden/<name>.prom``.
 
 Regenerate after an intended change, then review the diff like code::
@@ -11,7 +11,7 @@ Regenerate after an intended change, then review the diff like code::
 
 (re-captures the fixtures from the real worker and rewrites the ``.prom`` files).
 
-The lint checks every golden against DESIGN.md "Names" and docs/metrics.md: the ``nvgpu_``
+The lint checks every golden against docs/design.md "Names" and docs/metrics.md: the ``nvgpu_``
 namespace, ``_total`` exactly on counters, base units only, the labels each metric may carry,
 that every documented metric appears in some golden (or is listed in ``NOT_YET_EMITTED`` with a
 reason), that every emitted metric is documented, that every metric a dashboard or alert rule uses
@@ -36,21 +36,21 @@ from unittest import mock
 import pytest
 from goldens import DOCS, GOLDEN, GOLDENS, Doc, Family
 
-from exporter import exposition, procmetrics, selfmetrics
 from exporter.app import build_supervisor
-from exporter.breadcrumb import Breadcrumb
+from exporter.common.breadcrumb import Breadcrumb
+from exporter.common.snapshot import InitFailed, decode_message
 from exporter.config import Config
-from exporter.httpedge import HttpEdge
-from exporter.kernel_xid import KernelXid
-from exporter.pods import PodAttribution
-from exporter.policy import Outcome
-from exporter.snapshot import InitFailed, decode_message
-from exporter.supervisor import Supervisor
+from exporter.supervisor import exposition, procmetrics, selfmetrics
+from exporter.supervisor.http.httpedge import HttpEdge
+from exporter.supervisor.kernel_xid import KernelXid
+from exporter.supervisor.pods import PodAttribution
+from exporter.supervisor.policy import Outcome
+from exporter.supervisor.supervisor import Supervisor
 from guards import features as gf
 
 ROOT = Path(__file__).resolve().parent.parent
 UPDATE = os.environ.get("UPDATE_GOLDEN", "") not in ("", "0")
-NAMESPACES = ("nvgpu_", "process_")  # ours, and the standard process collector's (exporter/procmetrics.py)
+NAMESPACES = ("nvgpu_", "process_")  # ours, and the standard process collector's (exporter/supervisor/procmetrics.py)
 PLACEHOLDER_VERSION = "0.0.0"
 
 # Documented metrics no golden shows yet, each with the reason. Keep this short.
@@ -134,7 +134,7 @@ def _fixed_process_stats(pid: int) -> procmetrics.ProcStats:
 
 
 def _supervisor_side_mig_pods(sup: Supervisor, fixture: dict[str, Any]) -> None:
-    """Golden 'h200x2-mig' (issue 15): the kubelet's holders of MIG devices of GPU 0 (by MIG UUID, and
+    """Golden 'h200x2-mig': the kubelet's holders of MIG devices of GPU 0 (by MIG UUID, and
     one in the pre-R470 MIG-GPU-<uuid>/<gi>/<ci> form), a MIG UUID no GPU has, a device id of the
     index strategy, and GPU 1 whole."""
     hello = next(m for m in fixture["messages"] if m["type"] == "hello")
@@ -242,7 +242,7 @@ def test_goldens_and_docs_present() -> None:
 
 
 def lint_problems(fam: Family, docs: dict[str, Doc]) -> list[str]:
-    """Everything wrong with one family by DESIGN.md "Names" and docs/metrics.md; empty if fine."""
+    """Everything wrong with one family by docs/design.md "Names" and docs/metrics.md; empty if fine."""
     name = fam.name
     out = []
     if not name.startswith(NAMESPACES):

@@ -1,4 +1,4 @@
-"""GPM profiling (issue 14): exporter.collectors.gpm and gpm_pipes on the fake backend, and the
+"""GPM profiling: exporter.common.collectors.gpm and gpm_pipes on the fake backend, and the
 real-binding path of DeviceClient.gpm_metrics against pynvml's own structures.
 
 The fake answers GPM as pynvml shapes it (docs/scenarios.md), on an injected scenario clock, so
@@ -16,11 +16,11 @@ import pynvml
 import pytest
 from fake_device import DEFAULT_ON, Clock, device, devices, fake_of, render, wire
 
-from exporter.breadcrumb import BreadcrumbWriter
-from exporter.collectors import gpm, gpm_pipes, nvlink_throughput
-from exporter.nvml import structs
-from exporter.nvml.backend import RealNvml
-from exporter.nvml.client import DeviceClient, NvmlClient
+from exporter.common.breadcrumb import BreadcrumbWriter
+from exporter.common.collectors import gpm, gpm_pipes, nvlink_throughput
+from exporter.worker.nvml import structs
+from exporter.worker.nvml.backend import RealNvml
+from exporter.worker.nvml.client import DeviceClient, NvmlClient
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -118,7 +118,7 @@ def test_gpm_nvlink_bytes_equal_the_nvlink_byte_counters_on_the_fake(tmp_path: P
 
 
 def test_nvlink_traffic_is_asked_of_gpm_only_while_nvlink_throughput_is_off(tmp_path: Path) -> None:
-    """Issue 17: with the field counters on, GPM's NVLink bytes would be the same numbers twice."""
+    """With the field counters on, GPM's NVLink bytes would be the same numbers twice."""
     nvlink_ids = {gpm.NVLINK_TOTAL_TX_PER_SEC, gpm.NVLINK_TOTAL_RX_PER_SEC}
     for switches, asked in ((DEFAULT_ON, False), (DEFAULT_ON - {"nvlink_throughput"}, True)):
         clock = Clock(3.0)
@@ -373,7 +373,7 @@ def test_real_binding_metrics_request_is_what_nvml_expects(real_device: tuple[De
 
 def test_real_binding_fabric_falls_back_to_v2_once(real_device: tuple[DeviceClient, _FakeLibrary]) -> None:
     dev, library = real_device
-    from exporter.collectors import fabric
+    from exporter.common.collectors import fabric
 
     r1, r2 = fabric.read(dev), fabric.read(dev)
     assert r1 == r2 == fabric.Reading(state=2, status=0)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from fake_device import Clock, backend
 
-from exporter import scenarios
-from exporter.breadcrumb import BreadcrumbWriter
-from exporter.gpuslot import GpuPass, GpuSlot
-from exporter.gpustate import GpuState, GpuStates, Lifetime
-from exporter.nvml.client import NvmlClient
+from exporter.common import scenarios
+from exporter.common.breadcrumb import BreadcrumbWriter
+from exporter.common.gpustate import GpuState, GpuStates, Lifetime
+from exporter.worker.gpuslot import GpuPass, GpuSlot
+from exporter.worker.nvml.client import NvmlClient
 
 
 @dataclass

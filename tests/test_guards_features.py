@@ -70,7 +70,7 @@ def test_registry_is_read_only() -> None:
 def test_only_the_documented_switches_are_off_by_default() -> None:
     off = [name for name, f in FEATURES.items() if not f.default]
     assert sorted(off) == ["details", "gpm_pipes", "kernel_xid", "nvlink_links", "process_usage"]
-    assert "60 per GPU" in FEATURES["details"].description  # issue 17: the default series budget
+    assert "60 per GPU" in FEATURES["details"].description  # the default series budget
     assert "/dev/kmsg" in FEATURES["kernel_xid"].description
     assert "seven more series per GPU" in FEATURES["gpm_pipes"].description  # high cardinality: a switch
     assert "NVGPU_PROCESS_SERIES_PER_GPU" in FEATURES["process_usage"].description
@@ -257,7 +257,7 @@ def test_all_problems_are_returned_together_and_valid_switches_still_apply() -> 
 
 QUAR = "worker died by SIGSEGV 3 times in nvmlDeviceGetFieldValues"
 UNSUP = "no GPU on this node supports it"
-KNOWN = "heap corruption (docs/DESIGN.md incident 1; rule h20)"
+KNOWN = "heap corruption (docs/design.md; rule h20)"
 
 
 @pytest.mark.parametrize(

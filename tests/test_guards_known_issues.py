@@ -193,7 +193,7 @@ def test_nothing_matches_on_h200_nodes() -> None:
 
 @pytest.mark.parametrize("driver", ["580.126.20-grid", "", "garbled\ud800", "r580"])
 def test_odd_driver_string_fails_safe_and_says_so(driver: str) -> None:
-    """Issue 13: an unparsable driver version used to leave every rule "not evaluated", silently
+    """An unparsable driver version used to leave every rule "not evaluated", silently
     dropping the H20/580 guard. Now the rule applies when the model matches, and says why."""
     said: list[str] = []
     hits = match_known_issues(
@@ -222,7 +222,7 @@ def test_new_row_in_a_json_file_works_without_code_change(tmp_path: Path) -> Non
             "gpu_models": ["NVIDIA H100*", "NVIDIA A100*"],
             "driver": {"min": "535.43", "max_exclusive": "535.104"},
             "reason": "_v3 process list returns a 32-byte struct; pid and memory read scrambled",
-            "reference": "nvml-notes §5.1; override with NVGPU_FEATURE_PROCESSES=on",
+            "reference": "XuehaiPan/nvitop PR #89; override with NVGPU_FEATURE_PROCESSES=on",
         }
     ]
     rules = load_known_issues(str(write_table(tmp_path, rows)))

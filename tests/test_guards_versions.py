@@ -418,7 +418,7 @@ def test_critical_modules_table() -> None:
 def test_575_bindings_on_580_driver() -> None:
     assert check_binding_against_driver("12.575.51", "580.159.04") == [
         "bindings generated for branch 575 on a 580 driver: functions and field ids added since "
-        "575 are missing, field ids 251-253 changed meaning in 580 (see nvml-notes §4.4)"
+        "575 are missing, field ids 251-253 changed meaning in 580"
     ]
 
 
@@ -426,7 +426,7 @@ def test_535_bindings_on_580_driver() -> None:
     (problem,) = check_binding_against_driver("12.535.161", "580.126.20")
     assert problem.startswith("bindings generated for branch 535 on a 580 driver")
     assert "251-253" not in problem
-    assert "§8.2" in problem
+    assert problem.endswith("functions and field ids added since 535 are missing")
 
 
 @pytest.mark.parametrize(
@@ -461,7 +461,7 @@ def test_bad_version_strings_raise_naming_the_input(binding: str, driver: str, n
     assert named in str(info.value)
 
 
-# --- process struct (issue 18) ---------------------------------------------------------------
+# --- process struct ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

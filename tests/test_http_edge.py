@@ -1,4 +1,4 @@
-"""Issue 12, the HTTP edge: idle and half-sent connections are closed, open connections are capped
+"""The HTTP edge: idle and half-sent connections are closed, open connections are capped
 with file descriptors kept for the worker, and the Server header names no versions.
 
 Real exporter processes on the fake backend, raw sockets as the clients. The fd test is the
@@ -20,7 +20,7 @@ import pytest
 from exporter_proc import Exporter
 from waiting import accept_queue, wait_until
 
-from exporter import httpedge
+from exporter.supervisor.http import httpedge
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -160,7 +160,7 @@ def test_connections_over_the_cap_get_503_and_the_cap_frees_up(edge: Exporter) -
 
 
 def test_idle_connections_cannot_starve_the_worker_of_descriptors(tmp_path: Path) -> None:
-    """Issue 12's attack: 250 idle connections under a 200-fd limit, then a worker crash."""
+    """The attack: 250 idle connections under a 200-fd limit, then a worker crash."""
     env = {"NVGPU_WEB_HEADER_TIMEOUT_SECONDS": "60", "NVGPU_WEB_KEEPALIVE_TIMEOUT_SECONDS": "60"}
     prefix = ["prlimit", "--nofile=200:200"]
     with Exporter(None, tmp_path, env=env, args=["--nvml-backend", "fake:h200x1"], command_prefix=prefix) as exp:

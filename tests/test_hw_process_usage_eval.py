@@ -1,4 +1,4 @@
-"""The hardware check of issue 18 (tests/hardware/test_process_usage_hw.py) judges what it measures
+"""The hardware check (tests/hardware/test_process_usage_hw.py) judges what it measures
 with pure functions; these run here, without a GPU, so a mistake in them does not cost a GPU run."""
 
 from __future__ import annotations

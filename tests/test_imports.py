@@ -2,12 +2,13 @@
 
 Every import counts: at module level, under ``TYPE_CHECKING`` and inside functions (a function-local
 import is a dependency that waits; it still makes a loop). An import names the most specific module
-of ours it reaches (``from exporter.collectors import mig`` is ``exporter.collectors.mig``); that
-Python also runs the packages above it is not counted, as in every import-graph tool. The layers are
-declared below, top to bottom: a module may import its own layer and any lower one; the two sides
-of the process boundary sit on one row and may not import each other (test_lint.py holds the third
-party ones: pynvml behind exporter/nvml, aiohttp on the HTTP side). ``guards/`` imports only the
-standard library, so it works before any dependency is trusted.
+of ours it reaches (``from exporter.common.collectors import mig`` is
+``exporter.common.collectors.mig``); that Python also runs the packages above it is not counted, as
+in every import-graph tool. The layers are declared below, top to bottom: a module may import its
+own layer and any lower one; the two sides of the process boundary sit on one row and may not
+import each other (test_lint.py holds the third party ones: pynvml behind exporter/worker/nvml,
+aiohttp on the HTTP side). ``guards/`` imports only the standard library, so it works before any
+dependency is trusted.
 """
 
 from __future__ import annotations
@@ -22,55 +23,74 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("exporter", "guards")
 
-# Rows top to bottom; each row maps a layer's name to the module patterns (fnmatch) it holds.
+# Rows top to bottom; each row maps a layer's name to the module patterns (fnmatch) it holds. The
+# folders say which process runs a module (exporter/supervisor/, exporter/worker/, exporter/common/:
+# both); tests/test_process_modules.py checks that on the real processes.
+_S = "exporter.supervisor."
+_W = "exporter.worker."
+_C = "exporter.common."
 LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
-    {"entry": ("exporter.__main__", "exporter.cli", "exporter.app", "exporter.worker")},
+    {"entry": ("exporter.__main__", "exporter.cli", "exporter.app", _W + "__main__", _W + "main")},
     {
         "supervisor side": (
-            "exporter.supervisor",
-            "exporter.probes",
-            "exporter.workerproc",
-            "exporter.accounting",
-            "exporter.policy",
-            "exporter.quarantine",
-            "exporter.unavailable",
-            "exporter.served",
-            "exporter.gpuhealth",
-            "exporter.xids",
-            "exporter.extensions",
-            "exporter.stuck",
-            "exporter.kernel_xid",
-            "exporter.pods",
-            "exporter.httpedge",
-            "exporter.web*",  # web.py, the web config and its parts
-            "exporter.exposition",
-            "exporter.selfmetrics",
-            "exporter.procmetrics",
-            "exporter.statuspage",
+            *(
+                _S + name
+                for name in (
+                    "supervisor",
+                    "probes",
+                    "workerproc",
+                    "accounting",
+                    "policy",
+                    "quarantine",
+                    "unavailable",
+                    "served",
+                    "gpuhealth",
+                    "xids",
+                    "extensions",
+                    "stuck",
+                    "kernel_xid",
+                    "pods",
+                    "exposition",
+                    "selfmetrics",
+                    "procmetrics",
+                    "statuspage",
+                )
+            ),
+            _S + "http",
+            _S + "http.*",  # web.py, the edge and the web config's parts
             "exporter.config",
             "exporter.checks",
         ),
-        "worker side": ("exporter.sampler", "exporter.gpuslot", "exporter.nvml_events"),
+        "worker side": (_W + "sampler", _W + "gpuslot", _W + "nvml_events"),
     },
-    {"contract and collectors": ("exporter.snapshot", "exporter.selfcheck", "exporter.collectors*")},
-    {"nvml": ("exporter.nvml", "exporter.nvml.*", "exporter.fakenvml*", "exporter.gpustate")},
+    {
+        "contract and collectors": (
+            _C + "snapshot",
+            _C + "selfcheck",
+            _C + "collectors*",
+            _W + "process_attribution",  # the processes collector's read() half (worker only)
+        )
+    },
+    {"nvml": (_W + "nvml", _W + "nvml.*", _W + "fakenvml*", _C + "gpustate")},
+    {
+        "worker data": (_W + "procfs", _W + "containerlogs", _W + "process_records"),
+        "supervisor data": (_S + "xid", _S + "xid.*", _S + "podresources*"),
+    },
     {
         "ground": (
             "exporter",
-            "exporter.protocol",
-            "exporter.decode",
-            "exporter.workerconfig",
-            "exporter.breadcrumb",
-            "exporter.logs",
-            "exporter.metric",
-            "exporter.procfs",
-            "exporter.containerlogs",
-            "exporter.process_records",
-            "exporter.process_attribution",
-            "exporter.scenarios",
-            "exporter.xid",
-            "exporter.xid.*",
-            "exporter.podresources*",
+            "exporter.common",
+            "exporter.supervisor",
+            "exporter.worker",
+            _C + "protocol",
+            _C + "decode",
+            _C + "workerconfig",
+            _C + "breadcrumb",
+            _C + "logs",
+            _C + "metric",
+            _C + "nvml",
+            _C + "nvml.errors",
+            _C + "scenarios*",
             "guards*",
         )
     },
@@ -222,8 +242,8 @@ def test_the_extension_interface_imports_no_extension() -> None:
     """extensions.py is the interface (dcgm-exporter keeps its Transform interface and the factory
     apart); the composition root (app.py) picks the extensions."""
     edges = graph()
-    implementations = [m for m, targets in edges.items() if "exporter.extensions" in targets]
-    assert implementations and not set(edges["exporter.extensions"]) & set(implementations)
+    implementations = [m for m, targets in edges.items() if "exporter.supervisor.extensions" in targets]
+    assert implementations and not set(edges["exporter.supervisor.extensions"]) & set(implementations)
 
 
 def test_guards_imports_only_the_standard_library() -> None:
@@ -243,14 +263,17 @@ def test_the_checks_see_what_they_are_meant_to() -> None:
     """The parser finds a function-local import, a TYPE_CHECKING one and a relative one, and the loop
     and layer checks flag what they should (so the tests above cannot pass by seeing nothing)."""
     edges = graph()
-    assert "exporter.xid.kmsg" in edges["exporter.kernel_xid"] or any(
-        t.startswith("exporter.xid.") for t in edges["exporter.kernel_xid"]
+    assert "exporter.supervisor.xid.kmsg" in edges["exporter.supervisor.kernel_xid"] or any(
+        t.startswith("exporter.supervisor.xid.") for t in edges["exporter.supervisor.kernel_xid"]
     )  # imported inside KernelXid.__init__
-    assert "exporter.nvml.client" in edges["exporter.collectors.power"]  # under TYPE_CHECKING
+    assert "exporter.worker.nvml.client" in edges["exporter.common.collectors.power"]  # under TYPE_CHECKING
     assert loops({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
-    assert against_the_layers({"exporter.metric": {"exporter.web": 3}}) == [
-        "exporter.metric:3 (ground) imports exporter.web (supervisor side)"
+    assert against_the_layers({"exporter.common.metric": {"exporter.supervisor.http.web": 3}}) == [
+        "exporter.common.metric:3 (ground) imports exporter.supervisor.http.web (supervisor side)"
     ]
-    assert against_the_layers({"exporter.sampler": {"exporter.served": 7}}) == [
-        "exporter.sampler:7 (worker side) imports exporter.served (supervisor side)"
+    assert against_the_layers({"exporter.worker.sampler": {"exporter.supervisor.served": 7}}) == [
+        "exporter.worker.sampler:7 (worker side) imports exporter.supervisor.served (supervisor side)"
+    ]
+    assert against_the_layers({"exporter.worker.procfs": {"exporter.supervisor.xid": 2}}) == [
+        "exporter.worker.procfs:2 (worker data) imports exporter.supervisor.xid (supervisor data)"
     ]

@@ -15,7 +15,7 @@ def test_two_gpus_core_metrics_and_probes(tmp_path: Path) -> None:
         assert scrape.value("nvgpu_memory_total_bytes", gpu="0", uuid=uuid0) == 150754820096
         assert scrape.value("nvgpu_power_limit_watts", gpu="0", uuid=uuid0) == 700.0
         assert scrape.value("nvgpu_nvlink_links_up", gpu="0", uuid=uuid0) == 18
-        assert len(scrape.find("nvgpu_nvlink_transmit_bytes_total", gpu="0")) == 1  # all links (issue 17)
+        assert len(scrape.find("nvgpu_nvlink_transmit_bytes_total", gpu="0")) == 1  # all links
         assert len(scrape.find("nvgpu_nvlink_errors_total", gpu="1")) == 4
         assert not scrape.find("nvgpu_nvlink_link_up")  # no link with errors in this scenario
         info = scrape.find("nvgpu_gpu_info", gpu="0")[0].labels

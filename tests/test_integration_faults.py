@@ -31,7 +31,7 @@ STALE = 3 * INTERVAL  # the harness leaves NVGPU_STALE_AFTER_SECONDS at its defa
 # is passive; the series of the details and nvlink_links switches excluded: off by default).
 GPU_FAMILIES: dict[str, set[str]] = {
     "identity": {"nvgpu_gpu_info"},
-    "mig": set(),  # issue 15: read (mode 0/0 on these H200s), but no series on a GPU with MIG off
+    "mig": set(),  # read (mode 0/0 on these H200s), but no series on a GPU with MIG off
     "utilization": {
         "nvgpu_gpu_utilization_ratio",
         "nvgpu_memory_copy_utilization_ratio",
@@ -80,7 +80,7 @@ ALL_GPU_FAMILIES = set().union(*GPU_FAMILIES.values()) | {"nvgpu_device_up"}
 # GPM needs two samples of a worker: its first sample has no GPM window yet.
 NEED_TWO_SAMPLES = GPU_FAMILIES["gpm"]
 # Counters the supervisor keeps across workers; they may outlive a GPU's other series.
-# Supervisor-owned per-GPU series: never dropped with a GPU's readings (issue 13).
+# Supervisor-owned per-GPU series: never dropped with a GPU's readings.
 SURVIVING = {
     "nvgpu_xid_errors_total",
     "nvgpu_xid_last_timestamp_seconds",
@@ -192,7 +192,7 @@ def test_fan_not_supported_on_every_gpu(tmp_path: Path, variant: str) -> None:
         assert scrape.value("nvgpu_feature_enabled", feature="fan", reason="unsupported") == 0.0
         assert not scrape.find("nvgpu_feature_enabled", feature="fan", reason="default")
         assert not [s for s in scrape.find("nvgpu_nvml_errors_total") if s.labels["feature"] == "fan"]
-        fan_logs = records(exp, feature="fan", logger="exporter.nvml.client")
+        fan_logs = records(exp, feature="fan", logger="exporter.worker.nvml.client")
         per_gpu = Counter(r["uuid"] for r in fan_logs)
         uuids = {g["uuid"] for g in scenario["gpus"]}
         assert per_gpu == {u: 1 for u in uuids}, fan_logs

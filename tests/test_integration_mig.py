@@ -1,4 +1,4 @@
-"""Issue 15, point 3: MIG reconfiguration while the real exporter runs (supervisor and worker on the
+"""MIG reconfiguration while the real exporter runs (supervisor and worker on the
 fake backend).
 
 Timeline (scenario time, seconds since the exporter started):

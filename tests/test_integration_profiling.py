@@ -1,4 +1,4 @@
-"""Issue 14 through the real exporter (supervisor + worker) on the fake backend: GPM series and their
+"""Through the real exporter (supervisor + worker) on the fake backend: GPM series and their
 agreement with the NVLink byte counters, a crash inside a GPM call quarantining only GPM, and a
 driver without GPM or fabric leaving those series absent (never NaN, never 0)."""
 
@@ -19,7 +19,7 @@ GPM_RATIOS = {
 
 
 def test_gpm_nvlink_bytes_measure_the_traffic_where_the_field_counters_are_off(tmp_path: Path) -> None:
-    """Issue 17: GPM is asked for NVLink traffic only while nvlink_throughput is off (the H20 / 580
+    """GPM is asked for NVLink traffic only while nvlink_throughput is off (the H20 / 580
     known issue, here by env); then its counters carry the scenario's traffic (GPU 0 sends
     1000 KiB/s on each of 18 links), and the field counters are absent."""
     env = {"NVGPU_FEATURE_NVLINK_THROUGHPUT": "off"}
@@ -43,7 +43,7 @@ def test_gpm_nvlink_bytes_measure_the_traffic_where_the_field_counters_are_off(t
 
 
 def test_gpm_does_not_duplicate_the_nvlink_byte_counters(tmp_path: Path) -> None:
-    """Issue 17: with nvlink_throughput on (the default), NVLink bytes come from the field counters
+    """With nvlink_throughput on (the default), NVLink bytes come from the field counters
     only: GPM's would be the same numbers twice."""
     with Exporter(write_scenario(tmp_path, load_scenario("h200x2")), tmp_path, interval=0.5) as exp:
         s = exp.wait_for(

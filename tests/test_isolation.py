@@ -1,4 +1,4 @@
-"""Issue 13: one sick GPU costs only its own series; NVML failures that do not heal are told apart.
+"""One sick GPU costs only its own series; NVML failures that do not heal are told apart.
 
 Every test runs the real exporter (supervisor + worker) on the fake backend. Times are scaled down
 from the issue's (45 s calls, 60 s deadlines) to keep CI short; each docstring says how.

@@ -1,5 +1,5 @@
-"""Tests for the kernel-log Xid parser (exporter.xid.parse) and the cursor-keeping reader
-(exporter.xid.reader); the NVML/kernel dedupe is tests/test_xid_dedupe.py."""
+"""Tests for the kernel-log Xid parser (exporter.supervisor.xid.parse) and the cursor-keeping reader
+(exporter.supervisor.xid.reader); the NVML/kernel dedupe is tests/test_xid_dedupe.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,14 @@ from pathlib import Path
 import pytest
 from fake_kmsg import BOOT_ID, BOOT_WALL, FIXTURES, FakeKmsg, device_reader, kmsg_records, xids
 
-from exporter.xid.parse import KernelXidEvent, KernelXidParser, normalize_pci_bus_id, parse_kmsg_record, parse_line
-from exporter.xid.reader import KernelLogUnavailable, KmsgReader
+from exporter.supervisor.xid.parse import (
+    KernelXidEvent,
+    KernelXidParser,
+    normalize_pci_bus_id,
+    parse_kmsg_record,
+    parse_line,
+)
+from exporter.supervisor.xid.reader import KernelLogUnavailable, KmsgReader
 
 
 @pytest.fixture
@@ -415,7 +421,7 @@ def test_unwritable_cursor_warns_once_and_keeps_reading(tmp_path: Path, caplog: 
     blocked = tmp_path / "missing-dir" / "cursor.json"
     fake = FakeKmsg(kmsg_records(FIXTURES / "overwritten.kmsg"))
     with (
-        caplog.at_level(logging.WARNING, logger="exporter.xid.kmsg"),
+        caplog.at_level(logging.WARNING, logger="exporter.supervisor.xid.kmsg"),
         device_reader(fake, blocked) as reader,
     ):
         assert xids(reader.poll()) == [13, 31, 43]

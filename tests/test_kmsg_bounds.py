@@ -1,4 +1,4 @@
-"""Issue 12, kernel-log input: every read bounded per record and per poll, nothing read twice, a
+"""Kernel-log input: every read bounded per record and per poll, nothing read twice, a
 bad cursor never switches Xid collection off, a planted symlink is never written through."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fake_kmsg import FIXTURES, FakeKmsg, device_reader, kmsg_records, xids
 
-from exporter.xid import reader as kmsg_reader
-from exporter.xid.reader import KernelLogUnavailable, KmsgReader
+from exporter.supervisor.xid import reader as kmsg_reader
+from exporter.supervisor.xid.reader import KernelLogUnavailable, KmsgReader
 
 XID = b"[ 5.0] NVRM: Xid (PCI:0000:00:06): 13, pid=7, name=x, Graphics SM Warp Exception\n"
 
@@ -112,7 +112,7 @@ def test_rss_stays_flat_on_300_mib_without_newline(tmp_path: Path) -> None:
         fh.truncate(300 << 20)
     code = f"""
 import resource
-from exporter.xid.reader import KmsgReader
+from exporter.supervisor.xid.reader import KmsgReader
 reader = KmsgReader({str(path)!r}, None)
 reader.open()
 reader.poll()

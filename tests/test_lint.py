@@ -5,6 +5,7 @@ The same commands as ``bash .ci/run lint`` (pyproject.toml holds their settings)
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -67,59 +68,83 @@ def _exporter_imports(path: Path) -> list[tuple[str, bool]]:
     return found
 
 
-# The fake's modules that the supervisor runs (Config checks a scenario before anything starts).
-FAKE_STDLIB_ONLY = {"scenario.py", "spec.py", "records.py", "__init__.py"}
+NVML = ROOT / "exporter" / "worker" / "nvml"  # the real path
+FAKE = ROOT / "exporter" / "worker" / "fakenvml"
+# The fake's standard-library-only half: the scenario files, their check (Config runs it in the
+# supervisor) and the value kinds and record layouts the fake evaluates.
+SCENARIOS = ROOT / "exporter" / "common" / "scenarios"
+ERRORS = "exporter.common.nvml.errors"  # the return-code table (standard library only)
 
 
 def test_pynvml_only_behind_exporter_nvml() -> None:
-    """pynvml is imported under exporter/nvml/ (the real path) and exporter/fakenvml/ (the fake raises
-    pynvml's errors and fills its structs), except in the fake's standard-library-only modules. The fake
-    needs nothing of the product but the error table; the product reaches the fake only through the
-    backend loader and Config's scenario check, and lazily, so the real path never loads it."""
+    """pynvml is imported under exporter/worker/nvml/ (the real path) and exporter/worker/fakenvml/ (the
+    fake raises pynvml's errors and fills its structs), nowhere else. The fake needs nothing of the
+    product but its scenarios and the error table; the product reaches the fake only through the
+    backend loader, lazily, so the real path never loads it; the scenario check imports only itself
+    and the error table."""
     offenders = [
         str(p.relative_to(ROOT))
         for p in (ROOT / "exporter").rglob("*.py")
-        if "pynvml" in _imports(p)
-        and (p.parent.name not in ("nvml", "fakenvml") or (p.parent.name == "fakenvml" and p.name in FAKE_STDLIB_ONLY))
+        if "pynvml" in _imports(p) and NVML not in p.parents and FAKE not in p.parents
     ]
     assert offenders == []
-    fake = ROOT / "exporter" / "fakenvml"
-    stdlib_only = {f"exporter.fakenvml.{name[:-3]}" for name in FAKE_STDLIB_ONLY} | {"exporter.nvml.errors"}
-    outside = []
-    for p in fake.glob("*.py"):
-        allowed = stdlib_only if p.name in FAKE_STDLIB_ONLY else {"exporter.fakenvml", "exporter.nvml.errors"}
-        outside += [f"{p.name}: {m}" for m, _ in _exporter_imports(p) if not any(m.startswith(a) for a in allowed)]
-    assert outside == [], "the fake imports only itself and exporter.nvml.errors"
-    privates = [f"{p.name}: {m}" for p in fake.glob("*.py") for m, _ in _exporter_imports(p) if "._" in m]
+    assert any("pynvml" in _imports(p) for p in NVML.glob("*.py")), "the check sees the real path's import"
+    outside = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in FAKE.glob("*.py")
+        for m, _ in _exporter_imports(p)
+        if not m.startswith(("exporter.worker.fakenvml", "exporter.common.scenarios", ERRORS))
+    ]
+    assert outside == [], "the fake imports only itself, the scenarios and exporter.common.nvml.errors"
+    outside = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in SCENARIOS.glob("*.py")
+        for m, _ in _exporter_imports(p)
+        if not m.startswith(("exporter.common.scenarios", ERRORS))
+    ]
+    assert outside == [], "the scenario check imports only itself and exporter.common.nvml.errors"
+    stdlib = {*sys.stdlib_module_names, "__future__", "exporter"}
+    third_party = [f"{p.relative_to(ROOT)}: {m}" for p in SCENARIOS.glob("*.py") for m in _imports(p) - stdlib]
+    assert third_party == [], "the scenario check is standard library only"
+    privates = [
+        f"{p.name}: {m}"
+        for p in [*FAKE.glob("*.py"), *SCENARIOS.glob("*.py")]
+        for m, _ in _exporter_imports(p)
+        if "._" in m
+    ]
     assert privates == [], "no module of the fake imports another module's private names"
     users = {
         f"{p.relative_to(ROOT)}{'' if lazily else ' (at import)'}"
         for p in [*(ROOT / "exporter").rglob("*.py"), *(ROOT / "guards").rglob("*.py")]
-        if fake not in p.parents
+        if FAKE not in p.parents
         for m, lazily in _exporter_imports(p)
-        if m.startswith("exporter.fakenvml")
+        if m.startswith("exporter.worker.fakenvml")
     }
-    assert users == {"exporter/nvml/backend.py", "exporter/config.py"}
+    assert users == {"exporter/worker/nvml/backend.py"}
 
 
 def test_aiohttp_only_on_the_http_side() -> None:
-    allowed = {"web.py", "cli.py"}
+    """aiohttp: the supervisor's HTTP side (exporter/supervisor/http/) and the entry (cli.py)."""
+    http = ROOT / "exporter" / "supervisor" / "http"
     offenders = [
         str(p.relative_to(ROOT))
         for p in (ROOT / "exporter").rglob("*.py")
-        if "aiohttp" in _imports(p) and p.name not in allowed
+        if "aiohttp" in _imports(p) and http not in p.parents and p != ROOT / "exporter" / "cli.py"
     ]
     assert offenders == []
 
 
 def test_worker_imports_neither_aiohttp_nor_prometheus_client() -> None:
-    code = "import sys, exporter.worker; print(sorted(m for m in ('aiohttp', 'prometheus_client') if m in sys.modules))"
+    code = (
+        "import sys, exporter.worker.main; "
+        "print(sorted(m for m in ('aiohttp', 'prometheus_client') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_no_class_over_300_lines() -> None:
-    """Issue 11: every class in exporter/ and guards/ can be read in one sitting."""
+    """Every class in exporter/ and guards/ can be read in one sitting."""
     long = []
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
@@ -129,3 +154,62 @@ def test_no_class_over_300_lines() -> None:
                 if isinstance(node, ast.ClassDef) and (node.end_lineno or 0) - node.lineno + 1 > 300:
                     long.append(f"{path.relative_to(ROOT)}:{node.name} ({(node.end_lineno or 0) - node.lineno + 1})")
     assert long == []
+
+
+# What the code and the docs a user reads may not cite: files outside the repository (the design
+# notes and NVML notes the project started from) and issue numbers of no public tracker. A public
+# issue names its repository ("NVIDIA/go-nvml#75", a github.com URL) and passes.
+_OUTSIDE = re.compile(r"\.\./shared|nvml-notes|\bDESIGN\.md\b|\bSTYLE\.md\b")
+_ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
+_TRACKER = re.compile(r"[\w.-]+/[\w.-]+\s+$")  # owner/repo right before it
+
+
+def citations(text: str) -> list[tuple[int, str]]:
+    """(line, what) for each citation of a file outside the repository or of a bare issue number."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        found += [(number, m.group()) for m in _OUTSIDE.finditer(line)]
+        found += [(number, m.group()) for m in _ISSUE.finditer(line) if not _TRACKER.search(line[: m.start()])]
+    return found
+
+
+def _read_by_users() -> list[Path]:
+    """exporter/ and guards/ (code and data), README, CONTRIBUTING, docs/, the deploy manifests and
+    rules, and the dashboards."""
+    paths = [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+    for base, suffixes in [
+        ("exporter", (".py", ".json")),
+        ("guards", (".py", ".json")),
+        ("docs", (".md", ".py", ".json")),
+        ("deploy", (".yaml", ".yml", ".md", ".py", ".tpl")),
+        ("dashboards", (".json", ".py", ".md")),
+    ]:
+        paths += [p for p in sorted((ROOT / base).rglob("*")) if p.is_file() and p.suffix in suffixes]
+    return paths
+
+
+def test_no_citation_of_a_file_outside_the_repository_or_a_bare_issue_number() -> None:
+    """State the fact, or cite its public source (nvml.h in NVIDIA/go-nvml, NVIDIA's docs, a public
+    issue with its repository): a reader has neither ../shared nor the project's issue tracker."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for path in _read_by_users()
+        if "_pb2" not in path.name
+        for line, what in citations(path.read_text(errors="replace"))
+    ]
+    assert found == []
+
+
+def test_the_citation_check_sees_what_it_should() -> None:
+    assert citations("see ../shared/reference/h200/misc.json") == [(1, "../shared")]
+    assert citations("a\n(nvml-notes §4.2) and DESIGN.md, STYLE.md") == [
+        (2, "nvml-notes"),
+        (2, "DESIGN.md"),
+        (2, "STYLE.md"),
+    ]
+    assert citations("the budget (issue 17); Issue 12 found it; issues 13 and 14") == [
+        (1, "issue 17"),
+        (1, "Issue 12"),
+        (1, "issues 13"),
+    ]
+    assert citations("NVIDIA/go-nvml#75, NVIDIA/go-nvml issue 75, docs/design.md, github.com/a/b/issues/3") == []

@@ -1,4 +1,4 @@
-"""Issue 16 point 3 and issue 12 point 2: logs an operator can ship.
+"""Logs an operator can ship.
 
 - JSON format: every line the exporter writes on stderr is one JSON object with an RFC 3339
   ``time``, the worker's output included; a worker crash is one record carrying one traceback.
@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from exporter_proc import SCENARIOS, Exporter, load_scenario, write_scenario
 
-from exporter import logs
-from exporter.workerproc import MAX_LINE, LineSplitter, WorkerProcess
+from exporter.common import logs
+from exporter.supervisor.workerproc import MAX_LINE, LineSplitter, WorkerProcess
 
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
@@ -195,7 +195,7 @@ def test_crash_run_with_json_logs_is_json_on_every_line(tmp_path: Path) -> None:
         assert isinstance(rec, dict) and RFC3339.fullmatch(rec["time"]), line
         records.append(rec)
     deaths = [r for r in records if r["msg"].startswith("worker died")]
-    assert len(deaths) == 2  # a crash on each GPU: the second GPU's quarantines the feature (issue 13)
+    assert len(deaths) == 2  # a crash on each GPU: the second GPU's quarantines the feature
     for r in deaths:
         assert r["stack"].startswith("Fatal Python error: Segmentation fault") and "nvlink_throughput.py" in r["stack"]
     # one traceback per crash: the fatal report appears only inside the death records
@@ -225,9 +225,9 @@ def test_crash_run_in_text_shows_the_traceback_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("xid", "level"), [(13, "INFO"), (79, "ERROR")])
 def test_xid_log_line_carries_the_catalogs_meaning_severity_and_action(xid: int, level: str) -> None:
-    """Issue 16: "Xid 79 on GPU 0 ... from NVML event" said nothing the catalog knows."""
-    from exporter.xid import classify
-    from exporter.xids import XidLedger
+    """ "Xid 79 on GPU 0 ... from NVML event" said nothing the catalog knows."""
+    from exporter.supervisor.xid import classify
+    from exporter.supervisor.xids import XidLedger
 
     stream = capture("json")
     XidLedger().record_xid("0", "GPU-a", xid, 1_700_000_000.0, "NVML event")

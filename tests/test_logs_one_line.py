@@ -1,4 +1,4 @@
-"""Issue 12: text-format logs keep one record on one line whatever a driver string holds."""
+"""Text-format logs keep one record on one line whatever a driver string holds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from exporter.logs import TextFormatter, one_line
+from exporter.common.logs import TextFormatter, one_line
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ import pytest
 from goldens import GOLDENS
 
 import exporter
-from exporter import collectors
-from exporter.metric import MetricDef
+from exporter.common import collectors
+from exporter.common.metric import MetricDef
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACES = ("nvgpu_", "process_")  # ours, and the standard process collector's names
@@ -93,6 +93,6 @@ def test_every_emitted_family_is_declared() -> None:
 def test_collector_metrics_are_its_declarations(feature: str) -> None:
     """A collector's METRICS lists exactly the families declared in its module."""
     collector = collectors.COLLECTORS[feature]
-    module = f"exporter.collectors.{feature}"
+    module = f"exporter.common.collectors.{feature}"
     own = {name for name, entries in DECLARED.items() if entries[0][0] == module}
     assert {m.name for m in collector.METRICS} == own

@@ -1,4 +1,4 @@
-"""MIG (issue 15): exporter.collectors.mig, GPM per GPU instance, utilization and the stuck signature
+"""MIG: exporter.common.collectors.mig, GPM per GPU instance, utilization and the stuck signature
 on MIG GPUs, on the fake backend (docs/scenarios.md, "MIG"), and the shipped scenario's golden.
 
 The checks against duplicate series use prometheus_client's parser: promtool 2.42 does not flag
@@ -17,10 +17,10 @@ from fake_device import Clock, device, fake_of, render, wire
 from prometheus_client.parser import text_string_to_metric_families
 from series_checks import duplicate_series, instance_problems
 
-from exporter.collectors import gpm, mig, utilization
-from exporter.nvml.client import DeviceClient
-from exporter.snapshot import GpuSample, Snapshot, SystemInfo
-from exporter.stuck import StuckDetector
+from exporter.common.collectors import gpm, mig, utilization
+from exporter.common.snapshot import GpuSample, Snapshot, SystemInfo
+from exporter.supervisor.stuck import StuckDetector
+from exporter.worker.nvml.client import DeviceClient
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "h200x2-mig.prom"
@@ -355,7 +355,7 @@ def test_readings_survive_the_wire_nested(tmp_path: Path) -> None:
 
 
 def test_the_stuck_signature_is_not_evaluated_on_a_mig_gpu() -> None:
-    from exporter.collectors import memory, processes
+    from exporter.common.collectors import memory, processes
 
     readings: dict[str, object] = {
         "mig": mig.Reading(1, 1),

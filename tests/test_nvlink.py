@@ -1,4 +1,4 @@
-"""Issue 17: NVLink error counters through one batched field-value call, per-GPU totals by default,
+"""NVLink error counters through one batched field-value call, per-GPU totals by default,
 per-link series for the links with errors (kept), every link with ``nvlink_links``; NVLink bytes per
 GPU through the all-links scope."""
 
@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from fake_device import DEFAULT_ON, DETAILS, Clock, device, fake_of, render
 
-from exporter.collectors import nvlink, nvlink_throughput
-from exporter.nvml.client import DeviceClient
+from exporter.common.collectors import nvlink, nvlink_throughput
+from exporter.worker.nvml.client import DeviceClient
 
 LINKS = 4
 CRC_DATA = (7, 0, 3, 9)  # per link, counter 3: every healthy link may count some (H200 pair: 25-375)
-T0 = 1.0  # a field value stamped at time 0 reads as never written (nvml-notes §4.2): start at 1 s
+T0 = 1.0  # a field value stamped at time 0 reads as never written (exporter/worker/nvml/backend.py): start at 1 s
 KEY = ("0", "GPU-00000000-0000-0000-0000-0000000000aa")
 
 

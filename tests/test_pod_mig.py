@@ -1,4 +1,4 @@
-"""Issue 15, point 4: pods holding MIG devices are placed on their parent GPU and instance; a device
+"""Pods holding MIG devices are placed on their parent GPU and instance; a device
 id the exporter cannot place is counted in a self-metric and logged once, never dropped silently.
 
 The tried-as-a-new-user case of the issue: a fake kubelet with three time-sliced pods, two MPS
@@ -14,13 +14,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import exposition
-from exporter.collectors import mig, power
+from exporter.common.collectors import mig, power
+from exporter.common.metric import GpuKey
+from exporter.common.snapshot import GpuSample, Snapshot, SystemInfo
 from exporter.config import Config
-from exporter.metric import GpuKey
-from exporter.podresources import PodRef
-from exporter.pods import Layout, PodAttribution
-from exporter.snapshot import GpuSample, Snapshot, SystemInfo
+from exporter.supervisor import exposition
+from exporter.supervisor.podresources import PodRef
+from exporter.supervisor.pods import Layout, PodAttribution
 
 GPU0, GPU1, GPU2 = (f"GPU-0000000{i}-1111-2222-3333-444455556666" for i in range(3))
 MIG_A = "MIG-aaaaaaaa-0000-5000-8000-000000000001"
@@ -99,7 +99,7 @@ def test_device_ids_that_cannot_be_placed_are_counted_and_logged_once(caplog: py
     }
     ext.unparsed = {"0:1": (PodRef("legacy", "index", "app"),), "1": (PodRef("legacy", "index", "app"),)}
     snap = snapshot()
-    with caplog.at_level(logging.WARNING, logger="exporter.pods"):
+    with caplog.at_level(logging.WARNING, logger="exporter.supervisor.pods"):
         for _ in range(3):
             ext.on_snapshot(snap)
             fams = families([*ext.gpu_families(snap), *ext.self_families()])

@@ -1,4 +1,4 @@
-"""exporter.pods: per-pod usage joined from the worker's pod sums and the kubelet's holders."""
+"""exporter.supervisor.pods: per-pod usage joined from the worker's pod sums and the kubelet's holders."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors.processes import Reading
+from exporter.common.collectors.processes import Reading
+from exporter.common.snapshot import GpuSample, Snapshot, SystemInfo
 from exporter.config import Config
-from exporter.podresources import PodRef
-from exporter.pods import PodAttribution, pod_usage
-from exporter.snapshot import GpuSample, Snapshot, SystemInfo
+from exporter.supervisor.podresources import PodRef
+from exporter.supervisor.pods import PodAttribution, pod_usage
 
 UID_A, UID_B, UID_C = "aaaaaaaa-0000-0000-0000-000000000001", "bbbbbbbb-0000-0000-0000-000000000002", "c" * 32
 GIB = 1 << 30

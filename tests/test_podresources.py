@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from exporter.podresources import (
+from exporter.supervisor.podresources import (
     PodRef,
     PodResourcesClient,
     PodResourcesError,
@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 grpc = pytest.importorskip("grpc", reason="grpcio not installed (nvgpu-exporter[kubernetes])")
 from fake_kubelet import FakeKubelet  # noqa: E402
 
-from exporter.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: E402
+from exporter.supervisor.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: E402
 
 GPU_A = "GPU-0b3c5d7e-1111-2222-3333-444455556666"
 GPU_B = "GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff"  # time-sliced: two pods
@@ -134,7 +134,7 @@ def test_list_maps_each_gpu_uuid_to_its_containers(serve: Servers) -> None:
 
 
 def test_gpu_ids_that_are_not_uuids_are_reported_not_dropped(serve: Servers) -> None:
-    """Issue 15: the device plugin's deviceIDStrategy=index ("0", "0:1" for a MIG device) gives ids
+    """The device plugin's deviceIDStrategy=index ("0", "0:1" for a MIG device) gives ids
     of GPU resources that NVML's UUIDs cannot join: they come back with their holders, to be counted.
     A network device of another nvidia.com/ resource is not a GPU and is not among them."""
     pods = [
@@ -263,7 +263,7 @@ def test_restarted_kubelet_is_reached_again(serve: Servers) -> None:
 # to uid/gid 65534 the way a non-root container runs, and calls List.
 _PERMISSION_PROBE = """
 import os, sys
-from exporter.podresources import PodResourcesClient, PodResourcesError
+from exporter.supervisor.podresources import PodResourcesClient, PodResourcesError
 client = PodResourcesClient(sys.argv[1], timeout_s=2)
 if os.geteuid() == 0:
     os.setgroups([])
@@ -313,7 +313,7 @@ def test_without_grpc_the_package_imports_and_reports_unsupported() -> None:
     code = """
 import sys
 sys.modules["grpc"] = None  # as if grpcio were not installed
-import exporter.podresources as pr
+import exporter.supervisor.podresources as pr
 assert "grpc" not in [m for m in sys.modules if sys.modules[m] is not None], "grpc imported"
 reason = pr.unsupported_reason()
 assert reason is not None and "nvgpu-exporter[kubernetes]" in reason, reason
@@ -330,7 +330,7 @@ else:
 
 
 def test_importing_the_package_does_not_import_grpc() -> None:
-    code = "import sys, exporter.podresources; print('grpc' in sys.modules)"
+    code = "import sys, exporter.supervisor.podresources; print('grpc' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr
 
@@ -375,12 +375,12 @@ def _extra_requirements() -> dict[str, Any]:
 
 
 def _stub_texts() -> tuple[str, str]:
-    base = REPO / "exporter/podresources/v1"
+    base = REPO / "exporter/supervisor/podresources/v1"
     return (base / "api_pb2.py").read_text(encoding="utf-8"), (base / "api_pb2_grpc.py").read_text(encoding="utf-8")
 
 
 def test_the_stubs_carry_no_version_guard() -> None:
-    """Issue 16: stubs from grpcio-tools >= 1.63 refuse an older grpcio (the H200 image's 1.84 was
+    """Stubs from grpcio-tools >= 1.63 refuse an older grpcio (the H200 image's 1.84 was
     refused by 1.85.1 stubs) and protobuf gencode >= 5.26 refuses an older protobuf runtime."""
     pb2, pb2_grpc = _stub_texts()
     assert "ValidateProtobufRuntimeVersion" not in pb2
@@ -428,7 +428,7 @@ def test_generated_modules_match_the_proto() -> None:
     pytest.importorskip("grpc_tools", reason="grpcio-tools not installed")
     from importlib.metadata import version
 
-    from exporter.podresources.regenerate import GRPCIO_TOOLS
+    from exporter.supervisor.podresources.regenerate import GRPCIO_TOOLS
 
     if version("grpcio-tools") != GRPCIO_TOOLS:
         pytest.skip(
@@ -436,7 +436,7 @@ def test_generated_modules_match_the_proto() -> None:
             "(requirements-ci.txt pins it)"
         )
     proc = subprocess.run(
-        [sys.executable, "-m", "exporter.podresources.regenerate", "--check"],
+        [sys.executable, "-m", "exporter.supervisor.podresources.regenerate", "--check"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -465,13 +465,13 @@ def test_wire_contract_matches_the_kubelet_api() -> None:
 
 
 def test_no_grpc_import_while_the_kubelet_socket_is_missing(tmp_path: Path) -> None:
-    """Issue 17: grpcio and protobuf cost the supervisor about 10 MB; on a node without the kubelet's
+    """Grpcio and protobuf cost the supervisor about 10 MB; on a node without the kubelet's
     socket the pod-attribution loop reports the missing socket and never imports them."""
     code = f"""
 import asyncio, sys
 from types import SimpleNamespace
 from exporter.config import Config
-from exporter.pods import PodAttribution
+from exporter.supervisor.pods import PodAttribution
 
 class Host:
     snapshot = None
@@ -504,7 +504,7 @@ async def test_a_missing_socket_is_a_warning_only_in_kubernetes(
     at INFO, so the first line a new user reads is not a warning about Kubernetes; in a pod it is a
     deployment fault (a missing hostPath mount) and said at WARNING. Once either way."""
     from exporter.config import Config
-    from exporter.pods import PodAttribution
+    from exporter.supervisor.pods import PodAttribution
 
     if in_kubernetes:
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
@@ -518,7 +518,7 @@ async def test_a_missing_socket_is_a_warning_only_in_kubernetes(
             self.changes += 1
 
     ext = PodAttribution(Config(pod_resources_socket=str(tmp_path / "kubelet.sock"), pod_refresh_s=0.02))
-    caplog.set_level(logging.INFO, logger="exporter.pods")
+    caplog.set_level(logging.INFO, logger="exporter.supervisor.pods")
     task = asyncio.ensure_future(ext.run(Host()))  # type: ignore[arg-type]
     await asyncio.sleep(0.2)  # the point: ten refreshes (every 0.02 s) pass, and the socket is named once
     task.cancel()

@@ -1,4 +1,4 @@
-"""Power by scope (issue 14): exporter.collectors.power on the fake backend. Each scope is its own
+"""Power by scope: exporter.common.collectors.power on the fake backend. Each scope is its own
 family, so GPU and module power never share a family and labels."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from fake_device import Clock, device, devices, fake_of, render
 
-from exporter.collectors import power
+from exporter.common.collectors import power
 
 ROOT = Path(__file__).resolve().parent.parent
 

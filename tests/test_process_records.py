@@ -1,4 +1,4 @@
-"""exporter.process_records: every drop reason, the sentinel rules, merging across lists, samples."""
+"""exporter.worker.process_records: every drop reason, the sentinel rules, merging across lists, samples."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from exporter.fakenvml.records import misaligned_r535, swapped
-from exporter.process_records import (
+from exporter.common.scenarios.records import misaligned_r535, swapped
+from exporter.worker.process_records import (
     NOT_AVAILABLE_U32,
     NOT_AVAILABLE_U64,
     REASONS,

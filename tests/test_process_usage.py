@@ -1,4 +1,4 @@
-"""Issue 18 on the real exporter (supervisor + worker subprocess, fake backend).
+"""On the real exporter (supervisor + worker subprocess, fake backend).
 
 - Records that cannot be true are not exported: the R535 struct mismatch (32-byte ``_v3``
   records read as 24 bytes) and pid/memory swapped, with the drop counter, the API info, the
@@ -170,7 +170,7 @@ def _kubelet(directory: Path) -> tuple[Any, str]:
     grpc = pytest.importorskip("grpc", reason="grpcio not installed (nvgpu-exporter[kubernetes])")
     from fake_kubelet import FakeKubelet
 
-    from exporter.podresources.v1 import api_pb2, api_pb2_grpc
+    from exporter.supervisor.podresources.v1 import api_pb2, api_pb2_grpc
 
     def pod(c: Container, *device_ids: str) -> Any:
         devices = api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=list(device_ids))

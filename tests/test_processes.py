@@ -17,13 +17,13 @@ import pytest
 from fakeproc import CONTAINER_PID_NS, Container, make_container_logs, make_proc
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.breadcrumb import BreadcrumbWriter
-from exporter.collectors import processes
-from exporter.logs import _once_keys
-from exporter.metric import GpuKey
-from exporter.nvml.backend import FakeBackend
-from exporter.nvml.client import DeviceClient, NvmlClient
-from exporter.workerconfig import CollectorOptions, ProcessOptions
+from exporter.common.breadcrumb import BreadcrumbWriter
+from exporter.common.collectors import processes
+from exporter.common.logs import _once_keys
+from exporter.common.metric import GpuKey
+from exporter.common.workerconfig import CollectorOptions, ProcessOptions
+from exporter.worker.nvml.backend import FakeBackend
+from exporter.worker.nvml.client import DeviceClient, NvmlClient
 
 UUID = "GPU-820f4b2d-da15-c9b7-3ba6-c396976ca722"
 TOTAL = 150_754_820_096

@@ -1,4 +1,4 @@
-"""exporter.procfs and exporter.containerlogs on fake trees: cgroup formats, names, pid_max,
+"""exporter.worker.procfs and exporter.worker.containerlogs on fake trees: cgroup formats, names, pid_max,
 the PID namespace check, the kubelet's container log names."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from fakeproc import (
     make_proc,
 )
 
-from exporter.containerlogs import ContainerLogIndex, ContainerRef, parse_link_name
-from exporter.procfs import PodCgroup, ProcFs, clean_name, parse_cgroup
+from exporter.worker.containerlogs import ContainerLogIndex, ContainerRef, parse_link_name
+from exporter.worker.procfs import PodCgroup, ProcFs, clean_name, parse_cgroup
 
 TRAINER = Container("ml", "trainer-0", "main")
 UID = "7c1d0f3a-4e2b-4a7e-9c1d-0123456789ab"

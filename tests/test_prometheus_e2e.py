@@ -1,4 +1,4 @@
-"""Issue 7: every dashboard panel query and every rule expression, against a real Prometheus.
+"""Every dashboard panel query and every rule expression, against a real Prometheus.
 
 Debian's ``prometheus`` scrapes the real exporter (supervisor + worker on the fake backend) through
 a file-based service discovery target, every second. The scenario is h200x2 (two NVLink-connected
@@ -10,7 +10,7 @@ After at least three scrapes every panel query must parse and return data, every
 must list values, and every rule expression must parse; Prometheus must evaluate the rule file
 without errors. A metric renamed in the exporter leaves a panel without data and fails here.
 
-Everything runs twice (issue 17): with the default series, and with every switch that adds per-GPU
+Everything runs twice: with the default series, and with every switch that adds per-GPU
 series on (``details``, ``nvlink_links``). A query of a series only a switch adds may be empty in the
 default mode (:data:`SWITCHED_ONLY`, each with its reason) and must have data in the other.
 """
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.slow
 RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 UUID0 = "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6"
 UUID1 = "GPU-094221fd-19f9-1561-7ef8-949bb0d57826"
-UUID2 = "GPU-2a7c4e10-5b3d-4f6e-8a9b-0c1d2e3f4a5b"  # issue 15: a third GPU, in MIG mode
+UUID2 = "GPU-2a7c4e10-5b3d-4f6e-8a9b-0c1d2e3f4a5b"  # a third GPU, in MIG mode
 QUARANTINED = "pcie"  # the feature the scenario crashes in; no panel needs its metrics
 TRAINER_PID = 4242
 TRAINER = Container("ml", "trainer-0", "main")  # the kubelet's pod on GPU 0, as /proc names it
@@ -59,7 +59,7 @@ try:  # pod attribution needs grpcio (the `kubernetes` extra, installed in CI)
     import grpc
     from fake_kubelet import FakeKubelet
 
-    from exporter.podresources.v1 import api_pb2, api_pb2_grpc
+    from exporter.supervisor.podresources.v1 import api_pb2, api_pb2_grpc
 except ImportError as exc:  # grpcio missing: fake_kubelet and the stubs need it
     grpc = None
     NO_DATA_ALLOWED[("NVIDIA GPU fleet (nvgpu-exporter)", "Pods on each GPU")] = (
@@ -93,13 +93,13 @@ def _scenario() -> dict[str, Any]:
     gpu1["nvmlDeviceGetUtilizationRates"] = {"gpu": 100, "memory": 0}
     gpu1["nvmlDeviceGetMemoryInfo"] = {"total": 150754820096, "reserved": 644939776, "free": 150109880320, "used": 0}
     gpu1["nvmlDeviceGetComputeRunningProcesses_v3"] = []
-    # GPM (issue 14): the engine looks active, no SM does any work.
+    # GPM: the engine looks active, no SM does any work.
     gpu1.update({f"nvmlGpmMetricsGet:{m}": 0.0 for m in (2, 3, 5, 10)})
     gpu1["nvmlGpmMetricsGet:1"] = 100.0
     # A transient NVML error on every sample: nvgpu_nvml_errors_total{feature="power",error="UNKNOWN"}
-    # (a call made by default: the performance state, used before issue 17, needs details now).
+    # (a call made by default: the performance state, used before the series budget, needs details now).
     gpu1["nvmlDeviceGetEnforcedPowerLimit"] = {"error": "UNKNOWN"}
-    # Issue 18: GPU 0 runs one process of the kubelet's pod trainer-0 (per-pod usage); GPU 1's one
+    # GPU 0 runs one process of the kubelet's pod trainer-0 (per-pod usage); GPU 1's one
     # record comes back with pid and memory swapped (dropped and counted: still no process).
     gpu0 = data["gpus"][0]["values"]
     gpu0["nvmlDeviceGetComputeRunningProcesses_v3"] = [
@@ -108,10 +108,10 @@ def _scenario() -> dict[str, Any]:
     gpu0["nvmlDeviceGetProcessUtilization"] = {"per_process": {"smUtil": 60, "memUtil": 20}}
     swapped = {"struct": "swapped", "records": [{"pid": 9980, "usedGpuMemory": 6498025472}]}
     gpu1["nvmlDeviceGetComputeRunningProcesses_v3"] = gpu1["nvmlDeviceGetComputeRunningProcesses_v2"] = swapped
-    # Issue 17: link 2 of GPU 0 replays (the per-call counter and its field agree).
+    # Link 2 of GPU 0 replays (the per-call counter and its field agree).
     gpu0[f"nvmlDeviceGetNvLinkErrorCounter:{ERRORING_LINK},0"] = 5
     data["gpus"][0]["fields"][f"161:{ERRORING_LINK}"] = 5
-    # Issue 15: GPU 2 is h200x2-mig's GPU 0 (MIG mode, mixed profiles) under its own identity, so the
+    # GPU 2 is h200x2-mig's GPU 0 (MIG mode, mixed profiles) under its own identity, so the
     # MIG panels have data and the GPU panels show a MIG GPU next to ordinary ones.
     mig_gpu = load_scenario("h200x2-mig")["gpus"][0]
     mig_gpu.update(uuid=UUID2, serial="1654524012999", pci_bus_id="00000000:00:08.0", minor_number=2)
@@ -295,10 +295,10 @@ def test_no_data_allowlist_names_real_panels() -> None:
 
 
 def test_nvlink_series_follow_the_mode(stack: Stack) -> None:
-    """Issue 17: per-GPU NVLink totals in both modes; per-link series of the erroring link only by
+    """Per-GPU NVLink totals in both modes; per-link series of the erroring link only by
     default, of every link with nvlink_links on."""
 
-    pair = f'uuid=~"{UUID0}|{UUID1}"'  # the NVLink pair; GPU 2 is the MIG GPU of issue 15
+    pair = f'uuid=~"{UUID0}|{UUID1}"'  # the NVLink pair; GPU 2 is the MIG GPU
 
     def links(expr: str) -> set[tuple[str, str]]:
         result = stack.query(f"{expr}{{{pair}}}")["data"]["result"]
@@ -359,7 +359,7 @@ def test_fault_states_reach_prometheus(stack: Stack) -> None:
 
 
 def test_mig_instances_reach_prometheus(stack: Stack) -> None:
-    """Issue 15: GPU 2's MIG devices under their GPU, its pod placed on its instance, no device-wide
+    """GPU 2's MIG devices under their GPU, its pod placed on its instance, no device-wide
     utilization for it, and no stuck alert state for it."""
 
     def result(expr: str) -> list[dict[str, Any]]:
@@ -412,7 +412,8 @@ def test_prometheus_evaluates_the_rule_file_without_errors(stack: Stack) -> None
 
 
 def test_worker_selfcheck_reaches_prometheus(stack: Stack) -> None:
-    """DESIGN.md: the worker's self-check matters most (it imports pynvml); the health dashboard shows it."""
+    """docs/design.md ("Self-check"): the worker's self-check matters most (it imports pynvml); the health
+    dashboard shows it."""
     failures = stack.query('nvgpu_selfcheck_failures{process="worker"}')["data"]["result"]
     assert failures, 'no nvgpu_selfcheck_failures{process="worker"}: the worker\'s self-check does not reach /metrics'
     modules = stack.query('nvgpu_module_info{process="worker", module="pynvml"}')["data"]["result"]
@@ -420,7 +421,7 @@ def test_worker_selfcheck_reaches_prometheus(stack: Stack) -> None:
 
 
 def test_per_pod_usage_reaches_prometheus(stack: Stack) -> None:
-    """Issue 18: the per-pod panel's numbers are the scenario's, and the swapped record was dropped."""
+    """The per-pod panel's numbers are the scenario's, and the swapped record was dropped."""
 
     def by_pod(expr: str) -> dict[str, float]:
         result = stack.query(expr)["data"]["result"]

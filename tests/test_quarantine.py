@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from exporter.quarantine import QuarantineStore
+from exporter.supervisor.quarantine import QuarantineStore
 
 
 class Clock:

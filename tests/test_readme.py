@@ -13,7 +13,7 @@ from exporter.config import SETTINGS, Setting
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
 ROWS = [line.split("|") for line in README.splitlines() if line.startswith("| `NVGPU_")]
-SHIPPED = sorted(p.stem for p in (REPO / "exporter" / "scenarios").glob("*.json"))
+SHIPPED = sorted(p.stem for p in (REPO / "exporter" / "common" / "scenarios").glob("*.json"))
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.env)

@@ -211,9 +211,13 @@ def test_the_wheel_holds_the_package_data(ci_run: tuple[Path, dict[str, Any]]) -
     (wheel,) = dist.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     data = release.expected_package_data()
-    for required in ("exporter/xid/catalog.json", "guards/known_issues.json", "exporter/scenarios/h200x2.json"):
+    for required in (
+        "exporter/supervisor/xid/catalog.json",
+        "guards/known_issues.json",
+        "exporter/common/scenarios/h200x2.json",
+    ):
         assert required in data and required in names, required
-    assert "exporter/podresources/v1/api_pb2.py" in names
+    assert "exporter/supervisor/podresources/v1/api_pb2.py" in names
     assert not [n for n in names if n.startswith(("tests/", "deploy/")) or "__pycache__" in n]
 
 
@@ -239,9 +243,11 @@ def test_wheel_check_names_what_is_missing(tmp_path: Path) -> None:
         zf.writestr(f"{info}/entry_points.txt", "[console_scripts]\nnvgpu-exporter = exporter.cli:main\n")
         zf.writestr("guards/known_issues.json", "{}")
     wheel.write_bytes(buf.getvalue())
-    problems = release.wheel_problems(wheel, version, ["guards/known_issues.json", "exporter/xid/catalog.json"])
+    problems = release.wheel_problems(
+        wheel, version, ["guards/known_issues.json", "exporter/supervisor/xid/catalog.json"]
+    )
     assert problems == [
-        f"{wheel.name}: exporter/xid/catalog.json missing",
-        f"{wheel.name}: exporter/podresources/v1/api_pb2.py missing",
-        f"{wheel.name}: exporter/podresources/v1/api_pb2_grpc.py missing",
+        f"{wheel.name}: exporter/supervisor/xid/catalog.json missing",
+        f"{wheel.name}: exporter/supervisor/podresources/v1/api_pb2.py missing",
+        f"{wheel.name}: exporter/supervisor/podresources/v1/api_pb2_grpc.py missing",
     ]

@@ -1,4 +1,4 @@
-"""Issue 16 point 5: the PromQL in docs/rollout.md is tested by promtool against series the
+"""The PromQL in docs/rollout.md is tested by promtool against series the
 exporter really emits.
 
 deploy/prometheus/tests/rollout_queries.yaml evaluates every query of the page on a stable node, a
@@ -90,7 +90,7 @@ def test_promtool_runs_the_queries() -> None:
 
 @pytest.mark.parametrize("wrong", ['nvgpu_feature_enabled{track="canary", reason="quarantined"} == 1'])
 def test_the_old_quarantine_query_would_find_nothing(wrong: str) -> None:
-    """The page's old query compared the quarantine series with 1; its value is 0 (issue 16)."""
+    """The page's old query compared the quarantine series with 1; its value is 0."""
     values = [
         float(s[2])
         for fams in GOLDENS.values()

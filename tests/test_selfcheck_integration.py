@@ -1,4 +1,4 @@
-"""Issue 4: the real exporter, started from a directory holding stale copies, reports what it imported."""
+"""The real exporter, started from a directory holding stale copies, reports what it imported."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 17: the default series per GPU stay within the budget on the H200 scenarios.
+"""The default series per GPU stay within the budget on the H200 scenarios.
 
 Counts the golden expositions of the shipped scenarios (``tests/golden/h200x1.prom``, ``h200x2``,
 ``h200x8``: default settings, rendered by a real supervisor from what a real worker sent;
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import collectors
+from exporter.common import collectors
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 BUDGET = 60
@@ -62,7 +62,7 @@ def test_default_series_per_gpu_within_budget(name: str) -> None:
     if total > BUDGET * gpus:
         table = "\n".join(f"  {n / gpus:5.1f}  {family}  ({_feature(family)})" for family, n in families.most_common())
         pytest.fail(
-            f"{name}: {total / gpus:.1f} default series per GPU, budget {BUDGET} (issue 17). Per GPU, by "
+            f"{name}: {total / gpus:.1f} default series per GPU, budget {BUDGET}. Per GPU, by "
             f"family (feature):\n{table}\nMove a family behind a switch (details, nvlink_links) or make its "
             "case in docs/performance.md and name it in EARNS_ITS_PLACE."
         )

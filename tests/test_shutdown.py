@@ -1,4 +1,4 @@
-"""Issue 12, shutdown: SIGTERM never leaves a worker behind, whatever the timeout settings.
+"""Shutdown: SIGTERM never leaves a worker behind, whatever the timeout settings.
 
 The issue's case: ``NVGPU_SHUTDOWN_TIMEOUT_SECONDS`` below the kill escalation (SIGTERM, 2 s,
 SIGKILL) and a worker hung in an NVML call that ignores SIGTERM; the exporter exited 0 and the

@@ -1,4 +1,4 @@
-"""exporter.snapshot: the typed contract between worker and supervisor, decoded once on receipt."""
+"""exporter.common.snapshot: the typed contract between worker and supervisor, decoded once on receipt."""
 
 from __future__ import annotations
 
@@ -7,21 +7,12 @@ from typing import Any
 
 import pytest
 
-from exporter import collectors, protocol
-from exporter.collectors import clocks, ecc, fan, gpm, identity, nvlink, power, processes
-from exporter.collectors.base import SystemInfo
-from exporter.decode import decode_dataclass
-from exporter.protocol import ProtocolError
-from exporter.snapshot import (
-    Bye,
-    FeatureStat,
-    GpuSample,
-    Hello,
-    InitFailed,
-    NvmlEvent,
-    Snapshot,
-    decode_message,
-)
+from exporter.common import collectors, protocol
+from exporter.common.collectors import clocks, ecc, fan, gpm, identity, nvlink, power, processes
+from exporter.common.collectors.base import SystemInfo
+from exporter.common.decode import decode_dataclass
+from exporter.common.protocol import ProtocolError
+from exporter.common.snapshot import Bye, FeatureStat, GpuSample, Hello, InitFailed, NvmlEvent, Snapshot, decode_message
 from guards.features import FeatureState, Reason
 
 READINGS: dict[str, object] = {

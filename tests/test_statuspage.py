@@ -1,4 +1,4 @@
-"""Issue 7: the status page at ``/``, rendered by the real exporter and read by headless Chromium.
+"""The status page at ``/``, rendered by the real exporter and read by headless Chromium.
 
 The browser tests run the real exporter on h200x2-nvlink-crash.json (two H200s; the NVLink
 throughput query segfaults the worker) with NVGPU_QUARANTINE_AFTER=1, so nvlink_throughput is
@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 from exporter_proc import ROOT, SCENARIOS, Exporter, load_scenario, write_scenario
 
-from exporter import statuspage
+from exporter.common.metric import GpuKey
+from exporter.common.snapshot import Snapshot, SystemInfo
 from exporter.config import Config
-from exporter.metric import GpuKey
-from exporter.quarantine import QuarantineStore
-from exporter.served import ServedState
-from exporter.snapshot import Snapshot, SystemInfo
-from exporter.stuck import StuckDetector, _GpuState
-from exporter.xids import XidCount
+from exporter.supervisor import statuspage
+from exporter.supervisor.quarantine import QuarantineStore
+from exporter.supervisor.served import ServedState
+from exporter.supervisor.stuck import StuckDetector, _GpuState
+from exporter.supervisor.xids import XidCount
 from guards.features import FeatureState, Reason
 from guards.versions import SelfCheckResult
 

@@ -1,4 +1,4 @@
-"""The stuck-context signature (exporter.stuck), with and without GPM (issue 14).
+"""The stuck-context signature (exporter.supervisor.stuck), with and without GPM.
 
 Busy by utilization, no SM activity and no processes is the strongest evidence of a wedged
 context; without GPM the signature falls back to "no memory in use".
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.collectors import gpm, memory, processes, utilization
-from exporter.snapshot import GpuSample, Snapshot, SystemInfo
-from exporter.stuck import StuckDetector
+from exporter.common.collectors import gpm, memory, processes, utilization
+from exporter.common.snapshot import GpuSample, Snapshot, SystemInfo
+from exporter.supervisor.stuck import StuckDetector
 
 GIB = 1 << 30
 

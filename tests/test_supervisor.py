@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from exporter.app import build_supervisor
-from exporter.breadcrumb import Breadcrumb
-from exporter.collectors.base import SystemInfo
+from exporter.common.breadcrumb import Breadcrumb
+from exporter.common.collectors.base import SystemInfo
+from exporter.common.snapshot import Hello, Snapshot
 from exporter.config import Config
-from exporter.extensions import Extension
-from exporter.policy import Outcome, RestartPolicy
-from exporter.quarantine import QuarantineStore
-from exporter.served import ServedState
-from exporter.snapshot import Hello, Snapshot
-from exporter.supervisor import Supervisor
-from exporter.workerproc import WorkerProcess
+from exporter.supervisor.extensions import Extension
+from exporter.supervisor.policy import Outcome, RestartPolicy
+from exporter.supervisor.quarantine import QuarantineStore
+from exporter.supervisor.served import ServedState
+from exporter.supervisor.supervisor import Supervisor
+from exporter.supervisor.workerproc import WorkerProcess
 from guards import features as gf
 from guards.features import FeatureState, Reason
 
@@ -67,7 +67,7 @@ def test_backoff_doubles_and_is_bounded() -> None:
 
 
 def test_backoff_never_overflows() -> None:
-    """Issue 12: 2 ** (n - 1) stopped converting to float after 1,025 consecutive failures."""
+    """2 ** (n - 1) stopped converting to float after 1,025 consecutive failures."""
     policy = _policy(initial=0.001, max=60.0)
     for _ in range(5000):
         delay = policy.decide(_out("nvml_error"), unreaped=0, had_snapshot=False, new_quarantine=False).delay_s
@@ -111,8 +111,8 @@ def test_unreapable_hangs_stop_respawning() -> None:
 
 
 def test_kill_reports_a_process_that_survives_sigkill(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("exporter.workerproc.KILL_GRACE_S", 0.01)
-    monkeypatch.setattr("exporter.workerproc.REAP_WAIT_S", 0.01)
+    monkeypatch.setattr("exporter.supervisor.workerproc.KILL_GRACE_S", 0.01)
+    monkeypatch.setattr("exporter.supervisor.workerproc.REAP_WAIT_S", 0.01)
     worker = WorkerProcess({}, None, lambda msg: None, (1.0, 1.0), proc_state_fn=lambda pid: "D")  # type: ignore[arg-type]
 
     async def scenario() -> None:
@@ -216,4 +216,7 @@ def test_feature_states_are_resolved_in_two_places_only() -> None:
                 isinstance(f, ast.Attribute) and f.attr == "resolve" and ast.unparse(f.value) in modules
             ):
                 sites.append(f"{path.relative_to(root)}:{node.lineno}")
-    assert [site.split(":")[0] for site in sites] == ["exporter/sampler.py", "exporter/served.py"], sites
+    assert sorted(site.split(":")[0] for site in sites) == [
+        "exporter/supervisor/served.py",
+        "exporter/worker/sampler.py",
+    ], sites

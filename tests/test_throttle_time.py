@@ -1,4 +1,4 @@
-"""Throttle time (issue 14): exporter.collectors.throttle_time on the fake backend.
+"""Throttle time: exporter.common.collectors.throttle_time on the fake backend.
 
 The point of the counters: a flag read once per sample aliases; the time counters give the true
 share whatever the sampling phase. Shown here on the fake with a 0.5 s hardware power brake every
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fake_device import DETAILS, Clock, device, devices, fake_of, render
 
-from exporter.collectors import clocks, throttle_time
+from exporter.common.collectors import clocks, throttle_time
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = 1_000_000_000
@@ -55,7 +55,7 @@ def test_counters_follow_the_phases_of_the_load_model(tmp_path: Path) -> None:
 def test_fields_269_to_271_only_where_the_driver_numbers_them_so(
     tmp_path: Path, driver: str, new_numbering: bool
 ) -> None:
-    """Before driver 580.82 ids 269-271 are power-smoothing fields (nvml-notes 4.4): never asked."""
+    """Before driver 580.82 ids 269-271 are power-smoothing fields (nvidia-ml-py 13.580.82): never asked."""
     clock = Clock(1.0)
     dev = device(tmp_path, {"fields": dict.fromkeys(ALL_FIELDS, 7)}, clock, DETAILS, driver_version=driver)
     r = throttle_time.read(dev)

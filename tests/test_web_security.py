@@ -1,4 +1,4 @@
-"""Issue 16 point 1: TLS, client certificates and basic auth from the web config file, with real
+"""TLS, client certificates and basic auth from the web config file, with real
 TLS clients against the real exporter process (supervisor + worker on the fake backend).
 
 One exporter serves HTTPS with ``client_auth_type: RequireAndVerifyClientCert``,

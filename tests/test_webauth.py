@@ -1,4 +1,4 @@
-"""exporter.webauth: basic auth against bcrypt hashes, client certificate SANs, the rate limit."""
+"""exporter.supervisor.http.webauth: basic auth against bcrypt hashes, client certificate SANs, the rate limit."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from tls_material import PASSWORD, USER, bcrypt_hash
 
-from exporter import webauth
-from exporter.webauth import BasicAuth, RateLimiter, peer_problem
-from exporter.webconfig import BCRYPT_HASH, TlsSettings, load
+from exporter.supervisor.http import webauth
+from exporter.supervisor.http.webauth import BasicAuth, RateLimiter, peer_problem
+from exporter.supervisor.http.webconfig import BCRYPT_HASH, TlsSettings, load
 
 
 def _header(user: str, password: str) -> str:

@@ -1,4 +1,4 @@
-"""exporter.webconfig: the exporter-toolkit web config file, parsed strictly, every problem at once;
+"""exporter.supervisor.http.webconfig: the exporter-toolkit web config file, parsed strictly, every problem at once;
 and the conformance corpus in tests/fixtures/webconfig (good/ loads, bad/ names its problems)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from tls_material import Material, make_material
 
-from exporter import webconfig
 from exporter.config import Config, ConfigError
-from exporter.webconfig import WebConfigError, load
-from exporter.webtls import load_with_context
+from exporter.supervisor.http import webconfig
+from exporter.supervisor.http.webconfig import WebConfigError, load
+from exporter.supervisor.http.webtls import load_with_context
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).parent / "fixtures" / "webconfig"

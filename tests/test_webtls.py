@@ -1,4 +1,4 @@
-"""exporter.webtls: the TLS server context of a web config, and reloads when its files change."""
+"""exporter.supervisor.http.webtls: the TLS server context of a web config, and reloads when its files change."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from tls_material import USER, Material, bcrypt_hash, make_material
 
-from exporter.webconfig import WebConfigError
-from exporter.webtls import WebConfigWatcher, load_with_context
+from exporter.supervisor.http.webconfig import WebConfigError
+from exporter.supervisor.http.webtls import WebConfigWatcher, load_with_context
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +141,7 @@ def test_a_failed_reload_logs_every_problem_once(
     path = write(tmp_path, f"basic_auth_users:\n  {USER}: {bcrypt_hash()}\n")
     watcher = WebConfigWatcher(path, clock=lambda: now[0])
     Path(path).write_text("tls_server_config: {cert_file: gone.crt, key_file: gone.key}\nbasic_auth_users: {a: b}\n")
-    with caplog.at_level(logging.ERROR, logger="exporter.webconfig"):
+    with caplog.at_level(logging.ERROR, logger="exporter.supervisor.http.webconfig"):
         for _ in range(3):
             now[0] += 1.5
             assert set(watcher.refresh().users) == {USER}

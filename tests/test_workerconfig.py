@@ -1,4 +1,4 @@
-"""exporter.workerconfig: what the supervisor starts a worker with, typed and decoded once."""
+"""exporter.common.workerconfig: what the supervisor starts a worker with, typed and decoded once."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from exporter.common.workerconfig import ENV_VAR, CollectorOptions, Exclusion, GpuRef, ProcessOptions, WorkerConfig
 from exporter.config import Config
-from exporter.workerconfig import ENV_VAR, CollectorOptions, Exclusion, GpuRef, ProcessOptions, WorkerConfig
-from exporter.workerproc import worker_config, worker_env
+from exporter.supervisor.workerproc import worker_config, worker_env
 from guards import features as gf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ def test_the_round_trip_through_the_environment_keeps_every_field() -> None:
 
 
 def test_the_worker_gets_the_settings_it_needs() -> None:
-    """Issue 18's options and the worker's deadlines come from the settings, nowhere else."""
+    """The processes options and the worker's deadlines come from the settings, nowhere else."""
     env = {
         "NVGPU_SAMPLE_INTERVAL_SECONDS": "2",
         "NVGPU_SHUTDOWN_TIMEOUT_SECONDS": "8",

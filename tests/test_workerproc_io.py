@@ -1,4 +1,4 @@
-"""Issue 12, worker I/O: nothing the worker writes ends the reading of its streams.
+"""Worker I/O: nothing the worker writes ends the reading of its streams.
 
 The supervisor reads two pipes of each worker: JSON lines (``_read_messages``) and stderr
 (``_read_stderr``). These tests feed real asyncio stream readers with what a broken or hostile
@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from exporter import protocol, workerproc
-from exporter.snapshot import Message, Progress
-from exporter.workerproc import MAX_LINE as STDERR_LINE_MAX
-from exporter.workerproc import WorkerProcess
+from exporter.common import protocol
+from exporter.common.snapshot import Message, Progress
+from exporter.supervisor import workerproc
+from exporter.supervisor.workerproc import MAX_LINE as STDERR_LINE_MAX
+from exporter.supervisor.workerproc import WorkerProcess
 
 
 def _worker(errors: list[str], seen: list[Message], on_message: Any = None) -> WorkerProcess:

@@ -1,4 +1,4 @@
-"""Tests for the Xid catalog (exporter/xid/catalog.json and its loader)."""
+"""Tests for the Xid catalog (exporter/supervisor/xid/catalog.json and its loader)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exporter.xid import (
+from exporter.supervisor.xid import (
     ACTIONS,
     CLASSES,
     SEVERITIES,
@@ -25,14 +25,15 @@ from exporter.xid import (
     promql_regex,
 )
 
-CATALOG_PATH = Path(__file__).resolve().parents[1] / "exporter" / "xid" / "catalog.json"
+CATALOG_PATH = Path(__file__).resolve().parents[1] / "exporter" / "supervisor" / "xid" / "catalog.json"
 
-# Every code of ../shared/reference/nvml-notes.md §6.3, plus NVML's "unknown Xid".
+# Every code of NVIDIA's Xid catalog for Ampere and newer that operators meet on data-centre GPUs
+# (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), plus NVML's "unknown Xid".
 NOTES_CODES = (
     13, 31, 32, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 109, 119, 120,
     140, 143, 144, 145, 146, 147, 148, 149, 150, 154, 155, 156, 157, 158, 999,
 )  # fmt: skip
-# Policy of issue 5.
+# Policy.
 APPLICATION = (13, 31, 43, 45, 68, 109)
 HARDWARE_CRITICAL = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 DECIDED_CRITICAL = (140, 143, 155, 156, 157, 158)

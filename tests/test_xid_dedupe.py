@@ -1,10 +1,10 @@
-"""exporter.xid.dedupe: an Xid reported by both NVML and the kernel log counts once."""
+"""exporter.supervisor.xid.dedupe: an Xid reported by both NVML and the kernel log counts once."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.xid.dedupe import XidDeduplicator, XidSighting, dedupe
+from exporter.supervisor.xid.dedupe import XidDeduplicator, XidSighting, dedupe
 
 
 def test_dedup_drops_kernel_copy_of_an_nvml_event() -> None:

@@ -1,4 +1,4 @@
-"""Issue 5: NVML Xid events survive worker restarts; kernel-log Xids are counted once; stuck signature."""
+"""NVML Xid events survive worker restarts; kernel-log Xids are counted once; stuck signature."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_stuck_signature_and_kernel_log_xids(tmp_path: Path) -> None:
     gpu0["nvmlDeviceGetUtilizationRates"] = {"gpu": 100, "memory": 0}
     gpu0["nvmlDeviceGetMemoryInfo"] = {"total": 150754820096, "reserved": 644939776, "free": 150109880320, "used": 0}
     gpu0["nvmlDeviceGetComputeRunningProcesses_v3"] = []
-    gpu0.update({f"nvmlGpmMetricsGet:{m}": 0.0 for m in (2, 3, 5, 10)})  # GPM: no SM works (issue 14)
+    gpu0.update({f"nvmlGpmMetricsGet:{m}": 0.0 for m in (2, 3, 5, 10)})  # GPM: no SM works
     gpu0["nvmlGpmMetricsGet:1"] = 100.0
     kmsg = tmp_path / "kern.log"
     kmsg.write_text(

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generate the H200 fake-NVML scenarios (h200x1.json, h200x2.json, h200x8.json,
-h200x2-mig.json) in exporter/scenarios/.
+h200x2-mig.json) in exporter/common/scenarios/.
 
 They ship inside the package (so ``--nvml-backend fake:h200x2`` works after any install and in the
 image); the files next to this script are links to them, kept for paths in older notes.
@@ -10,10 +10,13 @@ Standard library only and deterministic: running it twice gives byte-identical f
     python3 examples/scenarios/generate.py           # (re)write the JSON files
     python3 examples/scenarios/generate.py --check   # validate shape and fail if a file is stale
 
-Format: docs/scenarios.md. Every number below comes from the measured reference data in
-../shared/reference/h200/ (nvml_probe_1gpu.json, nvml_probe_2gpu_nvlink.json,
-nvidia-smi-q_1gpu.txt, topology_2gpu.txt) and ../shared/reference/nvml-notes.md sections 3-6,
-unless a comment says "synthetic".
+Format: docs/scenarios.md. Every number below was measured on H200 SXM GPUs (driver 580.159.04,
+NVML 13.580.159.04, nvidia-ml-py 13.610/13.615), unless a comment says "synthetic". The raw probe
+output is not part of this repository; the comments name the runs: "probe 1gpu" (one H200 without
+NVLink peers) and "probe 2gpu" (the NVLink-connected pair) with their ``nvidia-smi -q`` and
+``nvidia-smi topo -m``, and the runs of 2026-11-30 on the pair, "fields" (NVLink error counters
+and field values), "misc" / "misc-load" (power scopes, clock-event durations, fabric; idle and
+under a bf16 matmul) and "gpm" / "gpm-load" (GPM metrics, idle and under the matmul).
 
 Load model (all per-GPU cycles share PHASE_S and four phases, so they stay in step):
   phase 0  idle                 (t mod 20 in [0, 5))   the measured idle values
@@ -31,10 +34,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE.parent.parent / "exporter" / "scenarios"  # package data: selectable by name
+OUT = HERE.parent.parent / "exporter" / "common" / "scenarios"  # package data: selectable by name
 PHASE_S = 5
 
-# --- system-wide, nvml_probe_*.json "driver", "nvml_version", "cuda_driver" -----------------------
+# --- system-wide, probes 1gpu and 2gpu "driver", "nvml_version", "cuda_driver" -----------------------
 DRIVER_VERSION = "580.159.04"
 NVML_VERSION = "13.580.159.04"
 CUDA_DRIVER_VERSION = 13000
@@ -44,27 +47,27 @@ NAME = "NVIDIA H200"
 ARCHITECTURE = 9  # NVML_DEVICE_ARCH_HOPPER
 MEM_TOTAL = 150_754_820_096  # mem_v2[0]
 MEM_RESERVED = 644_939_776  # mem_v2[3] (= v1 used when v2 used is 0)
-MEM_USED_LOAD_MEASURED = 1_059_913_728  # nvml-notes 3.1: v2 used under load (bf16 matmul)
+MEM_USED_LOAD_MEASURED = 1_059_913_728  # probe 1gpu: v2 used under load (bf16 matmul)
 MEM_USED_LOAD_TRAINING = 128 * 1024**3  # synthetic: a training footprint for h200x2/x8 (see below)
 BAR1_TOTAL = 274_877_906_944  # bar1[0], 256 GiB
 BAR1_USED = 1_703_936  # bar1[1]
 POWER_LIMIT_MW = 700_000  # power_limit_mw
 POWER_BOOST_MW = 652_000  # synthetic: loaded but below the 700 W cap (reasons 0)
-POWER_CAPPED_MW = 693_000  # nvml-notes 3.4: "under load 0x4 (SwPowerCap at 693 W/700 W)"
-UTIL_LOAD = (94, 22)  # nvml-notes 3.1: utilization under load 94/22
+POWER_CAPPED_MW = 693_000  # probe 1gpu under load: reasons 0x4 (SwPowerCap) at 693 W of 700 W
+UTIL_LOAD = (94, 22)  # probe 1gpu: utilization under load 94/22
 CLOCK_SM_MAX = 1980  # clock_sm_max; nvidia-smi Max Clocks Graphics/SM 1980
-CLOCK_SM_CAPPED = 1515  # nvml-notes 3.4: "SM 345 idle, 1515 loaded"
+CLOCK_SM_CAPPED = 1515  # probe 1gpu: SM 345 MHz idle, 1515 loaded
 CLOCK_MEM = 3201  # clock_mem; nvidia-smi Clocks/Max Clocks Memory 3201
 CLOCK_VIDEO = 765  # nvidia-smi Clocks Video 765 (load value not measured)
 CLOCK_VIDEO_MAX = 1545  # nvidia-smi Max Clocks Video 1545
 REASON_IDLE = 0x1  # clocks_event_reasons idle = 1
-REASON_SW_POWER_CAP = 0x4  # nvml-notes 3.4 under load
+REASON_SW_POWER_CAP = 0x4  # probe 1gpu under load
 SUPPORTED_EVENT_TYPES = 0xFF9F  # supported_event_types 65439
 UINT_MAX = 0xFFFFFFFF  # scopeId "sum over links"; gi/ci ids with MIG off
 NVLINK_LINKS = 18  # field 91 = 18, nvlink_states 0..17 = 1, topology NV18
-NVLINK_MAX_LINKS = 36  # nvidia-ml-py 13.610 NVML_NVLINK_MAX_LINKS (nvml-notes 3.9):
+NVLINK_MAX_LINKS = 36  # nvidia-ml-py 13.610 NVML_NVLINK_MAX_LINKS (18 up to 13.595):
 # the 1-GPU probe got NotSupported for all 36 link indices
-PROCESS_MEASURED = {  # nvml-notes 5.1 measured compute process
+PROCESS_MEASURED = {  # probe 1gpu: the compute process under load
     "pid": 494,
     "usedGpuMemory": 1_050_673_152,
     "gpuInstanceId": UINT_MAX,
@@ -73,7 +76,7 @@ PROCESS_MEASURED = {  # nvml-notes 5.1 measured compute process
 
 NOT_SUPPORTED = {"error": "NOT_SUPPORTED"}
 
-# --- issue 17: NVLink error counters, ../shared/reference/h200/2026-11-30/fields.json --------------
+# --- NVLink error counters, run fields, 2026-11-30 --------------
 # nvmlDeviceGetNvLinkErrorCounter per link on the idle, healthy pair: replay, recovery and flit CRC
 # 0 on every link; data CRC (counter 3) non-zero on every link (counts since the driver loaded).
 # Fields 161-163 (DL replay, recovery, CRC) per link: 0, the same as the per-call counters.
@@ -83,19 +86,19 @@ NVLINK_CRC_DATA = (
 )
 NVLINK_DL_FIELDS = (161, 162, 163)
 
-# --- issue 14: power scope, throttle time, fabric, GPM (../shared/reference/h200/2026-11-30/) -----
-MEMORY_POWER_IDLE_MW = (38_874, 40_551)  # misc.json: field 185 scope 2 (memory), GPU 0 / GPU 1
-MEMORY_POWER_LOAD_MW = (144_008, 138_113)  # misc-load.json, same field under the matmul load
+# --- power scope, throttle time, fabric, GPM (runs of 2026-11-30) -----
+MEMORY_POWER_IDLE_MW = (38_874, 40_551)  # run misc: field 185 scope 2 (memory), GPU 0 / GPU 1
+MEMORY_POWER_LOAD_MW = (144_008, 138_113)  # run misc-load, same field under the matmul load
 MEMORY_POWER_BOOST_MW = 141_000  # synthetic: loaded, below the cap (not measured)
 # Clock-event-reason durations (fields 74-81, 269-271; ns since driver load). The counters grow
 # only while their reason holds in the load model's phases (integral value specs), from the idle
-# values measured in misc.json (GPU 0): low utilization 21.9 s, below app/base clocks 12.6 s.
+# values measured in run misc (GPU 0): low utilization 21.9 s, below app/base clocks 12.6 s.
 LOW_UTILIZATION_NS = 21_898_577_760
 BELOW_APP_CLOCKS_NS = 12_573_121_088
 BELOW_BASE_CLOCKS_NS = 12_573_944_800
-FABRIC_COMPLETED = {"state": 3, "status": 0, "cliqueId": 0, "healthMask": 0, "healthSummary": 0}  # misc.json v3
-# GPM metric values in percent / MiB/s per phase (idle, boosting, capped, cooling): gpm.json (idle)
-# and gpm-load.json (bf16 matmul on both GPUs, GPU 0): graphics 93.6, SM 89.8, occupancy 16.2,
+FABRIC_COMPLETED = {"state": 3, "status": 0, "cliqueId": 0, "healthMask": 0, "healthSummary": 0}  # run misc v3
+# GPM metric values in percent / MiB/s per phase (idle, boosting, capped, cooling): run gpm (idle)
+# and run gpm-load (bf16 matmul on both GPUs, GPU 0): graphics 93.6, SM 89.8, occupancy 16.2,
 # any tensor 82.7 = HMMA, DRAM bandwidth 21.2, FP32 0, PCIe TX 6.5 / RX 18.8 MiB/s; idle all 0
 # except DRAM 0.0004 and PCIe 0.2 / 0.07 MiB/s. IMMA, DMMA, DFMA, FP64, FP16 were not measured:
 # 0 (synthetic; a bf16 matmul does not use them).
@@ -103,8 +106,8 @@ GPM_LOADED = {1: 93.6, 2: 89.8, 3: 16.2, 5: 82.7, 7: 82.7, 10: 21.2, 20: 6.5, 21
 GPM_IDLE = {10: 0.0004, 20: 0.2, 21: 0.07}
 GPM_ACTIVITY_IDS = (1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 20, 21)
 
-# --- other process lists and per-process utilization (issue 18) ------------------------------------
-# graphics_procs [] was measured (nvml_probe_1gpu.json); the MPS list is a Volta+ call that was not
+# --- other process lists and per-process utilization ------------------------------------------
+# graphics_procs [] was measured (probe 1gpu); the MPS list is a Volta+ call that was not
 # probed: with no MPS daemon running it is empty (synthetic). process_util answered NotFound on the
 # idle GPU (measured: "no samples newer than the timestamp"). While loaded, the one process of
 # h200x1 is the whole load, so its samples carry the measured device utilization 94/22 (derived).
@@ -258,7 +261,7 @@ def gpu(
 
 
 def issue14(values, fields, power, mem_power, nvlink_tx_kib_s, nvlink_rx_kib_s, fabric):
-    """Power by scope, clock-event-reason durations, fabric state and GPM for one H200 (issue 14)."""
+    """Power by scope, clock-event-reason durations, fabric state and GPM for one H200."""
     mem_idle, mem_load = mem_power
     # power fields 185 (1 s average) by scope: GPU (= nvmlDeviceGetPowerUsage), memory; the module
     # scope answers NOT_SUPPORTED on x86 (unlisted fields answer default_field_error)
@@ -277,8 +280,8 @@ def issue14(values, fields, power, mem_power, nvlink_tx_kib_s, nvlink_rx_kib_s, 
     for fid in ("75", "76", "77", "79", "269", "270", "271"):  # thermal, sync boost, board limit,
         fields[fid] = 0  # reliability, SW/HW thermal, HW power brake: 0 in both measurements
     values["nvmlDeviceGetGpuFabricInfoV"] = fabric if fabric is not None else NOT_SUPPORTED
-    values["nvmlDeviceGetMigMode"] = [0, 0]  # nvml_probe_*: mig_mode [0, 0]
-    values["nvmlGpmQueryDeviceSupport"] = {"isSupportedDevice": 1}  # gpm.json: supported 1
+    values["nvmlDeviceGetMigMode"] = [0, 0]  # probes 1gpu and 2gpu: mig_mode [0, 0]
+    values["nvmlGpmQueryDeviceSupport"] = {"isSupportedDevice": 1}  # run gpm: supported 1
     for mid in GPM_ACTIVITY_IDS:
         idle = GPM_IDLE.get(mid, 0.0)
         loaded = GPM_LOADED.get(mid, 0.0)
@@ -309,23 +312,23 @@ COMMON_DESC = (
     " memory total 150754820096 B / reserved 644939776 B, BAR1 256 GiB with 1703936 B used,"
     " power limit 700000 mW, PCIe gen 5 x16, ECC [1,1] with 0 errors, remapped rows (0,0,0,0),"
     " enc/dec [0,100000], P0, max clocks 1980/1980/3201/1545 MHz, supported event types 0xff9f,"
-    " fan and retired pages NOT_SUPPORTED) from ../shared/reference/h200/nvml_probe_*.json and"
-    " nvidia-smi-q_1gpu.txt; field 230 (recovery action) 0 and field 82 (HBM temperature) per"
-    " nvml-notes.md 3.2/3.8. Values cycle every 5 s through 4 phases (20 s period): idle"
+    " fan and retired pages NOT_SUPPORTED) from probes 1gpu and 2gpu and"
+    " nvidia-smi -q; field 230 (recovery action) 0 and field 82 (HBM temperature) as"
+    " measured. Values cycle every 5 s through 4 phases (20 s period): idle"
     " (measured idle values, clock-event reasons 0x1) -> loaded boosting (util 94/22, SM/graphics"
     " 1980 MHz, 652 W, reasons 0; the 652 W is synthetic) -> loaded power-capped (util 94/22,"
     " SM/graphics 1515 MHz, 693 W, reasons 0x4 SwPowerCap, as measured under load in"
-    " nvml-notes.md 3.1/3.4) -> idle cooling; GPU temperature idle/+18/+27/+10 C, HBM"
+    " probe 1gpu) -> idle cooling; GPU temperature idle/+18/+27/+10 C, HBM"
     " idle/+4/+8/+5 C (temperatures under load are synthetic). Energy is a ramp from the measured"
     " counter at the cycle's mean power (mW = mJ/s). Memory/video clocks stay at 3201/765 MHz."
     " Events register OK, none are delivered."
-    " Issue 14 (../shared/reference/h200/2026-11-30/): memory power (field 185 scope 2) idle"
+    " Runs of 2026-11-30: memory power (field 185 scope 2) idle"
     " 38874/40551 mW and 144008/138113 mW capped as measured (141000 mW boosting is synthetic),"
     " module scope NOT_SUPPORTED; clock-event-reason durations (fields 74-81, 269-271, ns) grow"
     " only in the phases whose reason bit is set (SW power cap while capped, low utilization while"
-    " idle, below app/base clocks in all but the boosting phase) from the idle values of misc.json;"
-    " MIG mode [0, 0]; GPM supported, metric values per phase from gpm.json (idle) and"
-    " gpm-load.json (loaded: graphics 93.6 %, SM 89.8 %, occupancy 16.2 %, tensor and HMMA 82.7 %,"
+    " idle, below app/base clocks in all but the boosting phase) from the idle values of run misc;"
+    " MIG mode [0, 0]; GPM supported, metric values per phase from run gpm (idle) and"
+    " run gpm-load (loaded: graphics 93.6 %, SM 89.8 %, occupancy 16.2 %, tensor and HMMA 82.7 %,"
     " DRAM bandwidth 21.2 %, PCIe TX 6.5 / RX 18.8 MiB/s; IMMA, DMMA, DFMA, FP64, FP32, FP16 0);"
     " GPM NVLink rates equal the field 138/139 ramps."
     " Graphics process lists are empty (measured); MPS"
@@ -338,7 +341,7 @@ COMMON_DESC = (
 def h200x1():
     desc = (
         "One H200 SXM without NVLink peers, as measured in"
-        " ../shared/reference/h200/nvml_probe_1gpu.json"
+        " probe 1gpu"
         " (UUID GPU-820f4b2d-da15-c9b7-3ba6-c396976ca722, serial 1653724067064,"
         " PCI 00000000:00:06.0, minor 0; idle 35 C GPU / 34 C HBM, 77886 mW,"
         " SM 345 MHz, energy 2461760 mJ, PCIe replay counter 4). Every NVLink call and field"
@@ -347,8 +350,8 @@ def h200x1():
         " 13.610, the bound past which real NVML answers INVALID_ARGUMENT; field 91"
         " NotSupported). While loaded (phases 1-2) one compute process runs: pid 494,"
         " 1050673152 B, gi/ci 4294967295, and v2 memory used is"
-        " 1059913728 B, both as measured under a bf16 matmul load (nvml-notes.md 3.1/5.1)."
-        " No NVLink fabric: nvmlDeviceGetGpuFabricInfoV NOT_SUPPORTED (nvidia-smi-q_1gpu.txt: Fabric"
+        " 1059913728 B, both as measured under a bf16 matmul load."
+        " No NVLink fabric: nvmlDeviceGetGpuFabricInfoV NOT_SUPPORTED (nvidia-smi -q: Fabric"
         " State N/A); GPM NVLink metrics NOT_SUPPORTED (synthetic)." + COMMON_DESC
     )
     g = gpu(
@@ -372,8 +375,8 @@ def h200x1():
 
 NVLINK_DESC = (
     " 18 NVLink4 links per GPU, all up (nvlink_link_count 18, nvmlDeviceGetNvLinkState 1 for"
-    " links 0-17, field 91 = 18: nvml_probe_2gpu_nvlink.json, topology_2gpu.txt NV18); NVLink"
-    " error counters as measured on the idle pair (2026-11-30/fields.json): replay, recovery and flit"
+    " links 0-17, field 91 = 18: probe 2gpu, nvidia-smi topo -m: NV18); NVLink"
+    " error counters as measured on the idle pair (run fields, 2026-11-30): replay, recovery and flit"
     " CRC 0, data CRC 25-375 per link (GPU 0's counts for even GPUs, GPU 1's for odd ones), fields"
     " 161-163 per link 0. Fields 138/139 (NVLink data TX/RX, cumulative KiB) are"
     " ramps from the measured 0 per link (scopeId 0-17) plus the all-links sum (scopeId"
@@ -384,7 +387,7 @@ NVLINK_DESC = (
 def h200x2():
     desc = (
         "Two NVLink-connected H200 SXM (README demo scenario), identities as measured in"
-        " ../shared/reference/h200/nvml_probe_2gpu_nvlink.json:"
+        " probe 2gpu:"
         " GPU 0 GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6, serial 1654524012390,"
         " PCI 00000000:00:06.0 (idle 34 C / HBM 37 C, 85337 mW, SM 390 MHz,"
         " energy 2445309 mJ); GPU 1 GPU-094221fd-19f9-1561-7ef8-949bb0d57826, serial 1654524012455,"
@@ -393,11 +396,11 @@ def h200x2():
         + NVLINK_DESC
         + " Traffic: GPU 0 TX = GPU 1 RX = 1000 KiB/s per link; GPU 1 TX = GPU 0 RX = 250 KiB/s per"
         " link (asymmetric on purpose, so a TX/RX mix-up shows; the rates are synthetic)."
-        " No compute processes are listed (an exporter without hostPID sees none,"
-        " nvml-notes.md 5.3); v2 memory used while loaded is a synthetic 128 GiB training"
-        " footprint, so utilization without"
+        " No compute processes are listed (an exporter without hostPID sees none:"
+        " drivers translate pids into the caller's PID namespace); v2 memory used while loaded is a"
+        " synthetic 128 GiB training footprint, so utilization without"
         " processes does not also look like a stuck context. Fabric: state 3 (completed), status 0,"
-        " as measured on this pair (misc.json)." + COMMON_DESC
+        " as measured on this pair (run misc)." + COMMON_DESC
     )
     g0 = gpu(
         {
@@ -493,8 +496,8 @@ def h200x8():
         f" ({uuids}) are sha256-derived, serials 1654524013000 + 17*i and PCI bus ids"
         " 00000000:{18,2A,3A,5D,9A,AB,BA,DB}:00.0 are invented in the form NVML reports them;"
         " minor numbers 0-7. Idle temperature/power/SM clock per GPU are spread over the idle"
-        " values measured in ../shared/reference/h200/nvml_probe_1gpu.json and"
-        " nvml_probe_2gpu_nvlink.json (34-36 C, 76813-85337 mW, SM 345/390 MHz); energy ramps"
+        " values measured in probe 1gpu and"
+        " probe 2gpu (34-36 C, 76813-85337 mW, SM 345/390 MHz); energy ramps"
         " start near the measured 2445309 mJ."
         + NVLINK_DESC
         + " Traffic: TX = RX = 1000 KiB/s per link on every GPU (synthetic). No compute processes"
@@ -505,11 +508,11 @@ def h200x8():
     return scenario(desc, gpus)
 
 
-# --- issue 15: MIG (h200x2-mig.json) -----------------------------------------------------------------
+# --- MIG (h200x2-mig.json) ---------------------------------------------------------------------------
 # GPU instance profiles of the H200 141GB (NVIDIA MIG user guide, "Supported MIG Profiles": names
 # and which profiles exist) with the profile ids and NVML_GPU_INSTANCE_PROFILE_* indices NVML gives
 # the same profiles on A100/H100 (nvidia-smi mig -lgip: 1g 19, 1g+me 20, 1g double memory 15,
-# 2g 14, 3g 9, 4g 5, 7g 0). SYNTHETIC: no H200 was put in MIG mode (issue 15: never change MIG mode
+# 2g 14, 3g 9, 4g 5, 7g 0). SYNTHETIC: no H200 was put in MIG mode (never change MIG mode
 # on the lab machines), so the ids are unverified on H200 and memorySizeMB is the measured total
 # (150754820096 B = 143772 MiB) split by memory slices (1/8, 2/8, 4/8, 8/8), rounded down to 256 MiB.
 MIG_PROFILES = {
@@ -560,7 +563,7 @@ def mig_gpm(idle, loaded):
     return {m: (idle.get(m, 0.0), loaded.get(m, 0.0), loaded.get(m, 0.0), idle.get(m, 0.0)) for m in (1, 2, 3, 5, 10)}
 
 
-MIG_TRAINING = {1: 93.6, 2: 89.8, 3: 16.2, 5: 82.7, 10: 21.2}  # gpm-load.json, the bf16 matmul (GPU 0)
+MIG_TRAINING = {1: 93.6, 2: 89.8, 3: 16.2, 5: 82.7, 10: 21.2}  # run gpm-load, the bf16 matmul (GPU 0)
 MIG_INFERENCE = {1: 40.0, 2: 35.0, 3: 8.0, 5: 20.0, 10: 9.0}  # synthetic: a lighter load
 
 
@@ -594,13 +597,13 @@ def mig_gpu0(g0):
     for fn in (
         "nvmlDeviceGetUtilizationRates",  # "On MIG-enabled GPUs, querying device utilization rates is not
         "nvmlDeviceGetEncoderUtilization",  # currently supported" (NVML API reference); encoder and
-        "nvmlDeviceGetDecoderUtilization",  # decoder as well (nvml-notes §2.2)
+        "nvmlDeviceGetDecoderUtilization",  # decoder as well (nvml.h)
         "nvmlDeviceGetProcessUtilization",
-        "nvmlDeviceGetRemappedRows",  # NOT_SUPPORTED "if MIG has active instances" (nvml-notes §3.8)
+        "nvmlDeviceGetRemappedRows",  # NOT_SUPPORTED "if MIG has active instances" (nvml.h)
     ):
         values[fn] = NOT_SUPPORTED
     # the parent's process lists: the aggregate over the instances, with their ids (privileged
-    # callers; nvml-notes §2.2), while loaded; GI 10's process always
+    # callers, nvml.h), while loaded; GI 10's process always
     loaded = [
         r for inst in instances[:3] for r in inst["values"]["nvmlDeviceGetComputeRunningProcesses_v3"]["cycle"][1]
     ]
@@ -619,9 +622,9 @@ def mig_gpu0(g0):
 def h200x2_mig():
     doc = h200x2()
     doc["description"] = (
-        "h200x2.json with GPU 0 in MIG mode (issue 15; examples/scenarios/generate.py, mig_gpu0): mixed"
+        "h200x2.json with GPU 0 in MIG mode (examples/scenarios/generate.py, mig_gpu0): mixed"
         " profiles, GI 2 3g.71gb (a training process, GPM as measured under the bf16 matmul in"
-        " gpm-load.json while loaded), GI 3 2g.35gb split into two compute instances, GI 9 and GI 10"
+        " run gpm-load while loaded), GI 3 2g.35gb split into two compute instances, GI 9 and GI 10"
         " 1g.18gb (GI 9 idle, GI 10 an inference server in every phase). SYNTHETIC, not measured: no H200"
         " was put in MIG mode (the lab machines' MIG setting must stay as it is); profile names from"
         " NVIDIA's MIG user guide for the H200, profile ids as NVML gives them on A100/H100, memory"
@@ -670,7 +673,7 @@ MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 def validate(name, doc):
     """The exporter's own scenario check (docs/scenarios.md), plus the real UUID and bus-id forms."""
     sys.path.insert(0, str(HERE.parent.parent))
-    from exporter.fakenvml.scenario import validate as validate_scenario  # stdlib only
+    from exporter.common.scenarios.scenario import validate as validate_scenario  # stdlib only
 
     validate_scenario(name, doc)
     for gi, g in enumerate(doc["gpus"]):

@@ -15,7 +15,7 @@ registration); the next ``snapshots`` are kept.
 Goldens:
 
 - ``h200x1``, ``h200x2``, ``h200x8``: the shipped H200 scenarios as they are, default settings
-  (``tests/test_series_budget.py`` counts their series per GPU against the budget of issue 17).
+  (``tests/test_series_budget.py`` counts their series per GPU against the budget).
 - ``detailed``: h200x2 with the switches that add per-GPU series on (``details``, ``nvlink_links``)
   and link 5 of GPU 0 counting replay errors.
 - ``faults``: h200x2 with a fan-cooled GPU 0 whose power reading fails (UNKNOWN), GPU 1 lost
@@ -30,12 +30,12 @@ Goldens:
   and two MPS clients on GPU 1 (plus the MPS server in the control daemon's pod), per-process
   series on with a cap of 2, and a fake /proc and /var/log/containers naming them. The test adds
   the kubelet's holders.
-- ``h200x2-mig``: the shipped MIG scenario (issue 15): GPU 0 in MIG mode with a 3g.71gb, a 2g.35gb
+- ``h200x2-mig``: the shipped MIG scenario: GPU 0 in MIG mode with a 3g.71gb, a 2g.35gb
   split into two compute instances and two 1g.18gb GPU instances, GPU 1 with MIG off. The test adds
   the kubelet's holders: MIG devices by UUID and in the pre-R470 form, one MIG UUID no GPU has, an
   index-strategy id, and a whole GPU.
 - ``gh200``: a Grace Hopper module (h200x1 with GPU power 300 W, module power 650 W, energy rising at
-  650 W): the power scopes in separate families (issue 14); ``gpm_pipes`` switched on.
+  650 W): the power scopes in separate families; ``gpm_pipes`` switched on.
 
 Every golden reads /proc and /var/log/containers from a temporary directory (empty unless the
 golden builds a fake one), never from the capturing machine.
@@ -58,7 +58,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SCENARIOS = ROOT / "exporter" / "scenarios"
+SCENARIOS = ROOT / "exporter" / "common" / "scenarios"
 
 T0 = 1_700_000_000.0  # Unix time of scenario time 0 in every fixture
 INTERVAL_S = 0.5
@@ -84,7 +84,7 @@ def _link_errors(gpu: dict[str, Any], link: int, counter: int, field: int, count
 
 
 def _detailed() -> tuple[dict[str, Any], dict[str, str]]:
-    """Issue 17: every switch that adds per-GPU series on (details, nvlink_links), with link 5 of
+    """Every switch that adds per-GPU series on (details, nvlink_links), with link 5 of
     GPU 0 replaying."""
     scenario, _ = _h200x2()
     scenario["description"] = "golden 'detailed': h200x2 with details and nvlink_links on, link 5 of GPU 0 replaying"
@@ -107,19 +107,19 @@ def _faults() -> tuple[dict[str, Any], dict[str, str]]:
     scenario["faults"] = [
         {"function": "nvmlDeviceGetUtilizationRates", "gpu": 1, "action": "error", "error": "GPU_IS_LOST"}
     ]
-    _link_errors(scenario["gpus"][0], 3, 1, 162, 2)  # issue 17: an erroring link's own series by default
+    _link_errors(scenario["gpus"][0], 3, 1, 162, 2)  # an erroring link's own series by default
     scenario["events"] = [
         {"at_s": 0, "gpu": 0, "event_type": "XidCriticalError", "data": 79},
         {"at_s": 0, "gpu": 0, "event_type": "DoubleBitEccError"},
     ]
-    swapped = {"struct": "swapped", "records": [_rec(9980, 6498025472)]}  # issue 18: pid/memory swapped
+    swapped = {"struct": "swapped", "records": [_rec(9980, 6498025472)]}  # pid/memory swapped
     for fn in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"):
         g0[fn] = swapped
     return scenario, {"ecc": "off", "kernel_xid": "on", "nvlink_throughput": "off"}
 
 
 def _gh200() -> tuple[dict[str, Any], dict[str, str]]:
-    """Power scope (issue 14): a Grace Hopper module whose GPU draws 300 W and whole module 650 W,
+    """Power scope: a Grace Hopper module whose GPU draws 300 W and whole module 650 W,
     with the energy counter rising at the module's 650 W (synthetic: no Grace module was measured);
     GPM pipe activity switched on."""
     scenario = json.loads((SCENARIOS / "h200x1.json").read_text())
@@ -133,7 +133,7 @@ def _gh200() -> tuple[dict[str, Any], dict[str, str]]:
     return scenario, {"gpm_pipes": "on"}
 
 
-# -- golden "processes" (issue 18) ------------------------------------------------------------------
+# -- golden "processes" ------------------------------------------------------------------
 
 GIB = 1 << 30
 
@@ -193,7 +193,7 @@ def _processes_host(tmp: Path) -> dict[str, Any]:
 
 
 def _h200x2_mig() -> tuple[dict[str, Any], dict[str, str]]:
-    """Issue 15: the shipped MIG scenario as it is (GPU 0 in MIG mode with mixed profiles, GPU 1 not)."""
+    """The shipped MIG scenario as it is (GPU 0 in MIG mode with mixed profiles, GPU 1 not)."""
     return json.loads((SCENARIOS / "h200x2-mig.json").read_text()), {}
 
 
@@ -296,7 +296,7 @@ def _child() -> None:
     """Run the real worker module with the fake's clock pinned at scenario time 0."""
     import runpy
 
-    from exporter.fakenvml import binding
+    from exporter.worker.fakenvml import binding
 
     original = binding.FakeNvml.__init__
 
@@ -309,10 +309,10 @@ def _child() -> None:
 
 def capture(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """Run the worker on golden ``name``; returns the fixture (also written to disk)."""
-    from exporter import selfcheck
+    from exporter.common import selfcheck
+    from exporter.common.workerconfig import ENV_VAR
     from exporter.config import Config
-    from exporter.workerconfig import ENV_VAR
-    from exporter.workerproc import worker_config
+    from exporter.supervisor.workerproc import worker_config
     from guards import features as gf
 
     scenario, modes = GOLDENS[name]()

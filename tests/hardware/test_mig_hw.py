@@ -1,4 +1,4 @@
-"""Issue 15 on real GPUs, read-only: MIG-mode reads on GPUs with MIG off, and what the MIG code path
+"""On real GPUs, read-only: MIG-mode reads on GPUs with MIG off, and what the MIG code path
 costs per sample there. It NEVER changes the MIG mode, creates or destroys instances, or resets a
 GPU (the lab machines' settings must stay as they are): every call below is a query.
 
@@ -16,7 +16,7 @@ Skips cleanly without a GPU. About 40 seconds. Writes under ``$NVGPU_HW_OUT`` (w
   device client, and whether the running exporter shows any ``nvgpu_mig_*`` series (expected none)
   or ``nvgpu_gpu_feature_unsupported{feature="mig"}`` (expected none: MIG-capable, mode off);
 - ``mig_cost.json``: per GPU, the median of 50 ``nvmlDeviceGetMigMode`` calls (what a re-probe of a
-  MIG-off GPU costs, about 160 µs on the H200 by nvml-notes §9.1), the NVML calls the ``mig``
+  MIG-off GPU costs, about 160 µs on the H200, measured on 580.159.04), the NVML calls the ``mig``
   collector makes over 200 samples after its first (expected 0) and its median time per sample
   (the cached path: Python only); and from the exporter, one run with ``mig`` on (default) and
   one with ``NVGPU_FEATURE_MIG=off``, 1 s interval, 12 samples each: the median
@@ -71,9 +71,9 @@ def _smi_modes() -> dict[int, list[str]]:
 
 def _devices() -> tuple[Any, list[Any]]:
     """The exporter's own NVML client and device clients on the real binding (read-only)."""
-    from exporter.breadcrumb import BreadcrumbWriter
-    from exporter.nvml.backend import RealNvml
-    from exporter.nvml.client import DeviceClient, NvmlClient
+    from exporter.common.breadcrumb import BreadcrumbWriter
+    from exporter.worker.nvml.backend import RealNvml
+    from exporter.worker.nvml.client import DeviceClient, NvmlClient
 
     client = NvmlClient(RealNvml(), BreadcrumbWriter(None))
     client.raw("init", "nvmlInit", "")
@@ -107,7 +107,7 @@ def _exporter_run(tmp: Path, env: dict[str, str]) -> list[Scrape]:
 def test_mig_reads_say_disabled_and_cost_nothing_per_sample(tmp_path: Path) -> None:
     import pynvml
 
-    from exporter.collectors import mig
+    from exporter.common.collectors import mig
 
     smi = _smi_modes()
     client, devs = _devices()

@@ -1,4 +1,4 @@
-"""Issue 17 on real GPUs: NVLink error counters batched in one field-value call, and their cost.
+"""On real GPUs: NVLink error counters batched in one field-value call, and their cost.
 
 Run on the H200 pair (also runs on one GPU, where the NVLink parts skip; PyTorch not needed; the
 project installed with ``pip install --no-deps --no-build-isolation -e .``)::
@@ -66,7 +66,7 @@ BACKEND = os.environ.get("NVGPU_HW_BACKEND", "nvml")
 
 @pytest.fixture(scope="module")
 def nvml() -> Iterator[Any]:
-    from exporter.nvml.backend import load
+    from exporter.worker.nvml.backend import load
 
     real = load(BACKEND)
     real.nvmlInit()

@@ -1,4 +1,4 @@
-"""Issue 16 on a real GPU: what GPM's PCIe byte rate counts, for the DCGM_FI_PROF_PCIE_{TX,RX}_BYTES
+"""On a real GPU: what GPM's PCIe byte rate counts, for the DCGM_FI_PROF_PCIE_{TX,RX}_BYTES
 compatibility rules (deploy/prometheus/dcgm-compat/rules.yaml).
 
 DCGM documents DCGM_FI_PROF_PCIE_*_BYTES as "including both protocol headers and data payloads";

@@ -1,4 +1,4 @@
-"""Issue 18, point 5: per-process memory and SM utilization on one H200 against known allocations.
+"""Per-process memory and SM utilization on one H200 against known allocations.
 
 Two PyTorch processes share GPU ``NVGPU_HW_GPU`` (default 0):
 

@@ -1,4 +1,4 @@
-"""Issue 14 on real GPUs: GPM profiling, throttle time, power scope, fabric state, and their cost.
+"""On real GPUs: GPM profiling, throttle time, power scope, fabric state, and their cost.
 
 Run on a machine with one or two H200s (PyTorch installed; the project installed with
 ``pip install --no-deps --no-build-isolation -e .``)::
@@ -16,7 +16,7 @@ peer-connected GPUs). About 1.5 minutes. Writes under ``$NVGPU_HW_OUT`` (when se
   increase of the GPM NVLink byte counter against the NVLink byte counters (fields 138/139, all
   links, read by this test) and the bytes the loop copied (expected within 5 %). The exporter runs
   with ``nvlink_throughput`` off, as on H20 / 580: only then does it ask GPM for NVLink traffic
-  (issue 17);
+;
 - ``cost.json``: per GPU, medians of 20 calls, measured in this process with pynvml:
   nvmlGpmSampleGet, nvmlGpmMetricsGet for the gpm feature's 9 metrics, gpm_pipes' 7 and both
   (16), the throttle-time field call (11 fields) against 8 nvmlDeviceGetViolationStatus calls,
@@ -62,8 +62,8 @@ GPM_COUNTERS = (
     "nvgpu_gpm_nvlink_transmit_bytes_total",
     "nvgpu_gpm_nvlink_receive_bytes_total",
 )
-GPM_IDS = (1, 2, 3, 5, 10, 20, 21, 60, 61)  # exporter/collectors/gpm.py
-PIPE_IDS = (7, 9, 8, 6, 11, 12, 13)  # exporter/collectors/gpm_pipes.py
+GPM_IDS = (1, 2, 3, 5, 10, 20, 21, 60, 61)  # exporter/common/collectors/gpm.py
+PIPE_IDS = (7, 9, 8, 6, 11, 12, 13)  # exporter/common/collectors/gpm_pipes.py
 THROTTLE_FIELDS = (74, 75, 76, 77, 78, 79, 80, 81, 269, 270, 271)
 VIOLATION_POLICIES = (0, 1, 2, 3, 4, 5, 10, 11)
 
@@ -220,7 +220,7 @@ def _sum(scrape: Scrape, name: str, gpu: str) -> float:
 @pytest.mark.skipif(GPU_COUNT < 2, reason="needs two NVLink-connected GPUs")
 def _nvlink_kib(gpus: list[str]) -> dict[str, dict[int, int]]:
     """Fields 138/139 with the all-links scope, read in this process: GPU -> field -> KiB."""
-    from exporter.nvml.backend import RealNvml
+    from exporter.worker.nvml.backend import RealNvml
 
     nvml = RealNvml()
     nvml.nvmlInit()
@@ -304,7 +304,7 @@ _REAL: list[Any] = []
 def _field_call(handle: Any, pairs: list[tuple[int, int]]) -> list[tuple[int, int | float | None]]:
     """The exporter's own field-value call (sentinel-filled, one longer, each entry decoded)."""
     if not _REAL:
-        from exporter.nvml.backend import RealNvml
+        from exporter.worker.nvml.backend import RealNvml
 
         _REAL.append(RealNvml())
     return [(e.code, e.value) for e in _REAL[0].field_values(handle, pairs)]

@@ -1,4 +1,4 @@
-"""The exporter, started as README says, against nvidia-smi and real NVLink traffic (issue 2, point 10).
+"""The exporter, started as README says, against nvidia-smi and real NVLink traffic (point 10).
 
 Run on a GPU machine: ``python3 -m pytest -q tests/hardware -s``. Results are written to
 ``$NVGPU_HW_OUT`` (a directory) as JSON when that variable is set.
@@ -40,7 +40,7 @@ def _record(name: str, data: object) -> None:
 
 
 def test_metrics_match_nvidia_smi(tmp_path: Path) -> None:
-    env = {"NVGPU_NVML_BACKEND": "nvml", "NVGPU_FEATURE_DETAILS": "on"}  # the performance state too (issue 17)
+    env = {"NVGPU_NVML_BACKEND": "nvml", "NVGPU_FEATURE_DETAILS": "on"}  # the performance state too
     with Exporter(None, tmp_path, env=env, interval=1.0) as exp:
         exp.wait_for(lambda s: s.value("nvgpu_up") == 1.0, timeout=60, what="nvgpu_up on real NVML")
         time.sleep(2.5)

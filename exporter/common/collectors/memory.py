@@ -1,0 +1,95 @@
+"""Framebuffer and BAR1 memory in bytes.
+
+Sources: nvmlDeviceGetMemoryInfo with ``version=nvmlMemory_v2`` (``used`` excludes the driver's
+``reserved`` memory, as nvidia-smi shows it; idle H200: v1 used 644,939,776 = v2 reserved, v2 used
+0, measured on 580.159.04), falling back to v1 (``used`` includes reserved; no reserved series) when v2 is
+not there; nvmlDeviceGetBAR1MemoryInfo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from exporter.common.metric import GpuKey, MetricDef
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+    from exporter.common.collectors.base import SystemInfo
+    from exporter.worker.nvml.client import DeviceClient
+
+FEATURE = "memory"
+NEEDS: tuple[str, ...] = ()
+DETAILS = "details"  # free (total - reserved - used) and BAR1: outside the default budget of 60 series per GPU
+NVML_MEMORY_V2 = 0x02000028  # sizeof(nvmlMemory_v2_t) | 2 << 24
+_SRC = "nvmlDeviceGetMemoryInfo, v2 when available"
+
+USED = MetricDef(
+    "nvgpu_memory_used_bytes", f"Framebuffer memory used by processes, excluding driver-reserved memory on v2 ({_SRC})"
+)
+FREE = MetricDef("nvgpu_memory_free_bytes", f"Framebuffer memory free ({_SRC})")
+RESERVED = MetricDef(
+    "nvgpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver (nvmlDeviceGetMemoryInfo v2)"
+)
+TOTAL = MetricDef("nvgpu_memory_total_bytes", f"Framebuffer memory total ({_SRC})")
+BAR1_USED = MetricDef("nvgpu_bar1_memory_used_bytes", "BAR1 memory used (nvmlDeviceGetBAR1MemoryInfo)")
+BAR1_TOTAL = MetricDef("nvgpu_bar1_memory_total_bytes", "BAR1 memory total (nvmlDeviceGetBAR1MemoryInfo)")
+METRICS = (
+    USED,
+    FREE,
+    RESERVED,
+    TOTAL,
+    BAR1_USED,
+    BAR1_TOTAL,
+)
+
+
+@dataclass(frozen=True)
+class Reading:
+    total_bytes: int | None
+    used_bytes: int | None
+    free_bytes: int | None
+    reserved_bytes: int | None
+    bar1_total_bytes: int | None
+    bar1_used_bytes: int | None
+
+
+def read(dev: DeviceClient) -> Reading | None:
+    mem = None
+    if ("nvmlDeviceGetMemoryInfo", ("version", NVML_MEMORY_V2)) not in dev.unsupported:
+        mem = dev.get(FEATURE, "nvmlDeviceGetMemoryInfo", version=NVML_MEMORY_V2)
+    reserved = getattr(mem, "reserved", None) if mem is not None else None
+    if mem is None:
+        mem = dev.get(FEATURE, "nvmlDeviceGetMemoryInfo")
+    details = DETAILS in dev.enabled
+    bar1 = dev.get(FEATURE, "nvmlDeviceGetBAR1MemoryInfo") if details else None
+    if mem is None and bar1 is None:
+        return None
+    return Reading(
+        total_bytes=int(mem.total) if mem is not None else None,
+        used_bytes=int(mem.used) if mem is not None else None,
+        free_bytes=int(mem.free) if mem is not None and details else None,
+        reserved_bytes=int(reserved) if reserved is not None else None,
+        bar1_total_bytes=int(bar1.bar1Total) if bar1 is not None else None,
+        bar1_used_bytes=int(bar1.bar1Used) if bar1 is not None else None,
+    )
+
+
+def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
+    used = USED.family()
+    free = FREE.family()
+    reserved = RESERVED.family()
+    total = TOTAL.family()
+    b_used = BAR1_USED.family()
+    b_total = BAR1_TOTAL.family()
+    for key, r in samples:
+        used.add(key, r.used_bytes)
+        free.add(key, r.free_bytes)
+        reserved.add(key, r.reserved_bytes)
+        total.add(key, r.total_bytes)
+        b_used.add(key, r.bar1_used_bytes)
+        b_total.add(key, r.bar1_total_bytes)
+    for fam in (used, free, reserved, total, b_used, b_total):
+        yield from fam.done()

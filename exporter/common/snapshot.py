@@ -1,0 +1,351 @@
+"""The typed messages from the worker to the supervisor; the snapshot is the heart of the contract.
+
+(The other direction, what the supervisor starts a worker with, is :mod:`exporter.common.workerconfig`.)
+The worker builds a :class:`Snapshot` from collectors' frozen ``Reading`` dataclasses and sends
+``snapshot.to_wire()`` through :mod:`exporter.common.protocol` (JSON lines). The supervisor decodes each
+line once, on receipt, with :func:`decode_message`: every field is checked against the dataclass
+annotations here and in the collectors (:func:`exporter.common.decode.decode_dataclass`: ``int | None``,
+``dict[int, int]``, ``tuple[int, ...]`` …; JSON's string keys become ints where the annotation says
+so), and everything downstream (served state, rendering, the status page, the stuck signature, pod
+and kernel-log extensions) reads attributes. A renamed reading field therefore fails here, with the
+field named, not in a golden.
+
+A reading that does not fit its dataclass (a worker of another version, a driver string where an
+integer belongs) costs only that GPU's reading of that feature: it is left out and the feature is
+listed in :attr:`Snapshot.undecodable`, so its ``nvgpu_feature_success`` reads 0. Anything else
+malformed raises :class:`~exporter.common.protocol.ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from exporter.common import collectors
+from exporter.common.collectors.base import SystemInfo
+from exporter.common.decode import DecodeError, decode_dataclass, decode_value
+from exporter.common.protocol import ProtocolError
+from guards.features import FeatureState, Reason
+from guards.versions import ModuleReport, SelfCheckResult
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class FeatureStat:
+    """One feature's last sample: success on every GPU it ran on, and time spent (seconds)."""
+
+    success: bool
+    duration_s: float
+
+
+GPU_STATES = ("up", "lost", "hung", "crashed")
+"""What a worker says of a GPU. ``up``: sampled. ``lost``: GPU_IS_LOST or its handle lookup failed
+(retried every sample). ``hung``: an NVML call on it outlasted the deadline; this worker calls it no
+more (the supervisor's probe retries it). ``crashed``: the supervisor excluded it after a native crash
+in one of its calls (the probe retries it). The supervisor adds ``unknown`` for a GPU without a fresh
+report (docs/metrics.md, ``nvgpu_device_state``)."""
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU in a snapshot.
+
+    Attributes:
+        index: NVML index (the ``gpu`` label).
+        uuid: GPU UUID; empty when the handle lookup failed before it was read.
+        state: one of :data:`GPU_STATES`.
+        readings: feature name -> that collector's ``Reading``, in the order sampled; the last
+            good ones for a GPU that is not ``up`` (they age out by ``sampled_at``).
+        sampled_at: Unix time the readings were taken; None if there never were any.
+        detail: why the GPU is not up (the NVML call and error), empty when up.
+        unsupported: enabled features none of whose calls this GPU supports.
+        feature: for a hung GPU, the feature of the call that did not return.
+        function: for a hung GPU, the NVML function that did not return.
+    """
+
+    index: int
+    uuid: str
+    state: str = "up"
+    readings: Mapping[str, object] = field(default_factory=dict)
+    sampled_at: float | None = None
+    detail: str = ""
+    unsupported: tuple[str, ...] = ()
+    feature: str = ""
+    function: str = ""
+
+    @property
+    def up(self) -> bool:
+        """The GPU answered in this sample."""
+        return self.state == "up"
+
+    def reading(self, kind: type[R]) -> R | None:
+        """The reading of the collector whose ``Reading`` class is ``kind``, or None."""
+        value = self.readings.get(collectors.feature_of(kind))
+        return value if isinstance(value, kind) else None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One sample of every GPU and enabled feature.
+
+    Attributes:
+        ts: Unix time the sample started.
+        duration_s: wall time of the sample.
+        system: versions.
+        gpus: every GPU NVML enumerated, by index.
+        features: per-feature success and duration of this sample.
+        feature_states: the worker's effective feature states (env, known issues, unsupported).
+        errors: (feature, NVML error name) -> count since this worker started.
+        calls: NVML calls since this worker started.
+        events_enabled: UUID -> whether NVML event registration succeeded.
+        undecodable: features with a reading the supervisor could not decode (see module doc).
+    """
+
+    ts: float
+    duration_s: float
+    system: SystemInfo
+    gpus: tuple[GpuSample, ...]
+    features: Mapping[str, FeatureStat]
+    feature_states: Mapping[str, FeatureState]
+    errors: Mapping[tuple[str, str], int]
+    calls: int
+    events_enabled: Mapping[str, bool]
+    undecodable: frozenset[str] = frozenset()
+
+    def to_wire(self) -> dict[str, Any]:
+        """The ``snapshot`` message fields (JSON-ready)."""
+        return {
+            "ts": self.ts,
+            "duration_s": self.duration_s,
+            "system": dataclasses.asdict(self.system),
+            "gpus": [
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "state": g.state,
+                    "readings": {f: collectors.to_json(r) for f, r in g.readings.items()},
+                    "sampled_at": g.sampled_at,
+                    "detail": g.detail,
+                    "unsupported": list(g.unsupported),
+                    "feature": g.feature,
+                    "function": g.function,
+                }
+                for g in self.gpus
+            ],
+            "features": {f: {"success": int(s.success), "duration_s": s.duration_s} for f, s in self.features.items()},
+            "feature_states": states_to_wire(self.feature_states),
+            "errors": [[f, n, c] for (f, n), c in sorted(self.errors.items())],
+            "calls": self.calls,
+            "events_enabled": dict(self.events_enabled),
+        }
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The worker initialised NVML and enumerated GPUs (``index``, ``uuid`` pairs)."""
+
+    pid: int
+    system: SystemInfo
+    gpus: tuple[tuple[int, str], ...]
+    feature_states: Mapping[str, FeatureState]
+    kernel_module_version: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """An init step finished (``nvmlInit``, one GPU's handle): the init deadline starts again."""
+
+    step: str
+
+
+@dataclass(frozen=True)
+class InitFailed:
+    """``nvmlInit`` (or NVML as a whole) failed; ``error`` is the NVML code name.
+
+    Attributes:
+        code: NVML return code (-1 when the failure is not NVML's).
+        error: its name without the prefix, e.g. ``LIB_RM_VERSION_MISMATCH``.
+        message: text for logs.
+        kernel_module_version: the loaded kernel module (``/proc/driver/nvidia/version``), "" if none.
+        errors: (feature, error, count) of the calls that failed in the worker's last sample, which
+            no snapshot carried (the sample that found NVML unusable).
+    """
+
+    code: int
+    error: str
+    message: str
+    kernel_module_version: str = ""
+    errors: tuple[tuple[str, str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class NvmlEvent:
+    """An NVML event; ``xid`` is set for Xid events (``event_type == "xid"``)."""
+
+    ts: float
+    gpu: int | None
+    uuid: str
+    event_type: str
+    xid: int | None
+
+
+@dataclass(frozen=True)
+class Bye:
+    """Orderly worker shutdown; ``nvml_shutdown`` says whether ``nvmlShutdown`` ran."""
+
+    nvml_shutdown: bool
+
+
+Message = Snapshot | Hello | Progress | InitFailed | NvmlEvent | Bye | SelfCheckResult
+
+
+def states_to_wire(states: Mapping[str, FeatureState]) -> dict[str, dict[str, Any]]:
+    """Feature states as the wire carries them: ``{feature: {enabled, reason, detail}}``."""
+    return {k: {"enabled": s.enabled, "reason": s.reason.value, "detail": s.detail} for k, s in states.items()}
+
+
+def selfcheck_to_wire(result: SelfCheckResult) -> dict[str, Any]:
+    """A self-check result as the ``selfcheck`` message and ``selfcheck --json`` carry it."""
+    return {
+        "process": result.process,
+        "modules": [dataclasses.asdict(r) for r in result.reports],
+        "problems": list(result.problems),
+        "notes": list(result.notes),
+    }
+
+
+# -- decoding ----------------------------------------------------------------------------------
+
+
+def _states(raw: Any, where: str) -> dict[str, FeatureState]:
+    if not isinstance(raw, dict):
+        raise DecodeError(f"{where}: expected an object")
+    out = {}
+    for name, st in raw.items():
+        if not isinstance(st, dict):
+            raise DecodeError(f"{where}[{name!r}]: expected an object")
+        out[name] = FeatureState(
+            name,
+            decode_value(bool, st.get("enabled"), f"{where}[{name!r}].enabled"),
+            decode_value(Reason, st.get("reason"), f"{where}[{name!r}].reason"),
+            decode_value(str, st.get("detail", ""), f"{where}[{name!r}].detail"),
+        )
+    return out
+
+
+def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
+    if not isinstance(raw, dict):
+        raise DecodeError(f"{where}: expected an object")
+    readings: dict[str, object] = {}
+    raw_readings = raw.get("readings", {})
+    if not isinstance(raw_readings, dict):
+        raise DecodeError(f"{where}.readings: expected an object")
+    for feature, data in raw_readings.items():
+        collector = collectors.COLLECTORS.get(feature)
+        if collector is None:
+            undecodable.add(feature)
+            continue
+        try:
+            readings[feature] = decode_dataclass(collector.Reading, data, f"{where}.readings.{feature}")
+        except DecodeError:
+            undecodable.add(feature)
+    state = decode_value(str, raw.get("state"), f"{where}.state")
+    if state not in GPU_STATES:
+        raise DecodeError(f"{where}.state: {state!r} is not one of {GPU_STATES}")
+    return GpuSample(
+        index=decode_value(int, raw.get("index"), f"{where}.index"),
+        uuid=decode_value(str, raw.get("uuid"), f"{where}.uuid"),
+        state=state,
+        readings=readings,
+        sampled_at=decode_value(float | None, raw.get("sampled_at"), f"{where}.sampled_at"),
+        detail=decode_value(str, raw.get("detail", ""), f"{where}.detail"),
+        unsupported=decode_value(tuple[str, ...], raw.get("unsupported", []), f"{where}.unsupported"),
+        feature=decode_value(str, raw.get("feature", ""), f"{where}.feature"),
+        function=decode_value(str, raw.get("function", ""), f"{where}.function"),
+    )
+
+
+def _snapshot(msg: dict[str, Any]) -> Snapshot:
+    undecodable: set[str] = set()
+    gpus = msg.get("gpus")
+    if not isinstance(gpus, list):
+        raise DecodeError("snapshot.gpus: expected a list")
+    features = decode_value(dict[str, dict[str, float]], msg.get("features", {}), "snapshot.features")
+    errors = decode_value(tuple[tuple[str, str, int], ...], msg.get("errors", []), "snapshot.errors")
+    return Snapshot(
+        ts=decode_value(float, msg.get("ts"), "snapshot.ts"),
+        duration_s=decode_value(float, msg.get("duration_s"), "snapshot.duration_s"),
+        system=decode_dataclass(SystemInfo, msg.get("system", {}), "snapshot.system"),
+        gpus=tuple(_gpu(g, f"snapshot.gpus[{i}]", undecodable) for i, g in enumerate(gpus)),
+        features={
+            f: FeatureStat(bool(s.get("success", 0)), float(s.get("duration_s", 0.0))) for f, s in features.items()
+        },
+        feature_states=_states(msg.get("feature_states", {}), "snapshot.feature_states"),
+        errors={(f, n): c for f, n, c in errors},
+        calls=decode_value(int, msg.get("calls", 0), "snapshot.calls"),
+        events_enabled=decode_value(dict[str, bool], msg.get("events_enabled", {}), "snapshot.events_enabled"),
+        undecodable=frozenset(undecodable),
+    )
+
+
+def _hello(msg: dict[str, Any]) -> Hello:
+    gpus = decode_value(tuple[dict[str, int | str], ...], msg.get("gpus", []), "hello.gpus")
+    return Hello(
+        pid=decode_value(int, msg.get("pid", 0), "hello.pid"),
+        system=decode_dataclass(SystemInfo, msg.get("system", {}), "hello.system"),
+        gpus=tuple((int(g["index"]), str(g["uuid"])) for g in gpus),
+        feature_states=_states(msg.get("feature_states", {}), "hello.feature_states"),
+        kernel_module_version=decode_value(str, msg.get("kernel_module_version", ""), "hello.kernel_module_version"),
+    )
+
+
+def _selfcheck(msg: dict[str, Any]) -> SelfCheckResult:
+    modules = msg.get("modules", [])
+    if not isinstance(modules, list):
+        raise DecodeError("selfcheck.modules: expected a list")
+    return SelfCheckResult(
+        process=decode_value(str, msg.get("process"), "selfcheck.process"),
+        reports=tuple(decode_dataclass(ModuleReport, m, f"selfcheck.modules[{i}]") for i, m in enumerate(modules)),
+        problems=decode_value(tuple[str, ...], msg.get("problems", []), "selfcheck.problems"),
+        notes=decode_value(tuple[str, ...], msg.get("notes", []), "selfcheck.notes"),
+    )
+
+
+def _fields(cls: type[T]) -> typing.Callable[[dict[str, Any]], T]:
+    def decode(msg: dict[str, Any]) -> T:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return decode_dataclass(cls, {k: v for k, v in msg.items() if k in names}, cls.__name__.lower())
+
+    return decode
+
+
+_DECODERS: dict[str, typing.Callable[[dict[str, Any]], Message]] = {
+    "snapshot": _snapshot,
+    "hello": _hello,
+    "selfcheck": _selfcheck,
+    "init_failed": _fields(InitFailed),
+    "progress": _fields(Progress),
+    "event": _fields(NvmlEvent),
+    "bye": _fields(Bye),
+}
+
+
+def decode_message(msg: dict[str, Any]) -> Message:
+    """Turn a decoded protocol line (:func:`exporter.common.protocol.decode`) into its typed message.
+
+    Raises:
+        ProtocolError: an unknown message type, or a message that does not fit its type (the
+            error names the field).
+    """
+    decoder = _DECODERS.get(msg["type"])
+    if decoder is None:
+        raise ProtocolError(f"worker sent an unknown message type {msg['type']!r}")
+    try:
+        return decoder(msg)
+    except (DecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"worker sent a malformed {msg['type']} message: {exc}") from exc

@@ -1,0 +1,138 @@
+"""What a worker's death, or one GPU's hang, means: counters, one log record, quarantines, exclusions.
+
+The supervisor hands every ended worker (:class:`~exporter.supervisor.policy.Outcome`) and every GPU a worker
+reports hung to an :class:`Accountant`. It counts the death by reason and by the NVML call in
+flight, logs one structured record with the dead worker's stack, counts a crash or hang toward its
+feature's quarantine (:mod:`exporter.supervisor.quarantine`: the threshold, or a crash that follows the feature
+to a second GPU), keeps a GPU that crashed natively out of the next workers
+(:mod:`exporter.supervisor.gpuhealth`), and returns the delay the restart policy (:mod:`exporter.supervisor.policy`)
+decides. A feature quarantined by a GPU hang asks for the worker to be replaced: the hung thread
+cannot be reused.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from exporter.config import Config
+from exporter.supervisor.policy import Outcome, RestartPolicy
+from exporter.supervisor.quarantine import Quarantine, QuarantineStore
+from exporter.supervisor.served import ServedState
+
+log = logging.getLogger("exporter.supervisor")
+
+RM_MISMATCH_RETRY_S = 60.0  # LIB_RM_VERSION_MISMATCH: re-init at most once a minute
+
+
+class Accountant:
+    """Counts and decides after worker deaths and GPU hangs.
+
+    Args:
+        config: parsed configuration.
+        state: the served state (counters, GPU health).
+        quarantine: the crash quarantine store.
+        policy: the restart policy.
+    """
+
+    def __init__(self, config: Config, state: ServedState, quarantine: QuarantineStore, policy: RestartPolicy) -> None:
+        self.config = config
+        self.state = state
+        self.quarantine = quarantine
+        self.policy = policy
+        self.replace_worker = False  # a quarantine needs a worker without the feature
+
+    def worker_ended(self, out: Outcome, unreaped: int) -> float:
+        """Count the death, log one record, quarantine if due; returns the restart delay."""
+        w = self.state.worker
+        w.restarts[out.reason] += 1
+        w.last_exit_signal = out.signal
+        if out.returncode is not None and out.returncode >= 0:
+            w.last_exit_code = out.returncode
+        if out.reason in ("crash", "hang"):
+            w.crashes[out.place()] += 1
+        self._log_death(out)
+        new = self.count_crash(out)
+        decision = self.policy.decide(
+            out, unreaped=unreaped, had_snapshot=self.state.last is not None, new_quarantine=new is not None
+        )
+        delay = decision.delay_s
+        if out.reason == "nvml_error" and self.state.nvml.driver_reload_required:
+            delay = max(delay, RM_MISMATCH_RETRY_S)
+        if decision.stop_respawn and not w.respawn_stopped:
+            w.respawn_stopped = True
+            log.error(
+                "the replacement worker hung in the same place (%s/%s) and cannot be reaped: respawning "
+                "stopped; /metrics keeps serving; the node needs attention (GPU reset or reboot)",
+                *out.place(),
+            )
+        return delay
+
+    def gpu_hung(self, uuid: str, feature: str, function: str) -> None:
+        """A call on one GPU did not return: it counts toward the feature's quarantine like a worker
+        hang. When it tips the feature into quarantine, the worker is replaced (its hung thread
+        cannot be reused) by one that runs without the feature."""
+        if not feature or feature not in self.policy.quarantinable:
+            return
+        self.state.worker.crashes[(feature, function)] += 1
+        new = self.quarantine.record(feature, function)
+        if new is not None:
+            self._log_quarantine(new)
+            self.state.health.on_quarantine(new.feature)
+            self.replace_worker = True
+
+    def count_crash(self, out: Outcome) -> Quarantine | None:
+        """Count a crash or hang toward its feature's quarantine and, for a native crash in a call on
+        one GPU, keep that GPU out of the next workers (exporter.supervisor.gpuhealth). Returns a new quarantine."""
+        candidate = self.policy.quarantine_candidate(out)
+        crumb = out.crumb
+        uuid = crumb.uuid if crumb is not None and out.reason == "crash" else ""
+        new = self.quarantine.record(*candidate, uuid) if candidate is not None else None
+        if new is not None:
+            self._log_quarantine(new)
+            for rec in self.state.health.on_quarantine(new.feature):
+                log.info("GPU %d (%s) was out only for crashes in %s: back in", rec.index, rec.uuid, new.feature)
+        if uuid and crumb is not None:
+            out_rec = self.state.health.on_crash(uuid, crumb.feature, quarantined=new is not None)
+            if out_rec is not None:
+                log.error(
+                    "GPU %d (%s) is left out of the next workers after a crash in %s/%s; the other GPUs keep being "
+                    "sampled; a probe retries it in %.0f s",
+                    out_rec.index,
+                    out_rec.uuid,
+                    crumb.feature,
+                    crumb.function,
+                    out_rec.backoff_s,
+                    extra={"gpu": out_rec.index, "uuid": out_rec.uuid, "feature": crumb.feature},
+                )
+        return new
+
+    def _log_death(self, out: Outcome) -> None:
+        record = out.record()
+        if out.reason in ("crash", "hang"):
+            feature, function = out.place()
+            log.error(
+                "worker died: %s in %s/%s on GPU %s after %.1f s",
+                out.reason,
+                feature,
+                function,
+                (out.crumb.uuid if out.crumb else "") or "-",
+                out.lifetime_s,
+                extra={**record, "stack": out.stack},
+            )
+        elif out.reason == "nvml_error":
+            log.debug("worker exited: %s", self.state.last_init_error or "NVML unavailable", extra=record)
+        else:
+            log.warning("worker exited with code %s after %.1f s", out.returncode, out.lifetime_s, extra=record)
+
+    def _log_quarantine(self, new: Quarantine) -> None:
+        log.warning(
+            "feature %s QUARANTINED: %s. All other features keep being sampled. To retry earlier: "
+            "`nvgpu-exporter quarantine --clear %s` (or delete %s) and restart; NVGPU_FEATURE_%s=on does not "
+            "override a quarantine.",
+            new.feature,
+            new.detail(),
+            new.feature,
+            self.config.state_file or "the state file",
+            new.feature.upper(),
+            extra={"feature": new.feature, "function": new.function},
+        )

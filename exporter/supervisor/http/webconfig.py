@@ -1,0 +1,582 @@
+"""The web configuration file (``--web.config.file``): its format, read strictly, every problem at once.
+
+The format is exporter-toolkit's (prometheus/exporter-toolkit ``docs/web-configuration.md``), so
+a file written for node_exporter, dcgm-exporter or nvidia_gpu_exporter works here::
+
+    tls_server_config:
+      cert_file: server.crt            # relative paths are relative to this file's directory
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert
+      client_ca_file: ca.crt
+      client_allowed_sans: [prometheus.monitoring.svc]
+      min_version: TLS12
+    http_server_config:
+      headers: {Strict-Transport-Security: max-age=31536000}
+    basic_auth_users:
+      prometheus: $2y$10$...           # bcrypt (htpasswd -nBC 10 "" | tr -d ':\\n')
+    rate_limit: {interval: 100ms, burst: 20}
+
+Parsing is strict, like exporter-toolkit's ``yaml.UnmarshalStrict``: unknown or duplicate keys,
+wrong types, unknown TLS versions, ciphers or curves, malformed bcrypt hashes and unreadable
+certificate, key or CA files are problems naming the key. :func:`load` reports every problem of a
+file in one :class:`WebConfigError` (as :meth:`exporter.config.Config.from_env` does for the
+environment); only a file that cannot be read as a YAML mapping stops at that one problem. Where
+Python's ``ssl`` module cannot do what a value asks, the value is refused rather than approximated:
+
+- ``client_auth_type`` ``RequestClientCert`` and ``RequireAnyClientCert`` (accept a certificate
+  without verifying it; exporter-toolkit calls them insecure): OpenSSL verifies every certificate a
+  client sends. ``VerifyClientCertIfGiven`` and ``RequireAndVerifyClientCert`` need a client CA.
+- ``curve_preferences`` with more than one curve: ``ssl`` sets one curve.
+- ``http_server_config.http2``: accepted (``true`` is the toolkit's default), HTTP/1.1 is served.
+
+The rest of the web edge builds on this: :mod:`exporter.supervisor.http.webtls` (the TLS context, reloads when a
+file changes) and :mod:`exporter.supervisor.http.webauth` (basic auth, client SANs, the rate limit per request).
+``tests/fixtures/webconfig/`` holds a corpus of good and bad files with the problems expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import ssl
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BCRYPT_HASH", "TlsSettings", "WebConfig", "WebConfigError", "file_problem", "load", "parse_go_duration"]
+
+
+class WebConfigError(ValueError):
+    """The web configuration file (or a file it names) is not usable.
+
+    Attributes:
+        problems: every problem found, one sentence each; each problem of a file starts with the
+            file's absolute path. ``str()`` joins them with ``"; "``.
+    """
+
+    def __init__(self, problems: str | Sequence[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
+TLS_KEYS = (
+    "cert",
+    "key",
+    "client_ca",
+    "cert_file",
+    "key_file",
+    "client_auth_type",
+    "client_ca_file",
+    "client_allowed_sans",
+    "min_version",
+    "max_version",
+    "cipher_suites",
+    "prefer_server_cipher_suites",
+    "curve_preferences",
+)
+HTTP_KEYS = ("http2", "headers")
+RATE_KEYS = ("interval", "burst")
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
+UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
+
+# Go's crypto/tls.CipherSuites() names (the secure list exporter-toolkit accepts) -> OpenSSL names.
+# TLS 1.3 suites are not configurable in Go or here; they are accepted and have no effect.
+CIPHERS = {
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_AES_128_GCM_SHA256": "",
+    "TLS_AES_256_GCM_SHA384": "",
+    "TLS_CHACHA20_POLY1305_SHA256": "",
+}
+CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1", "X25519": "X25519"}
+
+# exporter-toolkit's http_server_config.headers: the headers it lets you set, and the values it takes.
+HEADERS: dict[str, tuple[str, ...]] = {
+    "Content-Security-Policy": (),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-XSS-Protection": (),
+    "Strict-Transport-Security": (),
+}
+
+BCRYPT_HASH = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """``tls_server_config``, with paths made absolute and names mapped to OpenSSL's.
+
+    Attributes:
+        cert_file: server certificate chain (PEM), or "" when ``cert`` is inline.
+        key_file: its private key (PEM), or "" when ``key`` is inline.
+        cert_pem: inline certificate chain (``cert``), or "".
+        key_pem: inline key (``key``), or "".
+        client_auth: one of :data:`CLIENT_AUTH_TYPES`.
+        client_ca_file: CA bundle for client certificates, or "".
+        client_ca_pem: inline CA bundle (``client_ca``), or "".
+        client_allowed_sans: a client certificate must carry one of these SANs (empty: any).
+        min_version: lowest TLS version accepted.
+        max_version: highest TLS version accepted.
+        ciphers: OpenSSL cipher list for TLS <= 1.2 ("" = OpenSSL's default).
+        prefer_server_ciphers: the server's order wins.
+        curve: the one ECDH curve to use ("" = OpenSSL's default groups).
+    """
+
+    cert_file: str = ""
+    key_file: str = ""
+    cert_pem: str = ""
+    key_pem: str = ""
+    client_auth: str = "NoClientCert"
+    client_ca_file: str = ""
+    client_ca_pem: str = ""
+    client_allowed_sans: tuple[str, ...] = ()
+    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
+    max_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3
+    ciphers: str = ""
+    prefer_server_ciphers: bool = True
+    curve: str = ""
+
+    @property
+    def verifies_clients(self) -> bool:
+        """Client certificates are requested and verified against the client CA."""
+        return self.client_auth != "NoClientCert"
+
+    @property
+    def requires_client_cert(self) -> bool:
+        """``RequireAndVerifyClientCert``: no verified certificate, no answer."""
+        return self.client_auth == "RequireAndVerifyClientCert"
+
+    def files(self) -> tuple[str, ...]:
+        """The files this configuration reads (for change detection)."""
+        return tuple(p for p in (self.cert_file, self.key_file, self.client_ca_file) if p)
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """One loaded web configuration file.
+
+    Attributes:
+        path: the file, absolute.
+        tls: ``tls_server_config``; None serves plain HTTP.
+        users: user name -> bcrypt hash; empty means no basic auth.
+        headers: response headers from ``http_server_config.headers``.
+        http2: ``http_server_config.http2`` (accepted; HTTP/1.1 is served).
+        rate_interval_s: ``rate_limit.interval`` in seconds; 0 disables the limiter.
+        rate_burst: ``rate_limit.burst``.
+        context: the TLS server context built from ``tls`` by
+            :func:`exporter.supervisor.http.webtls.load_with_context` (None without TLS, and from :func:`load`,
+            which builds nothing). Client certificates are requested and verified if given
+            (``CERT_OPTIONAL``) when ``client_auth_type`` verifies them;
+            :class:`exporter.supervisor.http.webtls.WebConfigWatcher` asks for ``CERT_REQUIRED`` when probes must
+            present one too.
+    """
+
+    path: str
+    tls: TlsSettings | None = None
+    users: Mapping[str, bytes] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    http2: bool = True
+    rate_interval_s: float = 0.0
+    rate_burst: int = 0
+    context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
+
+    def files(self) -> tuple[str, ...]:
+        """Every file this configuration was read from."""
+        return (self.path, *(self.tls.files() if self.tls else ()))
+
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        parts = []
+        if self.tls is None:
+            parts.append("plain HTTP")
+        else:
+            parts.append(f"TLS {self.tls.min_version.name}-{self.tls.max_version.name}")
+            if self.tls.verifies_clients:
+                parts.append(f"client certificates {self.tls.client_auth}")
+        parts.append(f"basic auth for {len(self.users)} user(s)" if self.users else "no basic auth")
+        if self.rate_interval_s:
+            parts.append(f"rate limit {self.rate_burst} per {self.rate_interval_s:g} s")
+        return ", ".join(parts)
+
+
+# -- loading -------------------------------------------------------------------------------------
+
+
+class _Problems:
+    """The problems of one file, collected so that all of them are reported together."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.found: list[str] = []
+
+    def add(self, text: str) -> None:
+        self.found.append(f"{self.path}: {text}")
+
+
+def load(path: str) -> WebConfig:
+    """Read and validate a web configuration file and check every file it names.
+
+    Builds nothing: :func:`exporter.supervisor.http.webtls.load_with_context` adds the TLS context (and the one
+    problem building it can still find: a key that does not match its certificate, a bad PEM).
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        The configuration, paths absolute, ``context`` None.
+
+    Raises:
+        WebConfigError: with every problem of the file (unknown keys, wrong values, missing or
+            unreadable certificate, key or CA files); with the one reason when the file cannot be
+            read, is larger than 1 MiB, is not UTF-8, not YAML or not a mapping.
+    """
+    path = os.path.abspath(path)
+    p = _Problems(path)
+    data = _read(p)
+    _check_keys(p, data, TOP_KEYS, "")
+    tls = _tls(p, os.path.dirname(path), _mapping(p, data, "tls_server_config"))
+    http2, headers = _http(p, _mapping(p, data, "http_server_config"))
+    users = _users(p, data.get("basic_auth_users"))
+    rate_interval_s, rate_burst = _rate(p, _mapping(p, data, "rate_limit"))
+    if p.found:
+        raise WebConfigError(p.found)
+    return WebConfig(path, tls, users, headers, http2, rate_interval_s, rate_burst)
+
+
+def _read(p: _Problems) -> dict[str, Any]:
+    try:
+        with open(p.path, "rb") as fh:
+            raw = fh.read(1 << 20)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise WebConfigError(f"cannot read {p.path!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(raw) >= 1 << 20:
+        raise WebConfigError(f"{p.path}: larger than 1 MiB; is it the right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WebConfigError(f"{p.path}: not UTF-8 ({exc})") from None
+    return _parse_yaml(p, text)
+
+
+def _parse_yaml(p: _Problems, text: str) -> dict[str, Any]:
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        """SafeLoader that reports duplicate keys (yaml.v2 UnmarshalStrict refuses them too)."""
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                break  # construct_mapping says "found unhashable key", a YAMLError
+            if key in seen:
+                p.add(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
+            seen.add(key)
+        return dict(loader.construct_mapping(node, deep=True))
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    try:
+        data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise WebConfigError(f"{p.path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise WebConfigError(f"{p.path}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {type(data).__name__}")
+    return data
+
+
+def _check_keys(p: _Problems, data: Mapping[Any, Any], allowed: tuple[str, ...], where: str) -> None:
+    for key in data:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"; did you mean {close[0]}?" if close else f" (known: {', '.join(allowed)})"
+            p.add(f"unknown key {where}{key!r}{hint}")
+
+
+def _mapping(p: _Problems, data: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        p.add(f"{key} must be a mapping, got {type(value).__name__}")
+        return {}
+    return value
+
+
+def _string(p: _Problems, where: str, value: Any) -> str | None:
+    if not isinstance(value, str):
+        p.add(f"{where} must be a string, got {value!r}")
+        return None
+    return value
+
+
+def _strings(p: _Problems, where: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        p.add(f"{where} must be a list of strings, got {value!r}")
+        return []
+    return list(value)
+
+
+def _bool(p: _Problems, where: str, value: Any, default: bool) -> bool:
+    if not isinstance(value, bool):
+        p.add(f"{where} must be true or false, got {value!r}")
+        return default
+    return value
+
+
+# -- tls_server_config ---------------------------------------------------------------------------
+
+_TLS = "tls_server_config."
+_NOT_STRINGS = ("client_allowed_sans", "cipher_suites", "curve_preferences", "prefer_server_cipher_suites")
+_STRING_TLS_KEYS = tuple(k for k in TLS_KEYS if k not in _NOT_STRINGS)
+_SOURCES = (("cert", "cert_file"), ("key", "key_file"), ("client_ca", "client_ca_file"))
+
+
+def _tls(p: _Problems, base: str, data: dict[str, Any]) -> TlsSettings | None:
+    if not data:
+        return None
+    _check_keys(p, data, TLS_KEYS, _TLS)
+    values: dict[str, str] = {}
+    for key in _STRING_TLS_KEYS:
+        text = _string(p, _TLS + key, data[key]) if key in data else None
+        if text is not None:
+            values[key] = text
+    wrong = {key for key in _STRING_TLS_KEYS if key in data and key not in values}
+    files = _tls_files(p, base, values, wrong)
+    client_auth = _client_auth(p, values)
+    sans = _strings(p, _TLS + "client_allowed_sans", data.get("client_allowed_sans"))
+    if sans and client_auth not in (None, "RequireAndVerifyClientCert"):
+        p.add(f"{_TLS}client_allowed_sans needs client_auth_type RequireAndVerifyClientCert")
+    min_version, max_version = _versions(p, values)
+    prefer = _bool(p, _TLS + "prefer_server_cipher_suites", data.get("prefer_server_cipher_suites", True), True)
+    return TlsSettings(
+        cert_file=files["cert_file"],
+        key_file=files["key_file"],
+        cert_pem=values.get("cert", ""),
+        key_pem=values.get("key", ""),
+        client_auth=client_auth or "NoClientCert",
+        client_ca_file=files["client_ca_file"],
+        client_ca_pem=values.get("client_ca", ""),
+        client_allowed_sans=tuple(sans),
+        min_version=min_version,
+        max_version=max_version,
+        ciphers=_ciphers(p, data.get("cipher_suites")),
+        prefer_server_ciphers=prefer,
+        curve=_curve(p, data.get("curve_preferences")),
+    )
+
+
+def _tls_files(p: _Problems, base: str, values: Mapping[str, str], wrong: set[str]) -> dict[str, str]:
+    """cert/key/client CA: inline or a file, not both; cert and key present (a value of the wrong
+    type is its own problem, not also a missing one); the files named readable."""
+    for inline, file_key in _SOURCES:
+        if values.get(inline) and values.get(file_key):
+            p.add(f"give {_TLS}{inline} or {_TLS}{file_key}, not both")
+    for inline, file_key in _SOURCES[:2]:
+        if not (values.get(inline) or values.get(file_key) or wrong & {inline, file_key}):
+            p.add(f"{_TLS}{file_key} (or {inline}) is missing")
+    files = {file_key: _resolve(base, values.get(file_key, "")) for _inline, file_key in _SOURCES}
+    for key in ("cert_file", "key_file"):
+        why = file_problem(key, files[key]) if files[key] else None
+        if why:
+            p.add(why)
+    ca = files["client_ca_file"]
+    if ca:
+        try:
+            with open(ca, "rb"):
+                pass
+        except OSError as exc:
+            p.add(f"{_TLS}client_ca_file {ca}: {exc.strerror or exc}")
+    return files
+
+
+def file_problem(key: str, file: str) -> str | None:
+    """Why ``tls_server_config.<key>`` (an absolute path) cannot be read by this process, or None."""
+    if os.access(file, os.R_OK):
+        return None
+    why = "does not exist" if not os.path.exists(file) else "is not readable by this user"
+    return f"{_TLS}{key} {file} {why}"
+
+
+def _client_auth(p: _Problems, values: Mapping[str, str]) -> str | None:
+    """The client_auth_type when valid (None after a problem), checked against the client CA."""
+    client_auth = values.get("client_auth_type") or "NoClientCert"
+    if client_auth in UNSUPPORTED_CLIENT_AUTH:
+        p.add(
+            f"{_TLS}client_auth_type {client_auth} is not supported: it accepts a client certificate "
+            "without verifying it (exporter-toolkit calls it insecure), and OpenSSL verifies every certificate "
+            "it is sent; use RequireAndVerifyClientCert (or VerifyClientCertIfGiven) with client_ca_file"
+        )
+        return None
+    if client_auth not in CLIENT_AUTH_TYPES:
+        p.add(f"{_TLS}client_auth_type {client_auth!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
+        return None
+    has_ca = bool(values.get("client_ca") or values.get("client_ca_file"))
+    if has_ca and client_auth == "NoClientCert":
+        p.add(
+            f"{_TLS}client_ca_file is set but client_auth_type is NoClientCert; "
+            "set client_auth_type: RequireAndVerifyClientCert"
+        )
+    if client_auth != "NoClientCert" and not has_ca:
+        p.add(f"{_TLS}client_auth_type {client_auth} needs client_ca_file (or client_ca)")
+    return client_auth
+
+
+def _versions(p: _Problems, values: Mapping[str, str]) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
+    found: dict[str, ssl.TLSVersion] = {}
+    for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        name = values.get(key, default)
+        if name in TLS_VERSIONS:
+            found[key] = TLS_VERSIONS[name]
+        else:
+            p.add(f"{_TLS}{key} {name!r} is not one of {', '.join(TLS_VERSIONS)}")
+    low = found.get("min_version", ssl.TLSVersion.TLSv1_2)
+    high = found.get("max_version", ssl.TLSVersion.TLSv1_3)
+    if len(found) == 2 and low > high:
+        p.add(f"{_TLS}min_version is above max_version")
+    return low, high
+
+
+def _ciphers(p: _Problems, value: Any) -> str:
+    ciphers: list[str] = []
+    for name in _strings(p, _TLS + "cipher_suites", value):
+        if name not in CIPHERS:
+            close = difflib.get_close_matches(name, list(CIPHERS), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            p.add(f"{_TLS}cipher_suites: unknown or insecure cipher {name!r}{hint}")
+        elif CIPHERS[name] and CIPHERS[name] not in ciphers:
+            ciphers.append(CIPHERS[name])
+    return ":".join(ciphers)
+
+
+def _curve(p: _Problems, value: Any) -> str:
+    curves = _strings(p, _TLS + "curve_preferences", value)
+    for name in curves:
+        if name not in CURVES:
+            p.add(f"{_TLS}curve_preferences: unknown curve {name!r} ({', '.join(CURVES)})")
+    if len(curves) > 1:
+        p.add(f"{_TLS}curve_preferences: Python's ssl module sets one curve; give one of {', '.join(curves)}")
+    return CURVES.get(curves[0], "") if curves else ""
+
+
+def _resolve(base: str, path: str) -> str:
+    return os.path.normpath(os.path.join(base, path)) if path else ""
+
+
+# -- http_server_config, basic_auth_users, rate_limit --------------------------------------------
+
+
+def _http(p: _Problems, data: dict[str, Any]) -> tuple[bool, dict[str, str]]:
+    _check_keys(p, data, HTTP_KEYS, "http_server_config.")
+    http2 = _bool(p, "http_server_config.http2", data.get("http2", True), True)
+    raw = data.get("headers") or {}
+    if not isinstance(raw, dict):
+        p.add("http_server_config.headers must be a mapping")
+        return http2, {}
+    headers = {}
+    for name, value in raw.items():
+        if name not in HEADERS:
+            p.add(f"http_server_config.headers: {name!r} cannot be set (settable: {', '.join(HEADERS)})")
+            continue
+        text = _string(p, f"http_server_config.headers.{name}", value)
+        if text is None:
+            continue
+        allowed = HEADERS[name]
+        if text and allowed and text.lower() not in allowed:
+            p.add(f"http_server_config.headers.{name}: {text!r} is not one of {', '.join(allowed)}")
+        elif any(c in text for c in "\r\n\0"):
+            p.add(f"http_server_config.headers.{name}: line breaks are not allowed")
+        elif text:
+            headers[name] = text
+    return http2, headers
+
+
+def _users(p: _Problems, data: Any) -> dict[str, bytes]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        p.add("basic_auth_users must be a mapping of user name to bcrypt hash")
+        return {}
+    users = {}
+    for user, hashed in data.items():
+        if not isinstance(user, str) or not user or ":" in user:
+            p.add(f"basic_auth_users: user name {user!r} must be a non-empty string without ':'")
+            continue
+        text = _string(p, f"basic_auth_users.{user}", hashed)
+        if text is None:
+            continue
+        m = BCRYPT_HASH.fullmatch(text)
+        if m is None:
+            p.add(
+                f"basic_auth_users.{user} is not a bcrypt hash ($2y$10$ followed by 53 characters); "
+                "make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'"
+            )
+        elif not 4 <= int(m.group(1)) <= 31:
+            p.add(f"basic_auth_users.{user}: bcrypt cost {m.group(1)} is not in 4..31")
+        else:
+            users[user] = text.encode()
+    return users
+
+
+def _rate(p: _Problems, data: dict[str, Any]) -> tuple[float, int]:
+    if not data:
+        return 0.0, 0
+    _check_keys(p, data, RATE_KEYS, "rate_limit.")
+    try:
+        seconds = parse_go_duration(p.path, "rate_limit.interval", data.get("interval", "0"))
+    except WebConfigError as exc:
+        p.found.extend(exc.problems)
+        seconds = 0.0
+    burst = data.get("burst", 0)
+    if not isinstance(burst, int) or isinstance(burst, bool) or burst < 0:
+        p.add(f"rate_limit.burst must be a non-negative integer, got {burst!r}")
+        return seconds, 0
+    if seconds and burst == 0:
+        p.add("rate_limit.burst is 0: every request would be refused")
+    return seconds, burst
+
+
+def parse_go_duration(path: str, where: str, value: Any) -> float:
+    """A Go duration (``100ms``, ``1m30s``, ``0``) in seconds.
+
+    Args:
+        path: the file, for the message.
+        where: the key, for the message.
+        value: the YAML value (a string, or the integer 0).
+
+    Raises:
+        WebConfigError: not a Go duration (negative durations included).
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    text = value if isinstance(value, str) else None
+    if text == "0":
+        return 0.0
+    if not text or _GO_DURATION.sub("", text) != "":
+        raise WebConfigError(f"{path}: {where} must be a duration such as 100ms, 1s or 1m30s, got {value!r}")
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in _GO_DURATION.findall(text))

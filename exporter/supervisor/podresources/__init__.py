@@ -1,0 +1,37 @@
+"""kubelet PodResources v1 client: which namespace, pod and container holds each GPU.
+
+Importing this package imports only the standard library; grpcio and protobuf (the
+``kubernetes`` extra) load when a :class:`PodResourcesClient` is built.
+"""
+
+from exporter.supervisor.podresources.client import (
+    DEFAULT_SOCKET,
+    DEFAULT_TIMEOUT_S,
+    PodRef,
+    PodResourcesClient,
+    PodResourcesError,
+    PodResourcesUnsupported,
+    allocatable_replicas,
+    check_socket,
+    gpu_assignments,
+    gpu_uuid_from_device_id,
+    is_gpu_resource,
+    unmapped_assignments,
+    unsupported_reason,
+)
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "DEFAULT_TIMEOUT_S",
+    "PodRef",
+    "PodResourcesClient",
+    "PodResourcesError",
+    "PodResourcesUnsupported",
+    "allocatable_replicas",
+    "check_socket",
+    "gpu_assignments",
+    "gpu_uuid_from_device_id",
+    "is_gpu_resource",
+    "unmapped_assignments",
+    "unsupported_reason",
+]

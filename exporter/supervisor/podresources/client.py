@@ -1,0 +1,404 @@
+"""Client of the kubelet PodResources v1 gRPC API: which pod and container holds each GPU.
+
+The kubelet serves ``v1.PodResourcesLister`` on a unix socket (by default
+``/var/lib/kubelet/pod-resources/kubelet.sock``). ``List`` returns every pod on the node with the
+device-plugin devices assigned to each of its containers; for NVIDIA's device plugin those are GPU
+UUIDs (``GPU-…``), MIG device UUIDs (``MIG-…``) and, for GPUs shared by time-slicing or MPS,
+replica ids ``<uuid>::<n>``. This module turns that into ``{uuid: (PodRef, …)}``.
+
+grpcio and protobuf are an optional extra (``nvgpu-exporter[kubernetes]``). They are imported
+only when a client is built, through :func:`importlib.import_module`, so the exporter imports and
+runs without them; the feature then reports itself unsupported (:class:`PodResourcesUnsupported`,
+:func:`unsupported_reason`).
+
+Every call is a blocking gRPC call with a deadline. The supervisor runs them in a thread
+executor on an interval, never on the event loop. Failures of the socket or the call raise one
+class, :class:`PodResourcesError`, whose message says what to fix and whose ``reason`` is a short
+stable word for metrics and log-once keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+import stat
+import threading
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_TIMEOUT_S = 5.0
+
+# The kubelet's own pod-resources client allows 16 MiB responses (gRPC's default is 4 MiB); a
+# node with many pods and many CPU/memory assignments can pass 4 MiB.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+# Extended resources of NVIDIA's device plugin: nvidia.com/gpu, nvidia.com/gpu.shared
+# (time-slicing with renameByDefault), nvidia.com/mig-<profile> (MIG "mixed" strategy).
+NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
+
+# Device ids we can join to NVML's nvmlDeviceGetUUID: full GPUs and MIG devices (R470+ format).
+_UUID_PREFIXES = ("GPU-", "MIG-")
+
+# The NVIDIA device plugin's GPU resources: whole or shared GPUs and MIG devices. Their device ids
+# are GPU or MIG UUIDs unless the plugin runs with deviceIDStrategy=index ("0", "0:1"); an id of
+# one of these resources that is not a UUID is a GPU the exporter cannot name (counted by
+# exporter.supervisor.pods). Other nvidia.com/ resources (network devices by PCI address) are not GPUs.
+_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+_MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+def is_gpu_resource(resource: str) -> bool:
+    """Whether ``resource`` is one of the NVIDIA device plugin's GPU or MIG resources."""
+    return resource in _GPU_RESOURCES or resource.startswith(_MIG_RESOURCE_PREFIX)
+
+
+# Separator NVIDIA's device plugin puts between a GPU's id and its replica number when a GPU is
+# shared (time-slicing, MPS): "GPU-8f6b…::0", "GPU-8f6b…::1", …
+_REPLICA_SEPARATOR = "::"
+
+_INSTALL_HINT = "install the 'kubernetes' extra: pip install 'nvgpu-exporter[kubernetes]'"
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class PodRef:
+    """One container that the kubelet assigned a device to."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+class PodResourcesError(Exception):
+    """The kubelet's pod-resources socket could not be read, or the call failed or timed out.
+
+    Attributes:
+        reason: one of ``socket_missing``, ``not_a_socket``, ``permission_denied``, ``timeout``,
+            ``unavailable``, ``unimplemented``, ``rpc_error``; stable, for log-once keys.
+        socket_path: the socket the client was built for.
+    """
+
+    def __init__(self, reason: str, socket_path: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.socket_path = socket_path
+
+
+class PodResourcesUnsupported(Exception):
+    """grpcio/protobuf are missing or of an unusable version: pod attribution cannot run."""
+
+
+class _Api:
+    """The lazily imported gRPC pieces (typed as Any at this boundary: grpc ships no stubs)."""
+
+    def __init__(self, grpc: ModuleType, pb2: ModuleType, pb2_grpc: ModuleType) -> None:
+        self.grpc = grpc
+        self.pb2 = pb2
+        self.pb2_grpc = pb2_grpc
+
+
+_api_lock = threading.Lock()
+_api: _Api | None = None
+_api_error: str | None = None
+
+
+def _load_api() -> _Api:
+    """Import grpc and the generated modules once; raise PodResourcesUnsupported on failure."""
+    global _api, _api_error
+    with _api_lock:
+        if _api is not None:
+            return _api
+        if _api_error is not None:
+            raise PodResourcesUnsupported(_api_error)
+        try:
+            grpc = importlib.import_module("grpc")
+            pb2 = importlib.import_module("exporter.supervisor.podresources.v1.api_pb2")
+            pb2_grpc = importlib.import_module("exporter.supervisor.podresources.v1.api_pb2_grpc")
+        except ImportError as exc:
+            _api_error = f"pod attribution needs grpcio and protobuf ({exc}); {_INSTALL_HINT}"
+        except Exception as exc:
+            # The generated modules carry no version guard (regenerate.py: grpcio-tools 1.62.3), but
+            # a protobuf or grpcio outside the tested range may still fail to load them.
+            _api_error = (
+                f"pod attribution cannot load its generated gRPC modules: {type(exc).__name__}: {exc}; {_INSTALL_HINT}"
+            )
+        else:
+            _api = _Api(grpc, pb2, pb2_grpc)
+            return _api
+        raise PodResourcesUnsupported(_api_error)
+
+
+def unsupported_reason() -> str | None:
+    """Why pod attribution cannot run in this process, or None when its dependencies load."""
+    try:
+        _load_api()
+    except PodResourcesUnsupported as exc:
+        return str(exc)
+    return None
+
+
+def gpu_uuid_from_device_id(device_id: str) -> str | None:
+    """The GPU or MIG UUID a device-plugin id stands for, or None for ids that are not UUIDs.
+
+    ``GPU-…`` and ``MIG-…`` come back unchanged; a shared replica ``GPU-…::3`` comes back as
+    ``GPU-…`` (every replica of one GPU maps to that GPU). Ids from the device plugin's ``index``
+    id strategy (``"0"``, ``"0:1"``) and other NVIDIA resources (e.g. network devices by PCI
+    address) return None: they cannot be joined to NVML's UUIDs.
+    """
+    base, sep, replica = device_id.rpartition(_REPLICA_SEPARATOR)
+    if sep and replica.isdigit():
+        device_id = base
+    if device_id.startswith(_UUID_PREFIXES):
+        return device_id
+    return None
+
+
+_skipped_logged: set[tuple[str, str]] = set()
+
+
+def _uuids_of(devices: Iterable[Any]) -> Iterable[str]:
+    """UUIDs of the NVIDIA device ids in ContainerDevices messages (replicas included, repeated)."""
+    for dev in devices:
+        resource: str = dev.resource_name
+        if not resource.startswith(NVIDIA_RESOURCE_PREFIX):
+            continue
+        for device_id in dev.device_ids:
+            uuid = gpu_uuid_from_device_id(device_id)
+            if uuid is not None:
+                yield uuid
+            elif is_gpu_resource(resource):
+                continue  # a GPU without a UUID: unmapped_assignments(); exporter.supervisor.pods counts and logs it
+            elif (resource, device_id) not in _skipped_logged:
+                _skipped_logged.add((resource, device_id))
+                logger.info(
+                    "pod attribution: device id %r of resource %s is not a GPU or MIG UUID; not attributed",
+                    device_id,
+                    resource,
+                )
+
+
+def unmapped_assignments(response: Any) -> dict[str, tuple[PodRef, ...]]:
+    """Device ids of GPU or MIG resources (:func:`is_gpu_resource`) that are not UUIDs, with the
+    containers holding them: GPUs assigned to pods that the exporter cannot name.
+
+    Returns:
+        ``{device id: (PodRef, …)}``, keys sorted; empty with the default id strategy.
+    """
+    found: dict[str, set[PodRef]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
+            for dev in container.devices:
+                if not is_gpu_resource(dev.resource_name):
+                    continue
+                for device_id in dev.device_ids:
+                    if gpu_uuid_from_device_id(device_id) is None:
+                        found.setdefault(device_id, set()).add(ref)
+    return {i: tuple(sorted(found[i])) for i in sorted(found)}
+
+
+def gpu_assignments(response: Any) -> dict[str, tuple[PodRef, ...]]:
+    """Map each GPU/MIG UUID in a ``ListPodResourcesResponse`` to the containers holding it.
+
+    Args:
+        response: a ``v1.ListPodResourcesResponse`` message (or anything shaped like one).
+
+    Returns:
+        ``{uuid: (PodRef, …)}``, keys sorted, each tuple sorted and without duplicates. A GPU
+        shared by time-slicing or MPS lists every container holding one of its replicas. MIG
+        devices are keyed by their MIG UUID: mapping them to their parent GPU is the caller's
+        (NVML's) business. GPUs assigned to nobody are absent.
+    """
+    found: dict[str, set[PodRef]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
+            for uuid in _uuids_of(container.devices):
+                found.setdefault(uuid, set()).add(ref)
+    return {uuid: tuple(sorted(found[uuid])) for uuid in sorted(found)}
+
+
+def allocatable_replicas(response: Any) -> dict[str, int]:
+    """Count the allocatable device ids per GPU/MIG UUID in an ``AllocatableResourcesResponse``.
+
+    Returns:
+        ``{uuid: n}``: 1 for a GPU handed out whole, the replica count for a shared GPU.
+    """
+    counts: dict[str, int] = {}
+    for uuid in _uuids_of(response.devices):
+        counts[uuid] = counts.get(uuid, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _socket_error(socket_path: str, reason: str, detail: str) -> PodResourcesError:
+    return PodResourcesError(reason, socket_path, f"kubelet pod-resources socket {socket_path}: {detail}")
+
+
+def check_socket(socket_path: str) -> None:
+    """Fail with a clear message if ``socket_path`` is not a unix socket this process can connect to.
+
+    Standard library only (no gRPC import): the supervisor checks the socket before it loads
+    grpcio and protobuf, which cost it about 10 MB (docs/performance.md).
+
+    Raises:
+        PodResourcesError: reason ``socket_missing``, ``permission_denied`` or ``not_a_socket``.
+    """
+    try:
+        st = os.stat(socket_path)
+    except FileNotFoundError:
+        raise _socket_error(
+            socket_path,
+            "socket_missing",
+            "does not exist; mount the kubelet's pod-resources directory "
+            "(hostPath /var/lib/kubelet/pod-resources, readOnly) or set "
+            "NVGPU_POD_RESOURCES_SOCKET, or turn the feature off "
+            "(NVGPU_FEATURE_POD_ATTRIBUTION=off)",
+        ) from None
+    except PermissionError as exc:
+        raise _socket_error(socket_path, "permission_denied", f"cannot be looked up: {exc}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise _socket_error(socket_path, "not_a_socket", "exists but is not a unix socket")
+    # connect() on a unix socket needs write permission on the socket file. The kubelet
+    # creates it owned by root and not writable by others, so a non-root exporter is refused
+    # (docs/kubernetes.md, "Pod attribution").
+    if not os.access(socket_path, os.R_OK | os.W_OK):
+        raise _socket_error(
+            socket_path,
+            "permission_denied",
+            f"is not readable and writable by uid {os.geteuid()} (socket owner uid "
+            f"{st.st_uid}, mode {stat.filemode(st.st_mode)}); the kubelet's socket is "
+            "root-owned: run the exporter as uid 0 with no capabilities "
+            "(deploy/kubernetes/components/pod-attribution-root) or turn the feature off",
+        )
+
+
+class PodResourcesClient:
+    """Blocking client of the kubelet's PodResources v1 service on a unix socket.
+
+    Thread-safe; meant to be called from a thread executor. One gRPC channel is kept and dropped
+    after a connection failure, so a restarted kubelet (a new socket) is reached on the next call
+    instead of after gRPC's reconnect backoff.
+
+    Args:
+        socket_path: the kubelet's pod-resources socket.
+        timeout_s: deadline of each call, connection included, in seconds.
+
+    Raises:
+        PodResourcesUnsupported: grpcio/protobuf missing or unusable (nothing is connected yet).
+        ValueError: timeout_s is not positive.
+    """
+
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout_s: float = DEFAULT_TIMEOUT_S):
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        self._api = _load_api()
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._channel: Any = None
+        self._stub: Any = None
+
+    def __enter__(self) -> PodResourcesClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the gRPC channel; a later call opens a new one."""
+        with self._lock:
+            channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            channel.close()
+
+    def list_gpu_assignments(self) -> dict[str, tuple[PodRef, ...]]:
+        """Call ``List`` and map each GPU/MIG UUID to the containers holding it.
+
+        Returns:
+            See :func:`gpu_assignments`.
+
+        Raises:
+            PodResourcesError: socket missing/unreadable, kubelet unavailable, timeout, RPC error.
+        """
+        response = self._call("List", self._api.pb2.ListPodResourcesRequest())
+        return gpu_assignments(response)
+
+    def list_device_assignments(self) -> tuple[dict[str, tuple[PodRef, ...]], dict[str, tuple[PodRef, ...]]]:
+        """Call ``List`` once: (GPU/MIG UUID -> containers, see :func:`gpu_assignments`; GPU device
+        ids that are not UUIDs -> containers, see :func:`unmapped_assignments`).
+
+        Raises:
+            PodResourcesError: as for :meth:`list_gpu_assignments`.
+        """
+        response = self._call("List", self._api.pb2.ListPodResourcesRequest())
+        return gpu_assignments(response), unmapped_assignments(response)
+
+    def allocatable_gpus(self) -> dict[str, int] | None:
+        """Call ``GetAllocatableResources``: the GPUs/MIG devices the node can hand out.
+
+        Returns:
+            ``{uuid: allocatable ids}`` (see :func:`allocatable_replicas`), or None when this
+            kubelet does not serve the call (UNIMPLEMENTED before Kubernetes 1.21, or the
+            KubeletPodResourcesGetAllocatable feature gate turned off).
+
+        Raises:
+            PodResourcesError: as for :meth:`list_gpu_assignments`.
+        """
+        try:
+            response = self._call("GetAllocatableResources", self._api.pb2.AllocatableResourcesRequest())
+        except PodResourcesError as exc:
+            if exc.reason == "unimplemented":
+                return None
+            raise
+        return allocatable_replicas(response)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _error(self, reason: str, detail: str) -> PodResourcesError:
+        return _socket_error(self.socket_path, reason, detail)
+
+    def _check_socket(self) -> None:
+        """Fail with a clear message before gRPC turns the same problem into UNAVAILABLE."""
+        check_socket(self.socket_path)
+
+    def _get_stub(self) -> Any:
+        with self._lock:
+            if self._stub is None:
+                grpc = self._api.grpc
+                target = "unix://" + os.path.abspath(self.socket_path)
+                self._channel = grpc.insecure_channel(
+                    target,
+                    options=[
+                        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                        ("grpc.enable_http_proxy", 0),
+                    ],
+                )
+                self._stub = self._api.pb2_grpc.PodResourcesListerStub(self._channel)
+            return self._stub
+
+    def _call(self, method: str, request: Any) -> Any:
+        self._check_socket()
+        stub = self._get_stub()
+        grpc = self._api.grpc
+        try:
+            return getattr(stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            details = exc.details()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise self._error("timeout", f"{method} did not answer within {self.timeout_s:g} s") from None
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self.close()
+                raise self._error("unavailable", f"{method}: kubelet not reachable ({details})") from None
+            if code == grpc.StatusCode.UNIMPLEMENTED or (
+                # With the KubeletPodResourcesGetAllocatable gate off (1.21-1.27), the kubelet
+                # answers Unknown "Pod Resources API GetAllocatableResources disabled".
+                code == grpc.StatusCode.UNKNOWN and "disabled" in (details or "").lower()
+            ):
+                raise self._error("unimplemented", f"{method} is not served by this kubelet ({details})") from None
+            raise self._error("rpc_error", f"{method} failed: {code.name}: {details}") from None
