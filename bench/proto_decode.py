@@ -45,9 +45,9 @@ from typing import Any, Union
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import capture  # noqa: E402
+from exporter.protocol import ProtocolError  # noqa: E402
 
 from exporter import collectors, protocol, snapshot  # noqa: E402
-from exporter.protocol import ProtocolError  # noqa: E402
 from guards.features import FeatureState, Reason  # noqa: E402
 
 

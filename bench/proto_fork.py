@@ -200,12 +200,12 @@ def run(mode: str, seconds: float, interval: float, scenario: str) -> dict[str, 
     for name in SUPERVISOR:
         importlib.import_module(name)
     import uvloop
+    from exporter.snapshot import Hello, decode_message
+    from exporter.web import Renderer
 
     from exporter import protocol
     from exporter.config import Config
-    from exporter.snapshot import Hello, decode_message
     from exporter.supervisor import Supervisor
-    from exporter.web import Renderer
 
     config = Config.from_env({"NVGPU_STATE_FILE": "", "NVGPU_SAMPLE_INTERVAL_SECONDS": f"{interval:g}"})
     out: dict[str, Any] = {"mode": mode}

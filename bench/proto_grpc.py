@@ -303,7 +303,6 @@ def client(kind: str, sock: str, calls: int, base: str) -> int:
         if kind == "grpclib":
             import grpclib.client
             import grpclib.const
-
             from exporter.podresources.v1 import api_pb2
 
             loop = asyncio.new_event_loop()

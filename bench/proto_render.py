@@ -57,13 +57,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import capture  # noqa: E402
+from exporter.metric import GpuKey  # noqa: E402
 from prometheus_client.core import Metric  # noqa: E402
 from prometheus_client.utils import floatToGoString  # noqa: E402
 from prometheus_client.validation import _is_valid_legacy_labelname, _is_valid_legacy_metric_name  # noqa: E402
 
 from exporter import collectors, exposition, protocol, selfmetrics, snapshot  # noqa: E402
 from exporter.config import Config  # noqa: E402
-from exporter.metric import GpuKey  # noqa: E402
 from exporter.supervisor import Supervisor  # noqa: E402
 
 # -- the harness: the supervisor's code on captured lines ------------------------------------------
