@@ -77,6 +77,7 @@ class Sampler:
         self.events_enabled: dict[str, bool] = {}  # written by the event thread
         self.commands: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()  # from the supervisor
         self._last_calls = (0, 0)
+        self._returned: dict[str, list[GpuSlot]] = {}  # feature -> GPUs where it answered again this tick
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -198,11 +199,15 @@ class Sampler:
         # Switches are read from the resolved states (env, quarantine, known issues), not from
         # "unsupported": a collector's series set stays the same for the worker's life.
         switches = frozenset(f for f, st in self.resolved.items() if st.enabled)
+        # Off only because no GPU answered: asked again in each GPU's re-probe pass.
+        reask = [
+            f for f in collectors.COLLECTORS if f in self.states and self.states[f].reason is gf.Reason.UNSUPPORTED
+        ]
         for slot in self.slots.values():
             if slot.busy:
                 continue
             if slot.state == "up":
-                slot.start_sample(features, switches)
+                slot.start_sample(features, switches, reask)
             elif slot.state == "lost":
                 slot.start_attach()
         waiting = [s.future for s in self.slots.values() if s.future is not None]
@@ -234,7 +239,8 @@ class Sampler:
                 continue
             result = slot.harvest()
             if isinstance(result, GpuPass):
-                slot.apply(result)
+                for feature in slot.apply(result):
+                    self._returned.setdefault(feature, []).append(slot)
                 passes[slot.index] = result
         return passes
 
@@ -267,33 +273,32 @@ class Sampler:
                 slot.request_reprobe()
 
     def _mark_unsupported(self) -> None:
-        """A feature that no attached GPU supports is off (reason ``unsupported``) until a re-probe
-        finds one that does; every other feature is in its resolved state."""
-        devices = [s.dev for s in self.slots.values() if s.dev is not None and s.state == "up"]
+        """A feature that no attached GPU supports is off (reason ``unsupported``); it comes back
+        only when a GPU really answers one of its calls (a re-probe asks them again in the
+        background), with one log line. Every other feature is in its resolved state. Decided from
+        each GPU's view at the end of its last finished pass (:class:`~exporter.worker.gpuslot.SupportView`)."""
+        returned, self._returned = self._returned, {}
+        views = [(s, s.support) for s in self.slots.values() if s.state == "up" and s.support is not None]
         for feature in collectors.COLLECTORS:
             resolved = self.resolved.get(feature)
-            if resolved is None or not resolved.enabled or not devices:
+            if resolved is None or not resolved.enabled or not views:
                 continue
-            unsupported = all(feature in d.feature_unsupported and feature not in d.feature_ok for d in devices)
             current = self.states[feature]
-            if not unsupported:
-                if current.reason is gf.Reason.UNSUPPORTED:
-                    log.info("feature %s answers again on a GPU: back on", feature)
+            if current.reason is gf.Reason.UNSUPPORTED:
+                answering = [s for s, v in views if feature in v.ok]
+                if answering:
+                    _log_back(feature, answering, everywhere_off=True)
+                    self.states[feature] = resolved
+                continue
+            if not all(v.lacks(feature) for _, v in views):
+                if feature in returned:
+                    _log_back(feature, returned[feature], everywhere_off=False)
                 self.states[feature] = resolved
                 continue
-            if current.reason is gf.Reason.UNSUPPORTED:
-                continue
-            missing = sorted(
-                {
-                    str(k[0]) if k[0] != "field" else f"field {k[1]}"
-                    for d in devices
-                    for k, (f, _) in d.unsupported.items()
-                    if f == feature
-                }
-            )
+            missing = sorted({c for _, v in views for c in v.calls.get(feature, ())})
             detail = f"no GPU supports it ({', '.join(missing)})"
             self.states[feature] = gf.FeatureState(feature, False, gf.Reason.UNSUPPORTED, detail)
-            answers = {why for d in devices for (f, why) in d.unsupported.values() if f == feature}
+            answers = {a for _, v in views for a in v.answers.get(feature, ())}
             _log_unsupported(feature, detail, answers)
 
     def calls(self) -> tuple[int, int]:
@@ -349,6 +354,16 @@ def _log_unsupported(feature: str, detail: str, answers: set[str]) -> None:
         detail,
         extra={"feature": feature},
     )
+
+
+def _log_back(feature: str, slots: list[GpuSlot], everywhere_off: bool) -> None:
+    """One line when a re-probe finds a feature answering again: on every GPU where it was off
+    (``everywhere_off``: the feature is switched back on) or on one GPU of several."""
+    gpus = ", ".join(f"{s.index} ({s.uuid})" for s in slots)
+    if everywhere_off:
+        log.info("feature %s answers again on GPU %s: back on", feature, gpus, extra={"feature": feature})
+    else:
+        log.info("feature %s answers again on GPU %s", feature, gpus, extra={"feature": feature})
 
 
 _NOT_HARDWARE = {"FUNCTION_NOT_FOUND", "ARGUMENT_VERSION_MISMATCH", "NO_PERMISSION"}  # binding, driver, container
