@@ -1682,11 +1682,13 @@ def exporter_health() -> dict[str, Any]:
         )
         .with_panel(
             table_panel(
-                "Process list API in use",
-                "nvgpu_process_api_info: how many exporters read each process list with which NVML function, and "
-                "why an older struct version (unsupported: the driver lacks the newer symbol; records_invalid: its "
-                "records failed validation and the older struct read clean).",
-                [(f"count by (list, function, fallback) (nvgpu_process_api_info{{{HEALTH}}})", None)],
+                "NVML API variants in use",
+                "nvgpu_nvml_api_info: how many exporters answer each versioned call (memory, temperature, fabric, "
+                "clock event reasons, process lists) with which NVML function and struct version, and why not the "
+                "newest (function_not_found: the driver or binding lacks it; argument_version_mismatch: a driver "
+                "older than the struct; records_invalid: the newer process struct's records failed validation and "
+                "the older one read clean). Chosen once per worker.",
+                [(f"count by (call, function, version, fallback) (nvgpu_nvml_api_info{{{HEALTH}}})", None)],
                 rename={"Value": "exporters"},
             )
         )

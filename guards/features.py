@@ -181,6 +181,7 @@ FEATURES: Mapping[str, Feature] = _registry(
             "nvmlDeviceGetMaxClockInfo",
             "nvmlDeviceGetPerformanceState",
             "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
         ),
     ),
     Feature(
@@ -272,10 +273,12 @@ FEATURES: Mapping[str, Feature] = _registry(
         name="fabric",
         default=True,
         description=(
-            "NVLink fabric registration state and status (nvmlDeviceGetGpuFabricInfoV, 550+): NVSwitch "
-            "systems whose Fabric Manager has not completed; absent on GPUs without a fabric"
+            "NVLink fabric registration state and status, health (mask and summary) and the NVLink domain "
+            "(clique id, cluster UUID): nvmlDeviceGetGpuFabricInfoV v3, v2 (550+), else the v1 call (535); "
+            "NVSwitch systems whose Fabric Manager has not completed or whose fabric runs degraded; absent "
+            "on GPUs without a fabric"
         ),
-        nvml_functions=("nvmlDeviceGetGpuFabricInfoV",),
+        nvml_functions=("nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"),
     ),
     Feature(
         name="gpm",

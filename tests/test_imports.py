@@ -52,6 +52,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
                     "pods",
                     "exposition",
                     "selfmetrics",
+                    "apis",
                     "procmetrics",
                     "statuspage",
                 )

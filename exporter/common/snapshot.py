@@ -66,6 +66,8 @@ class GpuSample:
         unsupported: enabled features none of whose calls this GPU supports.
         feature: for a hung GPU, the feature of the call that did not return.
         function: for a hung GPU, the NVML function that did not return.
+        apis: which variant answers each versioned call on this GPU, chosen once per worker:
+            (call, NVML function, struct version or "", fallback or ""), sorted by call.
     """
 
     index: int
@@ -77,6 +79,7 @@ class GpuSample:
     unsupported: tuple[str, ...] = ()
     feature: str = ""
     function: str = ""
+    apis: tuple[tuple[str, str, str, str], ...] = ()
 
     @property
     def up(self) -> bool:
@@ -134,6 +137,7 @@ class Snapshot:
                     "unsupported": list(g.unsupported),
                     "feature": g.feature,
                     "function": g.function,
+                    "apis": [list(a) for a in g.apis],
                 }
                 for g in self.gpus
             ],
@@ -267,6 +271,7 @@ def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
         unsupported=decode_value(tuple[str, ...], raw.get("unsupported", []), f"{where}.unsupported"),
         feature=decode_value(str, raw.get("feature", ""), f"{where}.feature"),
         function=decode_value(str, raw.get("function", ""), f"{where}.function"),
+        apis=decode_value(tuple[tuple[str, str, str, str], ...], raw.get("apis", []), f"{where}.apis"),
     )
 
 

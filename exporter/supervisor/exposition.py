@@ -28,7 +28,7 @@ from prometheus_client.openmetrics import exposition as om_format
 from exporter.common import collectors
 from exporter.common.logs import log_once
 from exporter.common.metric import GpuKey, MetricDef
-from exporter.supervisor import selfmetrics
+from exporter.supervisor import apis, selfmetrics
 
 if TYPE_CHECKING:
     from exporter.common.snapshot import Snapshot
@@ -206,6 +206,7 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
             if not _render_feature(bag, feature, samples, snap, state.render_errors):
                 failed.add(feature)
     live = [g.uuid for g in state.fresh_gpus() if g.up]
+    bag.add(apis.families(g for g in state.fresh_gpus() if g.up))
     bag.add(state.xids.families(live, state.gpu_index))
     for ext in state.active_extensions():
         if snap is not None:

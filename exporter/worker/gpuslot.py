@@ -42,7 +42,7 @@ from exporter.common.collectors.base import Collector
 from exporter.common.gpustate import GpuStates, Lifetime
 from exporter.common.nvml import errors
 from exporter.common.snapshot import GpuSample
-from exporter.worker.nvml.client import DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
+from exporter.worker.nvml.client import ApiChoices, DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
 
 log = logging.getLogger("exporter.worker")
 
@@ -225,6 +225,9 @@ class GpuSlot:
             view = self.support
             unsupported = tuple(f for f in collectors.COLLECTORS if f in enabled and view.lacks(f))
         feature, function = self.hung_in if self.state == "hung" else ("", "")
+        known = self._states.get(self.uuid)
+        choices = known.peek(ApiChoices) if known is not None else None
+        apis = dict(choices.calls) if choices is not None else {}
         return GpuSample(
             self.index,
             self.uuid,
@@ -235,6 +238,7 @@ class GpuSlot:
             unsupported,
             feature,
             function,
+            tuple((call, *chosen) for call, chosen in sorted(apis.items())),
         )
 
     # -- on the GPU's thread --------------------------------------------------------------------

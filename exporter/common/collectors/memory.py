@@ -1,9 +1,13 @@
 """Framebuffer and BAR1 memory in bytes.
 
-Sources: nvmlDeviceGetMemoryInfo with ``version=nvmlMemory_v2`` (``used`` excludes the driver's
-``reserved`` memory, as nvidia-smi shows it; idle H200: v1 used 644,939,776 = v2 reserved, v2 used
-0, measured on 580.159.04), falling back to v1 (``used`` includes reserved; no reserved series) when v2 is
-not there; nvmlDeviceGetBAR1MemoryInfo.
+Sources: nvmlDeviceGetMemoryInfo with ``version=nvmlMemory_v2`` (C ``nvmlDeviceGetMemoryInfo_v2``,
+in every header from CUDA 12.2 / R535; ``used`` excludes the driver's ``reserved`` memory, as
+nvidia-smi shows it; idle H200: v1 used 644,939,776 = v2 reserved, v2 used 0, measured on
+580.159.04), falling back to v1 when v2 is not there (a binding or driver without it): then
+``used`` includes the reserved memory and there is no reserved series, the documented difference
+(the reading says so in ``includes_reserved``: the stuck-context signature does not judge "empty"
+by it). The choice is made once per worker and shown in ``nvgpu_nvml_api_info{call="memory"}``;
+nvmlDeviceGetBAR1MemoryInfo.
 """
 
 from __future__ import annotations
@@ -54,15 +58,25 @@ class Reading:
     reserved_bytes: int | None
     bar1_total_bytes: int | None
     bar1_used_bytes: int | None
+    includes_reserved: bool = False  # v1: used counts the driver-reserved memory
+
+
+V2_KEY = ("nvmlDeviceGetMemoryInfo", ("version", NVML_MEMORY_V2))  # the device client's cache key of v2
 
 
 def read(dev: DeviceClient) -> Reading | None:
     mem = None
-    if ("nvmlDeviceGetMemoryInfo", ("version", NVML_MEMORY_V2)) not in dev.unsupported:
+    if V2_KEY not in dev.unsupported:
         mem = dev.get(FEATURE, "nvmlDeviceGetMemoryInfo", version=NVML_MEMORY_V2)
     reserved = getattr(mem, "reserved", None) if mem is not None else None
-    if mem is None:
+    v1 = mem is None
+    if mem is not None:
+        dev.chose("memory", "nvmlDeviceGetMemoryInfo_v2", "2")
+    else:
         mem = dev.get(FEATURE, "nvmlDeviceGetMemoryInfo")
+        why = dev.unsupported.get(V2_KEY)
+        if mem is not None and why is not None:  # v2 unsupported, not merely failing this sample
+            dev.chose("memory", "nvmlDeviceGetMemoryInfo", "1", why[1].lower())
     details = DETAILS in dev.enabled
     bar1 = dev.get(FEATURE, "nvmlDeviceGetBAR1MemoryInfo") if details else None
     if mem is None and bar1 is None:
@@ -74,6 +88,7 @@ def read(dev: DeviceClient) -> Reading | None:
         reserved_bytes=int(reserved) if reserved is not None else None,
         bar1_total_bytes=int(bar1.bar1Total) if bar1 is not None else None,
         bar1_used_bytes=int(bar1.bar1Used) if bar1 is not None else None,
+        includes_reserved=v1 and mem is not None,
     )
 
 

@@ -1,8 +1,10 @@
 """GPU die and memory (HBM) temperature in degrees Celsius.
 
-Sources: nvmlDeviceGetTemperatureV (570+ drivers; signed) falling back to the deprecated
-nvmlDeviceGetTemperature (NVML 13 deprecates it, "will be removed in CUDA 14.0"), sensor
-NVML_TEMPERATURE_GPU (0); field NVML_FI_DEV_MEMORY_TEMP (82) for memory.
+Sources: nvmlDeviceGetTemperatureV (570+ drivers, nvidia-ml-py 12.570+; signed) falling back to the
+deprecated nvmlDeviceGetTemperature (NVML 13 deprecates it, "will be removed in CUDA 14.0") where
+the driver or the binding lacks the V call (R535, R550: FUNCTION_NOT_FOUND), chosen once per worker
+(``nvgpu_nvml_api_info{call="temperature"}``), sensor NVML_TEMPERATURE_GPU (0); field
+NVML_FI_DEV_MEMORY_TEMP (82) for memory.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def read(dev: DeviceClient) -> Reading | None:
             ("nvmlDeviceGetTemperatureV", (NVML_TEMPERATURE_GPU,)),
             ("nvmlDeviceGetTemperature", (NVML_TEMPERATURE_GPU,)),
         ],
+        call="temperature",
     )
     mem = dev.fields(FEATURE, [(NVML_FI_DEV_MEMORY_TEMP, 0)]).get((NVML_FI_DEV_MEMORY_TEMP, 0))
     if gpu is None and mem is None:

@@ -15,10 +15,11 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.common.breadcrumb import SLOT_SAMPLER, BreadcrumbWriter
-from exporter.common.gpustate import GpuStates, S
+from exporter.common.gpustate import GpuState, GpuStates, Lifetime, S
 from exporter.common.logs import log_once
 from exporter.common.nvml import errors
 from exporter.common.nvml.errors import ErrorClass, NvmlFailure
@@ -54,6 +55,57 @@ class NvmlFatal(Exception):
         super().__init__(f"{function}: {failure.message}")
         self.failure = failure
         self.function = function
+
+
+@dataclass
+class ApiChoices(GpuState):
+    """Which NVML function (and struct version) answers each versioned call on this GPU, and why not
+    the newest: chosen once per worker (kept by UUID across re-probes and a GPU attached again, as the
+    binding and driver do not change under a running worker), shown in ``nvgpu_nvml_api_info``.
+
+    Attributes:
+        calls: call (``memory``, ``temperature``, ``fabric``, …) -> (NVML function, struct version or
+            "", fallback: why not the newest, "" when the newest answered).
+    """
+
+    LIFETIME = Lifetime.WORKER
+    calls: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+
+
+def fallback_reason(answer: str) -> str:
+    """The ``fallback`` label for a newer variant's unsupported answer: ``FUNCTION_NOT_FOUND`` ->
+    ``function_not_found``; a reason of our own (``records_invalid``) stays."""
+    return answer.lower()
+
+
+def record_choice(dev: DeviceClient, call: str, function: str, version: str = "", fallback: str = "") -> None:
+    """Record which variant answers ``call`` on ``dev``'s GPU (:class:`ApiChoices`); a fallback (an
+    older variant than the newest) is logged once per worker, call and variant.
+
+    Args:
+        dev: the GPU.
+        call: what is asked (``memory``, ``temperature``, ``fabric``, ``compute_processes``, …).
+        function: the NVML function that answered (its C name, ``nvmlDeviceGetMemoryInfo_v2``).
+        version: the struct version passed, "" for calls without one.
+        fallback: why not the newest variant (:func:`fallback_reason`), "" when it is the newest.
+    """
+    choices = dev.state_of(ApiChoices).calls
+    chosen = (function, version, fallback)
+    if choices.get(call) == chosen:
+        return
+    choices[call] = chosen
+    if fallback:
+        log_once(
+            log,
+            logging.INFO,
+            ("api-fallback", call, function, version),
+            "%s: using %s%s (the newer variant answered %s); chosen once for this worker",
+            call,
+            function,
+            f" v{version}" if version else "",
+            fallback.upper(),
+            extra={"call": call, "function": function, "version": version, "fallback": fallback},
+        )
 
 
 class NvmlClient:
@@ -173,6 +225,10 @@ class DeviceClient:
         # before its next pass, as after a MIG configuration change event.
         self.reprobe_requested = False
         self.enabled: frozenset[str] = frozenset()
+
+    def chose(self, call: str, function: str, version: str = "", fallback: str = "") -> None:
+        """Record which variant answers ``call`` on this GPU: :func:`record_choice`."""
+        record_choice(self, call, function, version, fallback)
 
     def state_of(self, kind: type[S]) -> S:
         """This GPU's state of ``kind`` (a :class:`~exporter.common.gpustate.GpuState` subclass a collector
@@ -366,16 +422,22 @@ class DeviceClient:
                 extra={"feature": feature, "function": function, "uuid": self.uuid},
             )
 
-    def first(self, feature: str, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> Any:
+    def first(self, feature: str, calls: Sequence[tuple[str, tuple[Any, ...]]], call: str = "") -> Any:
         """The first call in ``calls`` that is supported and answers; None if none does.
 
         Used for versioned symbols (``_v3`` then ``_v2``; ``TemperatureV`` then ``Temperature``).
-        Once a variant answered unsupported it is skipped for the life of the worker.
+        A variant that answered unsupported is skipped until a re-probe (for good when the symbol is
+        missing: FUNCTION_NOT_FOUND). With ``call``, the variant that answered is recorded
+        (:meth:`chose`), with the newest one's answer as the fallback reason.
         """
         for function, args in calls:
             if (function, *args) in self.unsupported:
                 continue
             value = self.get(feature, function, *args)
+            if value is not None and call:
+                newest = calls[0]
+                why = self.unsupported.get((newest[0], *newest[1]), ("", ""))[1] if function != newest[0] else ""
+                self.chose(call, function, "", fallback_reason(why))
             if value is not None or (function, *args) not in self.unsupported:
                 return value
         return None
