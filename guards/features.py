@@ -232,7 +232,8 @@ FEATURES: Mapping[str, Feature] = _registry(
             "NVLink links up and error counters (replay, recovery, CRC flit/data) per GPU: the DL replay, "
             "recovery and CRC fields (161-163) per link in one field-value call every sample, "
             "nvmlDeviceGetNvLinkErrorCounter where the driver lacks them and for data CRC (every 30 s); "
-            "per-link series only for links with replay, recovery or flit-CRC errors (nvlink_links: all)"
+            "per-link series only for links with replay, recovery or flit-CRC errors (nvlink_links: all); "
+            "NVLink5 (Blackwell) error counters NVML_FI_DEV_NVLINK_COUNT_* in a field-value call of their own"
         ),
         nvml_functions=("nvmlDeviceGetNvLinkState", "nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkErrorCounter"),
     ),
@@ -241,7 +242,8 @@ FEATURES: Mapping[str, Feature] = _registry(
         default=True,
         description=(
             "NVLink TX/RX data bytes per GPU via field values NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX "
-            "(138/139, scope 0xFFFFFFFF = all links; per link with nvlink_links) and the link count "
+            "(138/139, scope 0xFFFFFFFF = all links; per link with nvlink_links; NVLink5 byte counters 202/204 "
+            "where those are unsupported) and the link count "
             "NVML_FI_DEV_NVLINK_LINK_COUNT (91); the query that crashed with glibc heap corruption on H20 / "
             "driver 580 (docs/design.md)"
         ),

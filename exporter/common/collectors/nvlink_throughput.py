@@ -14,6 +14,11 @@ are read and summed, each link's last value kept so that a link that fails to an
 make the total look reset. With the ``nvlink_links`` feature on, every link's counters are read
 and exported, and the per-GPU totals are their sum. NVML_FI_DEV_NVLINK_LINK_COUNT (91) is read
 once per worker life (no links: nothing else is asked) and exported with the ``details`` feature.
+
+NVLink5 (Blackwell) counts bytes per link in ``NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES`` (202) and
+``…_RCV_BYTES`` (204), in bytes (nvml.h 12.6+: "total Tx/Rx bytes on the link"). Whether 138/139 still
+answer on NVLink5 has no public source; where every 138/139 entry answers unsupported, the per-link
+202/204 counters are read and summed the same way (the reading's ``unit_bytes`` says 1, not 1024).
 """
 
 from __future__ import annotations
@@ -41,17 +46,22 @@ NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
 ALL_LINKS = 0xFFFFFFFF  # scopeId: the sum over every link (nvml.h, fields 138-141)
 TX, RX = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES = 202  # NVLink5, bytes per link
+NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES = 204
+TX5, RX5 = NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES, NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES
 
 LINKS = MetricDef("nvgpu_nvlink_links", "NVLink links present (field NVML_FI_DEV_NVLINK_LINK_COUNT)")
 TRANSMIT = MetricDef(
     "nvgpu_nvlink_transmit_bytes_total",
     "NVLink payload bytes transmitted over all the GPU's links (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, "
-    "scope 0xFFFFFFFF or summed per link, KiB x 1024)",
+    "scope 0xFFFFFFFF or summed per link, KiB x 1024; NVLink5 where that field is unsupported: "
+    "NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES per link, summed)",
 )
 RECEIVE = MetricDef(
     "nvgpu_nvlink_receive_bytes_total",
     "NVLink payload bytes received over all the GPU's links (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, "
-    "scope 0xFFFFFFFF or summed per link, KiB x 1024)",
+    "scope 0xFFFFFFFF or summed per link, KiB x 1024; NVLink5 where that field is unsupported: "
+    "NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES per link, summed)",
 )
 LINK_TRANSMIT = MetricDef(
     "nvgpu_nvlink_link_transmit_bytes_total",
@@ -81,6 +91,7 @@ class Reading:
     rx_kib: int | None
     link_tx_kib: dict[int, int]  # per link, with the nvlink_links feature
     link_rx_kib: dict[int, int]
+    unit_bytes: int = 1024  # bytes per counted unit: 1024 for fields 138/139 (KiB), 1 for 202/204 (NVLink5)
 
 
 @dataclass
@@ -96,7 +107,7 @@ class LastBytes(GpuState):
     """Each link's counters as last read (field id -> link -> KiB); kept across re-probes."""
 
     LIFETIME = Lifetime.DEVICE
-    last: dict[int, dict[int, int]] = field(default_factory=lambda: {TX: {}, RX: {}})
+    last: dict[int, dict[int, int]] = field(default_factory=lambda: {TX: {}, RX: {}, TX5: {}, RX5: {}})
 
 
 def _link_count(dev: DeviceClient) -> int | None:
@@ -110,13 +121,19 @@ def _link_count(dev: DeviceClient) -> int | None:
     return static.count
 
 
-def _per_link(dev: DeviceClient, count: int) -> tuple[dict[int, int], dict[int, int]]:
-    """Every link's counters, the last value kept for a link that does not answer this time."""
+def _per_link(dev: DeviceClient, count: int, tx: int = TX, rx: int = RX) -> tuple[dict[int, int], dict[int, int]]:
+    """Every link's counters (fields ``tx`` and ``rx``), the last value kept for a link that does not
+    answer this time."""
     last = dev.state_of(LastBytes).last
-    pairs = [(fid, link) for link in range(count) for fid in (TX, RX)]
+    pairs = [(fid, link) for link in range(count) for fid in (tx, rx)]
     for (fid, link), value in dev.fields(FEATURE, pairs).items():
         last[fid][link] = int(value)
-    return dict(last[TX]), dict(last[RX])
+    return dict(last[tx]), dict(last[rx])
+
+
+def _no_data_fields(dev: DeviceClient, count: int) -> bool:
+    """Every link's 138/139 answered unsupported (NVLink5 may not serve them)."""
+    return all(dev.field_unsupported(fid, link) for link in range(count) for fid in (TX, RX))
 
 
 def _all_links_scope(dev: DeviceClient) -> bool:
@@ -138,7 +155,11 @@ def read(dev: DeviceClient) -> Reading | None:
             return Reading(
                 shown_count, None if tx_all is None else int(tx_all), None if rx_all is None else int(rx_all), {}, {}
             )
+    unit = 1024
     tx, rx = _per_link(dev, count)
+    if not tx and not rx and _no_data_fields(dev, count):
+        tx, rx = _per_link(dev, count, TX5, RX5)
+        unit = 1
     if not tx and not rx:
         return None
     per_link = LINKS_SWITCH in dev.enabled
@@ -148,7 +169,13 @@ def read(dev: DeviceClient) -> Reading | None:
         sum(rx.values()) if rx else None,
         tx if per_link else {},
         rx if per_link else {},
+        unit,
     )
+
+
+def _bytes(count: int, unit: int) -> int:
+    """A counter in bytes: fields 138/139 count KiB (``unit`` 1024), the NVLink5 ones bytes (1)."""
+    return kib_to_bytes(count) if unit == 1024 else count * unit
 
 
 def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
@@ -159,11 +186,11 @@ def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> I
     link_rx = LINK_RECEIVE.family()
     for key, r in samples:
         links.add(key, r.link_count)
-        tx.add(key, None if r.tx_kib is None else kib_to_bytes(r.tx_kib))
-        rx.add(key, None if r.rx_kib is None else kib_to_bytes(r.rx_kib))
+        tx.add(key, None if r.tx_kib is None else _bytes(r.tx_kib, r.unit_bytes))
+        rx.add(key, None if r.rx_kib is None else _bytes(r.rx_kib, r.unit_bytes))
         for link, kib in sorted(r.link_tx_kib.items(), key=lambda kv: int(kv[0])):
-            link_tx.add(key, kib_to_bytes(kib), str(link))
+            link_tx.add(key, _bytes(kib, r.unit_bytes), str(link))
         for link, kib in sorted(r.link_rx_kib.items(), key=lambda kv: int(kv[0])):
-            link_rx.add(key, kib_to_bytes(kib), str(link))
+            link_rx.add(key, _bytes(kib, r.unit_bytes), str(link))
     for fam in (links, tx, rx, link_tx, link_rx):
         yield from fam.done()
