@@ -158,12 +158,16 @@ FEATURES: Mapping[str, Feature] = _registry(
         default=True,
         description=(
             "GPU temperature (TemperatureV on 570+, legacy call before) and HBM temperature "
-            "(field NVML_FI_DEV_MEMORY_TEMP, 82)"
+            "(field NVML_FI_DEV_MEMORY_TEMP, 82); the margins to the slowdown and memory-maximum "
+            "thresholds (nvmlDeviceGetMarginTemperature on 570+, nvmlDeviceGetTemperatureThreshold), "
+            "the thresholds themselves with details"
         ),
         nvml_functions=(
             "nvmlDeviceGetTemperatureV",
             "nvmlDeviceGetTemperature",
             "nvmlDeviceGetFieldValues",
+            "nvmlDeviceGetTemperatureThreshold",
+            "nvmlDeviceGetMarginTemperature",
         ),
     ),
     Feature(
@@ -250,6 +254,15 @@ FEATURES: Mapping[str, Feature] = _registry(
         nvml_functions=("nvmlDeviceGetFieldValues",),
     ),
     Feature(
+        name="c2c",
+        default=True,
+        description=(
+            "NVLink-C2C between the GPU and its Grace CPU (GH200, GB200): links present and up, CRC and "
+            "replay error counters (fields 170, 171, 231-233); absent on GPUs without C2C"
+        ),
+        nvml_functions=("nvmlDeviceGetFieldValues",),
+    ),
+    Feature(
         name="nvlink_links",
         default=False,
         description=(
@@ -281,6 +294,20 @@ FEATURES: Mapping[str, Feature] = _registry(
             "on GPUs without a fabric"
         ),
         nvml_functions=("nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"),
+    ),
+    Feature(
+        name="confidential_computing",
+        default=True,
+        description=(
+            "confidential computing: the system's CC mode and whether its GPUs accept work "
+            "(nvmlSystemGetConfComputeState, nvmlSystemGetConfComputeGpusReadyState: a state, not an "
+            "error) and, with CC on, each GPU's protected memory; unsupported on systems without CC"
+        ),
+        nvml_functions=(
+            "nvmlSystemGetConfComputeState",
+            "nvmlSystemGetConfComputeGpusReadyState",
+            "nvmlDeviceGetConfComputeProtectedMemoryUsage",
+        ),
     ),
     Feature(
         name="gpm",

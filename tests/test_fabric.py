@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_device import Clock, device, fake_of, render
+from fake_device import DETAILS, Clock, device, fake_of, render
 
 from exporter.common.collectors import fabric
 from exporter.worker.nvml import structs
@@ -43,7 +43,7 @@ def test_our_struct_layouts_are_the_headers() -> None:
 def test_completed_state_status_and_domain(tmp_path: Path) -> None:
     dev = device(tmp_path, fabric_gpu({**COMPLETED, "cliqueId": 7, "clusterUuid": DOMAIN}), Clock(1.0))
     r = fabric.read(dev)
-    assert r == fabric.Reading(3, 0, 3, 7, DOMAIN, 0, 0)
+    assert r == fabric.Reading(3, 0, 3, 7, DOMAIN, 0, 0, False)
     fams = render("fabric", [(dev, r)])
     assert fams == {
         "nvgpu_fabric_state": {("0", dev.uuid): 3.0},
@@ -80,7 +80,7 @@ def test_state_and_status_follow_fabric_manager(tmp_path: Path) -> None:
 def test_v3_rejected_falls_back_to_v2_once(tmp_path: Path) -> None:
     gpu = fabric_gpu(COMPLETED, **{"nvmlDeviceGetGpuFabricInfoV:3": {"error": "ARGUMENT_VERSION_MISMATCH"}})
     dev = device(tmp_path, gpu, Clock(1.0))
-    assert fabric.read(dev) == fabric.read(dev) == fabric.Reading(3, 0, 2, 0, ZERO_UUID, 0, None)
+    assert fabric.read(dev) == fabric.read(dev) == fabric.Reading(3, 0, 2, 0, ZERO_UUID, 0, None, False)
     assert fake_of(dev).call_counts()["nvmlDeviceGetGpuFabricInfoV"] == 3  # v3 once, v2 twice
     assert "fabric" in dev.feature_ok
     assert chosen(dev) == ("nvmlDeviceGetGpuFabricInfoV", "2", "argument_version_mismatch")
@@ -105,7 +105,7 @@ def test_without_the_v_call_the_deprecated_v1_call_answers(tmp_path: Path, how: 
     if how == "driver_branch":
         top["driver_branch"] = "R535"
     dev = device(tmp_path, fabric_gpu({**COMPLETED, "cliqueId": 3, "clusterUuid": DOMAIN}), Clock(1.0), **top)
-    assert fabric.read(dev) == fabric.read(dev) == fabric.Reading(3, 0, 1, 3, DOMAIN, None, None)
+    assert fabric.read(dev) == fabric.read(dev) == fabric.Reading(3, 0, 1, 3, DOMAIN, None, None, False)
     counts = fake_of(dev).call_counts()
     assert counts["nvmlDeviceGetGpuFabricInfoV"] == 1  # the missing symbol is asked once
     assert counts["nvmlDeviceGetGpuFabricInfo"] == 2
@@ -129,11 +129,17 @@ def test_no_fabric_no_series_and_not_asked_again(tmp_path: Path, spec: Any) -> N
 
 def test_a_degraded_domain_shows_its_summary_and_conditions(tmp_path: Path) -> None:
     """GB200 NVL72 with a link lost (the recipe in docs/capabilities.md): DEGRADED_BW true (value 1
-    at shift 0), the other conditions false, summary 3 (limited capacity), configuration correct."""
+    at shift 0), the other conditions false, summary 3 (limited capacity), configuration correct.
+    With a summary the conditions are details; without details only the summary and the check."""
     mask = (ALL_FALSE & ~0x3) | 1 | 1 << 8
-    dev = device(tmp_path, fabric_gpu({**COMPLETED, "healthMask": mask, "healthSummary": 3}), Clock(1.0))
+    gpu = fabric_gpu({**COMPLETED, "healthMask": mask, "healthSummary": 3})
+    (tmp_path / "default").mkdir()
+    dev = device(tmp_path / "default", gpu, Clock(1.0))
     fams = render("fabric", [(dev, fabric.read(dev))])
-    assert fams["nvgpu_fabric_health_summary"] == {("0", dev.uuid): 3.0}
+    assert fams["nvgpu_fabric_health"] == {("0", dev.uuid): 3.0} and "nvgpu_fabric_health_condition" not in fams
+    dev = device(tmp_path, gpu, Clock(1.0), DETAILS)
+    fams = render("fabric", [(dev, fabric.read(dev))])
+    assert fams["nvgpu_fabric_health"] == {("0", dev.uuid): 3.0}
     assert fams["nvgpu_fabric_health_condition"] == {
         ("0", dev.uuid, "degraded_bandwidth"): 1.0,
         ("0", dev.uuid, "route_recovery"): 0.0,

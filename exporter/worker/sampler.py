@@ -343,11 +343,12 @@ class Sampler:
 def _log_unsupported(feature: str, detail: str, answers: set[str]) -> None:
     """The hardware saying no (no fan on an H200, no NVLink on a single GPU) is not a fault: INFO,
     once (the supervisor keeps it once across workers too). A missing symbol or a refused
-    permission is worth a WARNING: a newer binding or driver, or the container's device access,
-    would change it."""
+    permission, with no call answering that the hardware lacks it, is worth a WARNING: a newer
+    binding or driver, or the container's device access, would change it. (An R535 driver lacks the
+    newer fabric call while the older one says the A100 has no fabric: INFO.)"""
     logs.log_once(
         log,
-        logging.WARNING if answers & _NOT_HARDWARE else logging.INFO,
+        logging.WARNING if answers and answers <= _NOT_HARDWARE else logging.INFO,
         ("unsupported-feature", feature, detail),
         "feature %s is unsupported on every GPU (%s): off until a re-probe finds it",
         feature,

@@ -28,7 +28,9 @@ Sources (``exporter.worker.nvml.structs.fabric_info``; nvml.h of CUDA 12.2 to 13
   12.4 header and in nvidia-ml-py up to 13.580.82, ``0x3`` from the 12.8 header and nvidia-ml-py
   13.580.126, so the binding's constant is not used.
 - ``healthSummary`` (v3): 0 not supported, 1 healthy, 2 unhealthy, 3 limited capacity (H100 80GB
-  HBM3 answers not supported: leptonai/gpud ``fabric_state.go``).
+  HBM3 answers not supported: leptonai/gpud ``fabric_state.go``). Where the driver gives a summary
+  (R580+), it is the default series and the four conditions come with the ``details`` feature;
+  where it gives only the mask (R550-R575), the conditions are the default.
 - ``cliqueId`` and ``clusterUuid`` (16 raw bytes) name the NVLink domain the GPU registered into (on
   GB200 NVL72 the rack's domain, IMEX): exported once the registration completed, where they name
   one (clique 0 with an all-zero cluster UUID, as on the directly joined H200 pair, names none).
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
 FEATURE = "fabric"
 NEEDS: tuple[str, ...] = ()
 FUNCTION = "nvmlDeviceGetGpuFabricInfoV"  # the unsupported-cache key of "state NOT_SUPPORTED"
+DETAILS = "details"  # the health conditions where a v3 summary sums them up
 STATE_NOT_SUPPORTED = 0
 STATE_COMPLETED = 3
 # healthMask fields of two bits (nvml.h 12.8+ NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_*): label -> shift
@@ -85,8 +88,8 @@ INFO = MetricDef(
     "one: clique id and cluster UUID (nvmlDeviceGetGpuFabricInfoV cliqueId, clusterUuid); value is always 1",
     ("clique_id", "cluster_uuid"),
 )
-HEALTH_SUMMARY = MetricDef(
-    "nvgpu_fabric_health_summary",
+HEALTH = MetricDef(
+    "nvgpu_fabric_health",
     "Fabric health as the driver sums it up: 1 healthy, 2 unhealthy, 3 limited capacity; absent where not "
     "reported (nvmlDeviceGetGpuFabricInfoV v3 healthSummary, R580+)",
 )
@@ -94,7 +97,7 @@ HEALTH_CONDITION = MetricDef(
     "nvgpu_fabric_health_condition",
     "1 while the fabric health condition holds, 0 when it does not; absent where the driver does not report "
     "it (nvmlDeviceGetGpuFabricInfoV healthMask: degraded bandwidth, route recovery, route unhealthy, "
-    "access-timeout recovery)",
+    "access-timeout recovery); next to a v3 health summary with the details feature",
     ("condition",),
 )
 INCORRECT_CONFIGURATION = MetricDef(
@@ -103,7 +106,7 @@ INCORRECT_CONFIGURATION = MetricDef(
     "4 no partition, 5 insufficient NVLinks, 6 incompatible GPU firmware, 7 invalid location; absent where "
     "not reported (nvmlDeviceGetGpuFabricInfoV healthMask, incorrect configuration)",
 )
-METRICS = (STATE, STATUS, INFO, HEALTH_SUMMARY, HEALTH_CONDITION, INCORRECT_CONFIGURATION)
+METRICS = (STATE, STATUS, INFO, HEALTH, HEALTH_CONDITION, INCORRECT_CONFIGURATION)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class Reading:
         cluster_uuid: ``clusterUuid`` as a canonical UUID string.
         health_mask: ``healthMask`` (v2 and v3); None with v1.
         health_summary: ``healthSummary`` (v3); None with v1 and v2.
+        details: the ``details`` feature is on (the conditions are shown next to a summary).
     """
 
     state: int
@@ -127,6 +131,7 @@ class Reading:
     cluster_uuid: str = ""
     health_mask: int | None = None
     health_summary: int | None = None
+    details: bool = False  # the details feature: the conditions next to a v3 summary
 
 
 def uuid_text(raw: Sequence[int]) -> str:
@@ -157,6 +162,7 @@ def read(dev: DeviceClient) -> Reading | None:
         uuid_text(list(raw)),
         int(info.healthMask) if version >= 2 else None,
         int(info.healthSummary) if version >= 3 else None,
+        DETAILS in dev.enabled,
     )
 
 
@@ -174,7 +180,7 @@ def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> I
     state = STATE.family()
     status = STATUS.family()
     info = INFO.family()
-    summary = HEALTH_SUMMARY.family()
+    summary = HEALTH.family()
     condition = HEALTH_CONDITION.family()
     configuration = INCORRECT_CONFIGURATION.family()
     for key, r in samples:
@@ -185,8 +191,9 @@ def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> I
         if r.health_summary is not None and r.health_summary != SUMMARY_NOT_SUPPORTED:
             summary.add(key, r.health_summary)
         if r.health_mask is not None:
-            for name, value in conditions(r.health_mask).items():
-                condition.add(key, value, name)
+            if r.health_summary is None or r.details:
+                for name, value in conditions(r.health_mask).items():
+                    condition.add(key, value, name)
             config = (r.health_mask >> CONFIGURATION_SHIFT) & CONFIGURATION_MASK
             configuration.add(key, config or None)
     for fam in (state, status, info, summary, condition, configuration):
