@@ -111,3 +111,28 @@ def test_the_family_is_one_series_per_distinct_choice_over_the_gpus() -> None:
     assert got == [(v1, 1.0), (legacy, 1.0)]
     assert "gpu" not in fam.samples[0].labels
     assert apis.families([GpuSample(0, "GPU-a")]) == []
+
+
+def test_an_r535_node_takes_each_fallback_once_says_so_and_reprobes_quietly(tmp_path: Path) -> None:
+    """The shipped A100 / R535 scenario on the real exporter, re-probed every second: the legacy
+    temperature call is chosen once per worker and shown in nvgpu_nvml_api_info, said once in the
+    log; four re-probe periods later nothing more is logged, nothing answers "again", and nothing
+    is a warning (the hardware saying no is not a fault)."""
+    from exporter_proc import SCENARIOS, Exporter
+
+    env = {"NVGPU_REPROBE_SECONDS": "1"}
+    with Exporter(SCENARIOS / "a100x2-r535.json", tmp_path, env=env, interval=0.25) as exp:
+        s = exp.wait_for(lambda s: bool(s.find("nvgpu_nvml_api_info", call="temperature")), what="the api info")
+        legacy = {"call": "temperature", "function": "nvmlDeviceGetTemperature", "fallback": "function_not_found"}
+        assert s.value("nvgpu_nvml_api_info", **legacy) == 1.0
+        assert not s.find("nvgpu_fabric_state") and not s.find("nvgpu_gpm_sm_activity_ratio")
+        assert s.value("nvgpu_feature_enabled", feature="gpm", reason="unsupported") == 0.0
+        exp.wait_samples(16)
+        records = list(exp.log_records())
+        said = [r for r in records if r.get("msg", "").startswith("temperature: using nvmlDeviceGetTemperature")]
+        assert len(said) == 1, said
+        assert not [r for r in records if "answers again" in r.get("msg", "")]
+        assert not [r for r in records if r.get("level") in ("WARNING", "ERROR")], [
+            r["msg"] for r in records if r.get("level") in ("WARNING", "ERROR")
+        ]
+        assert exp.terminate() == 0
