@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Generate the H200 fake-NVML scenarios (h200x1.json, h200x2.json, h200x8.json,
-h200x2-mig.json) in exporter/common/scenarios/.
+h200x2-mig.json) and one per other GPU generation and driver branch (a100x2-r535.json,
+l40sx2-r550.json, h100x2-r550.json, gh200x1-r570.json, b200x2-r570.json, gb200x2-r580.json: see
+"other generations" below) in exporter/common/scenarios/.
 
 They ship inside the package (so ``--nvml-backend fake:h200x2`` works after any install and in the
 image); the files next to this script are links to them, kept for paths in older notes.
