@@ -139,7 +139,11 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "selfcheck":
         from exporter.common import selfcheck
 
-        return selfcheck.command(args.json, args.strict)
+        try:
+            backend = _config(args).nvml_backend
+        except ConfigError:
+            backend = "nvml"  # the module check still runs; --check-config says what is wrong
+        return selfcheck.command(args.json, args.strict, backend)
     if args.command == "hash-password":
         return _hash_password(args.cost)
     try:

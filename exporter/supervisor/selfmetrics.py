@@ -33,6 +33,14 @@ BUILD_INFO = _m(
     "value is always 1",
     ("version", "nvidia_ml_py_version", "nvml_version", "driver_version", "kernel_module_version", "python_version"),
 )
+NVML_LIBRARY_INFO = _m(
+    "nvgpu_nvml_library_info",
+    "The libnvidia-ml.so the worker mapped (/proc/self/maps): path, origin (host: bind-mounted from the host; "
+    "image: part of the container image; unknown; none), its version (file name, else nvmlSystemGetNVMLVersion), "
+    "NVML's version, the kernel module's (/proc/driver/nvidia/version) and the check's state (ok, image_library, "
+    "driver_upgraded, library_missing, unknown); value is always 1",
+    ("path", "origin", "library_version", "nvml_version", "kernel_module_version", "state"),
+)
 INIT_FAILURES = _m(
     "nvgpu_nvml_init_failures_total",
     "NVML initialisations that failed (and samples that found NVML unusable), by NVML error",
@@ -105,6 +113,7 @@ METRICS = (
     WORKER_STUCK,
     MODULE_INFO,
     SELFCHECK_FAILURES,
+    NVML_LIBRARY_INFO,
     INIT_FAILURES,
     DRIVER_RELOAD_REQUIRED,
     SUPERVISOR_ERRORS,
@@ -198,4 +207,18 @@ def _selfcheck(state: ServedState) -> list[Metric]:
                 [process, m.module, m.version or "", m.distribution, m.distribution_version or "", m.path or ""], 1
             )
         failures.add_labels([process], len(res.problems))
-    return [info.always(), failures.always()]
+    native = NVML_LIBRARY_INFO.family()
+    lib = state.native
+    if lib is not None:
+        native.add_labels(
+            [
+                lib.realpath or lib.path,
+                lib.origin,
+                lib.library_version,
+                lib.nvml_version,
+                lib.kernel_module_version,
+                lib.state,
+            ],
+            1,
+        )
+    return [info.always(), failures.always(), native.always()]

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from exporter.common.collectors.base import SystemInfo
 from exporter.common.logs import log_once
+from exporter.common.nativelib import NativeLibrary
 from exporter.common.snapshot import GpuSample, Snapshot
 from exporter.supervisor.gpuhealth import GpuHealth, GpuRecord
 from exporter.supervisor.xids import XidLedger
@@ -174,6 +175,7 @@ class ServedState:
         self.selfchecks: dict[str, SelfCheckResult] = {}
         self.worker = WorkerStatus()
         self.nvml = NvmlStatus()
+        self.native: NativeLibrary | None = None  # the worker's native library check, last reported
         self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s)
         self.xids = XidLedger()
         self.gpu_index: dict[str, str] = {}  # uuid -> index, remembered across workers
@@ -200,6 +202,13 @@ class ServedState:
     def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
         """Count one Xid."""
         self.xids.record_xid(gpu, uuid, xid, ts, source)
+
+    def set_native(self, native: NativeLibrary | None) -> bool:
+        """Take the worker's native library check; True when it differs from the last one."""
+        if native is None or native == self.native:
+            return False
+        self.native = native
+        return True
 
     def set_feature_state(self, state: gf.FeatureState) -> None:
         """Override one feature's state (an extension found it unsupported)."""

@@ -295,6 +295,16 @@ def _selfcheck(state: ServedState) -> str:
             f"<td>{_badge('FAILED', 'bad') if problems else _badge('ok', 'ok')}</td>"
             f'<td class="small">{_e(mods) or "-"}</td><td>{"<br>".join(_e(p) for p in problems) or "-"}</td></tr>'
         )
+    lib = state.native
+    if lib is not None:
+        kind = "bad" if lib.problem else "ok" if lib.state == "ok" else "warn"
+        rows.append(
+            f'<tr class="{"bad" if lib.problem else ""}" data-process="native" data-state="{_e(lib.state)}">'
+            f"<td>libnvidia-ml</td><td>{_badge(lib.state, kind)}</td>"
+            f'<td class="small"><code>{_e(lib.realpath or lib.path or "none")}</code> ({_e(lib.origin)}), '
+            f"{_e(lib.library_version or '?')}; kernel module {_e(lib.kernel_module_version or 'none')}; "
+            f"NVML {_e(lib.nvml_version or '?')}</td><td>{_e(lib.message or lib.evidence) or '-'}</td></tr>"
+        )
     return (
         '<table id="selfcheck"><tr><th>process</th><th>result</th><th>modules imported</th><th>problems</th></tr>'
         + "".join(rows)

@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from exporter.common import collectors, protocol, selfcheck
+from exporter.common import collectors, nativelib, protocol, selfcheck
 from exporter.common.breadcrumb import BreadcrumbReader
 from exporter.common.logs import log_once
+from exporter.common.nativelib import NativeLibrary
 from exporter.common.snapshot import Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
 from exporter.config import Config
 from exporter.supervisor import unavailable
@@ -187,6 +188,29 @@ class Supervisor:
             self._on_init_failed(msg)
         elif isinstance(msg, Bye):
             log.info("worker stopped (nvmlShutdown %s)", "done" if msg.nvml_shutdown else "skipped")
+        elif isinstance(msg, NativeLibrary):
+            self._on_native(msg)
+
+    def _on_native(self, native: NativeLibrary | None) -> None:
+        """The worker's native library check: logged when it changes (a problem at WARNING, with
+        what to do; a host driver replaced under the running node at ERROR)."""
+        if not self.state.set_native(native) or native is None:
+            return
+        level = {"driver_upgraded": logging.ERROR}.get(
+            native.state, logging.WARNING if native.problem else logging.INFO
+        )
+        log.log(
+            level,
+            "native library: %s",
+            nativelib.describe(native),
+            extra={
+                "library_path": native.realpath or native.path,
+                "library_origin": native.origin,
+                "library_version": native.library_version,
+                "kernel_module_version": native.kernel_module_version,
+                "native_state": native.state,
+            },
+        )
 
     def _on_hello(self, msg: Hello) -> None:
         st = self.state
@@ -198,6 +222,7 @@ class Supervisor:
         for index, uuid in msg.gpus:
             st.gpu_index[uuid] = str(index)
         st.health.on_hello(msg.gpus)
+        self._on_native(msg.native)
         log.info(
             "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
             msg.pid,
@@ -228,6 +253,7 @@ class Supervisor:
             st.record_xid(gpu, msg.uuid, msg.xid, msg.ts, source="NVML event")
 
     def _on_init_failed(self, msg: InitFailed) -> None:
+        self._on_native(msg.native)
         text = unavailable.record(self.state, msg, self.config.unhealthy_after_s)
         log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra={"nvml_error": msg.error})
 
