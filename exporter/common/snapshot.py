@@ -204,13 +204,25 @@ class NvmlEvent:
 
 
 @dataclass(frozen=True)
+class Attribution:
+    """The worker's answer to ``attribute``: an Xid's PID mapped to its process and pod ("" unknown)."""
+
+    pid: int
+    process: str = ""
+    pod_uid: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+
+@dataclass(frozen=True)
 class Bye:
     """Orderly worker shutdown; ``nvml_shutdown`` says whether ``nvmlShutdown`` ran."""
 
     nvml_shutdown: bool
 
 
-Message = Snapshot | Hello | Progress | InitFailed | NvmlEvent | Bye | SelfCheckResult | NativeLibrary
+Message = Snapshot | Hello | Progress | InitFailed | NvmlEvent | Bye | SelfCheckResult | NativeLibrary | Attribution
 """``native`` (a :class:`~exporter.common.nativelib.NativeLibrary`) is sent when the worker's native
 library check changes while it samples (the mapped file replaced on disk under it)."""
 
@@ -346,6 +358,7 @@ _DECODERS: dict[str, typing.Callable[[dict[str, Any]], Message]] = {
     "event": _fields(NvmlEvent),
     "bye": _fields(Bye),
     "native": _fields(NativeLibrary),
+    "attribution": _fields(Attribution),
 }
 
 

@@ -178,6 +178,7 @@ class ServedState:
         self.native: NativeLibrary | None = None  # the worker's native library check, last reported
         self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s)
         self.xids = XidLedger()
+        self.pid_lookups: list[int] = []  # Xid PIDs the worker is to map to pods
         self.gpu_index: dict[str, str] = {}  # uuid -> index, remembered across workers
         self._calls_done = 0
         self._errors_done: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -199,9 +200,23 @@ class ServedState:
         for listener in self._listeners:
             listener()
 
-    def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
-        """Count one Xid."""
-        self.xids.record_xid(gpu, uuid, xid, ts, source)
+    def record_xid(
+        self, gpu: str, uuid: str, xid: int, ts: float, source: str, pid: int | None = None, process: str = ""
+    ) -> None:
+        """Count one Xid; a PID is queued for the worker to map to its pod (:meth:`take_pid_lookups`)."""
+        self.xids.record_xid(gpu, uuid, xid, ts, source, pid, process)
+        if pid is not None:
+            self.pid_lookups.append(pid)
+
+    def attribute_xid(self, uuid: str, xid: int, ts: float, pid: int | None, process: str) -> None:
+        """Name the process of an Xid counted from an NVML event (the kernel log's record of it)."""
+        if self.xids.attribute(uuid, xid, ts, pid, process) is not None and pid is not None:
+            self.pid_lookups.append(pid)
+
+    def take_pid_lookups(self) -> list[int]:
+        """PIDs of new Xids, for the worker to map to pods (each once, then forgotten here)."""
+        pids, self.pid_lookups = list(dict.fromkeys(self.pid_lookups)), []
+        return pids
 
     def set_native(self, native: NativeLibrary | None) -> bool:
         """Take the worker's native library check; True when it differs from the last one."""

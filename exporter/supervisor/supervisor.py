@@ -24,7 +24,7 @@ from exporter.common import collectors, nativelib, protocol, selfcheck
 from exporter.common.breadcrumb import BreadcrumbReader
 from exporter.common.logs import log_once
 from exporter.common.nativelib import NativeLibrary
-from exporter.common.snapshot import Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
+from exporter.common.snapshot import Attribution, Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
 from exporter.config import Config
 from exporter.supervisor import unavailable
 from exporter.supervisor.accounting import Accountant
@@ -145,6 +145,7 @@ class Supervisor:
         self._stale_timer: asyncio.TimerHandle | None = None
         self.extension_tasks = ExtensionTasks(state, self.contained)
         self.loop_error: BaseException | None = None
+        state.subscribe(self._ask_attributions)
         self.selfcheck = selfcheck.run_in_process("supervisor")
         if config.selfcheck != "off":
             self.state.selfchecks["supervisor"] = self.selfcheck
@@ -190,6 +191,16 @@ class Supervisor:
             log.info("worker stopped (nvmlShutdown %s)", "done" if msg.nvml_shutdown else "skipped")
         elif isinstance(msg, NativeLibrary):
             self._on_native(msg)
+        elif isinstance(msg, Attribution):
+            self.state.xids.attribute_pod(msg.pid, msg.pod_uid, msg.namespace, msg.pod, msg.container)
+
+    def _ask_attributions(self) -> None:
+        """Ask the worker to map the PIDs of new Xids to pods (it answers with ``attribution``)."""
+        pids = self.state.take_pid_lookups()
+        worker = self.current
+        for pid in pids:
+            if worker is not None:
+                worker.send({"type": "attribute", "pid": pid})
 
     def _on_native(self, native: NativeLibrary | None) -> None:
         """The worker's native library check: logged when it changes (a problem at WARNING, with

@@ -93,9 +93,10 @@ def shutdown(client: NvmlClient, sampler: Sampler, events: EventWatcher | None, 
     return True
 
 
-def _stdin_watcher(stop: threading.Event, sampler_commands: Any) -> None:
+def _stdin_watcher(stop: threading.Event, sampler_commands: Any, attribute: Any = None) -> None:
     """Commands from the supervisor: ``shutdown`` (or end of file) stops; ``readmit`` and ``reprobe``
-    go to the sampler's queue."""
+    go to the sampler's queue; ``attribute`` (an Xid's PID) is answered at once by ``attribute(pid)``
+    (the process may be about to exit)."""
     for line in sys.stdin.buffer:
         try:
             msg = json.loads(line)
@@ -107,7 +108,33 @@ def _stdin_watcher(stop: threading.Event, sampler_commands: Any) -> None:
             break
         if msg.get("type") in ("readmit", "reprobe"):
             sampler_commands.put(msg)
+        elif msg.get("type") == "attribute" and attribute is not None and isinstance(msg.get("pid"), int):
+            attribute(msg["pid"])
     stop.set()
+
+
+def pid_attributor(config: WorkerConfig, channel: Channel) -> Any:
+    """``attribute(pid)``: the PID's process name and pod through the processes collector's own path
+    (:func:`exporter.worker.process_attribution.attribute_pid`), sent as an ``attribution`` message."""
+    from exporter.worker.process_attribution import HostView, attribute_pid
+
+    opts = config.collectors.processes
+    host = HostView(opts.proc_path, opts.container_log_dir) if opts.proc_path else None
+
+    def attribute(pid: int) -> None:
+        if host is None:
+            return
+        try:
+            p = attribute_pid(pid, host)
+        except Exception:  # noqa: BLE001 - a /proc surprise costs this answer only
+            logs.log_once(log, logging.WARNING, ("attribute-pid",), "cannot attribute pid %d", pid, exc_info=True)
+            return
+        namespace, pod, container = p.names
+        channel.send(
+            "attribution", pid=pid, process=p.name, pod_uid=p.pod_uid, namespace=namespace, pod=pod, container=container
+        )
+
+    return attribute
 
 
 NATIVE_RECHECK_S = 60.0  # /proc/self/maps again (or each re-probe, when sooner): a library replaced on disk
@@ -241,7 +268,9 @@ def main() -> int:
     crumbs = BreadcrumbWriter(int(crumb_fd) if crumb_fd else None)
     client = NvmlClient(backend, crumbs, SLOT_SAMPLER, stop, config.collectors)
     sampler = Sampler(config, client, backend.binding_version() or "", lambda step: channel.send("progress", step=step))
-    threading.Thread(target=_stdin_watcher, args=(stop, sampler.commands), name="stdin", daemon=True).start()
+    threading.Thread(
+        target=_stdin_watcher, args=(stop, sampler.commands, pid_attributor(config, channel)), name="stdin", daemon=True
+    ).start()
     try:
         failed = sampler.init()
         if failed is not None:
