@@ -48,8 +48,9 @@ INIT_FAILURES = _m(
 )
 DRIVER_RELOAD_REQUIRED = _m(
     "nvgpu_driver_reload_required",
-    "1 while NVML answers LIB_RM_VERSION_MISMATCH: the userspace driver differs from the loaded kernel module; "
-    "only a driver reload or a reboot cures it",
+    "1 while NVML answers LIB_RM_VERSION_MISMATCH on the host's library (or the host's library was replaced under "
+    "the running worker): the userspace driver differs from the loaded kernel module; only a driver reload or a "
+    "reboot cures it (0 when the library is the image's own: fix the image)",
 )
 SUPERVISOR_ERRORS = _m(
     "nvgpu_supervisor_errors_total",
@@ -174,7 +175,7 @@ def _nvml_health(state: ServedState) -> list[Metric]:
         components.add_labels([component], count)
     return [
         failures.always(),
-        single(DRIVER_RELOAD_REQUIRED, 1 if state.nvml.driver_reload_required else 0),
+        single(DRIVER_RELOAD_REQUIRED, 1 if state.driver_reload_required() else 0),
         components.always(),
     ]
 

@@ -30,6 +30,7 @@ from exporter.common.logs import log_once
 from exporter.common.nativelib import NativeLibrary
 from exporter.common.snapshot import GpuSample, Snapshot
 from exporter.supervisor.gpuhealth import GpuHealth, GpuRecord
+from exporter.supervisor.verdicts import VerdictEngine
 from exporter.supervisor.xids import XidLedger
 from guards import features as gf
 from guards.versions import SelfCheckResult
@@ -178,6 +179,7 @@ class ServedState:
         self.native: NativeLibrary | None = None  # the worker's native library check, last reported
         self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s)
         self.xids = XidLedger()
+        self.verdicts = VerdictEngine()  # every GPU's verdict, updated on each change (exporter.supervisor.verdicts)
         self.pid_lookups: list[int] = []  # Xid PIDs the worker is to map to pods
         self.gpu_index: dict[str, str] = {}  # uuid -> index, remembered across workers
         self._calls_done = 0
@@ -196,7 +198,12 @@ class ServedState:
         return self.last
 
     def changed(self) -> None:
-        """Ask for a new rendering (every subscriber is told)."""
+        """The state changed: the verdicts are evaluated again, then every subscriber is told (the
+        renderer renders again, coalesced)."""
+        try:
+            self.verdicts.update(self)
+        except Exception:  # noqa: BLE001 - a verdict bug must not cost the exposition
+            self.count_error("verdicts", "evaluating the GPUs' verdicts")
         for listener in self._listeners:
             listener()
 
@@ -343,6 +350,15 @@ class ServedState:
         if self.last_init_error:
             why += f"; {self.last_init_error}"
         return False, why
+
+    def driver_reload_required(self) -> bool:
+        """LIB_RM_VERSION_MISMATCH on the host's library (or a host driver replaced under the running
+        worker): a driver reload or a reboot is the cure. Not when the library is the image's own:
+        then the image is to be fixed (``nvgpu_nvml_library_info{origin="image"}``)."""
+        native = self.native
+        if native is not None and native.origin == "image":
+            return False
+        return self.nvml.driver_reload_required or (native is not None and native.state == "driver_upgraded")
 
     def liveness(self) -> tuple[bool, str]:
         """Liveness: fails only when NVML worked, then answered UNKNOWN to every call and re-init

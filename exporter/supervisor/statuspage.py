@@ -131,9 +131,7 @@ def _xid_cell(state: ServedState, uuid: str) -> str:
     xid, count, total_xids = latest
     cls, severity, meaning = _xid_info(xid)
     kind = {"critical": "bad", "warning": "warn"}.get(severity, "off")
-    who = [
-        f"Xid {r.xid} by {r.who} at {_utc(r.ts, '%H:%M:%SZ')}" for r in reversed(state.xids.recent(uuid)) if r.who
-    ]
+    who = [f"Xid {r.xid} by {r.who} at {_utc(r.ts, '%H:%M:%SZ')}" for r in reversed(state.xids.recent(uuid)) if r.who]
     return (
         f"{_badge(f'Xid {xid}', kind)} {_e(cls)}{f' / {_e(severity)}' if severity else ''} at "
         f'{_e(_utc(count.last_ts, "%H:%M:%SZ"))}<br><span class="small">{_e(meaning)}'
@@ -148,6 +146,7 @@ _STATE_BADGES = {
     "lost": ("LOST", "bad"),
     "hung": ("HUNG", "bad"),
     "crashed": ("CRASHED", "bad"),
+    "denied": ("DENIED to the exporter's pod", "warn"),
 }
 
 
