@@ -31,6 +31,7 @@ _W = "exporter.worker."
 _C = "exporter.common."
 LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
     {"entry": ("exporter.__main__", "exporter.cli", "exporter.app", _W + "__main__", _W + "main")},
+    {"npd check": ("exporter.npdcheck",)},
     {
         "supervisor side": (
             *(

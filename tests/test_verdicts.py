@@ -218,7 +218,11 @@ def test_the_stuck_gpu_after_xid_43_asks_for_a_reset_then_a_reboot_when_it_comes
     assert any("Xid 43" in e for e in verdict.faults[0].evidence)
     from exporter.common.collectors import memory, processes, utilization
 
-    idle = [utilization.Reading(0, 0, 0, 0), memory.Reading(150 << 30, 0, 150 << 30, 0, None, None), processes.Reading(0, None)]
+    idle = [
+        utilization.Reading(0, 0, 0, 0),
+        memory.Reading(150 << 30, 0, 150 << 30, 0, None, None),
+        processes.Reading(0, None),
+    ]
     c.see(gpu(0, readings=idle))  # the reset cured it
     assert c.verdict(0)[0] != "reset_gpu"
     for _ in range(3):
