@@ -898,7 +898,11 @@ def document(engine: VerdictEngine, state: ServedState) -> dict[str, object]:
     node = engine.node_verdict()
     gpus = []
     for v in sorted(engine.current.values(), key=lambda v: (_int(v.gpu), v.uuid)):
-        rec = state.health.by_uuid(v.uuid)
+        rec = (
+            state.health.gpus.get(int(v.uuid.removeprefix("index:")))
+            if v.uuid.startswith("index:")
+            else state.health.by_uuid(v.uuid)
+        )
         sample = next((g for g in state.last.gpus if g.uuid == v.uuid), None) if state.last else None
         ident = sample.reading(identity.Reading) if sample is not None else None
         gpus.append(
