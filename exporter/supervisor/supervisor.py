@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from exporter.common import collectors, nativelib, protocol, selfcheck
+from exporter.common import collectors, protocol, selfcheck
 from exporter.common.breadcrumb import BreadcrumbReader
 from exporter.common.logs import log_once
 from exporter.common.nativelib import NativeLibrary
@@ -190,7 +190,7 @@ class Supervisor:
         elif isinstance(msg, Bye):
             log.info("worker stopped (nvmlShutdown %s)", "done" if msg.nvml_shutdown else "skipped")
         elif isinstance(msg, NativeLibrary):
-            self._on_native(msg)
+            unavailable.native_reported(self.state, msg)
         elif isinstance(msg, Attribution):
             self.state.xids.attribute_pod(msg.pid, msg.pod_uid, msg.namespace, msg.pod, msg.container)
 
@@ -202,27 +202,6 @@ class Supervisor:
             if worker is not None:
                 worker.send({"type": "attribute", "pid": pid})
 
-    def _on_native(self, native: NativeLibrary | None) -> None:
-        """The worker's native library check: logged when it changes (a problem at WARNING, with
-        what to do; a host driver replaced under the running node at ERROR)."""
-        if not self.state.set_native(native) or native is None:
-            return
-        level = {"driver_upgraded": logging.ERROR}.get(
-            native.state, logging.WARNING if native.problem else logging.INFO
-        )
-        log.log(
-            level,
-            "native library: %s",
-            nativelib.describe(native),
-            extra={
-                "library_path": native.realpath or native.path,
-                "library_origin": native.origin,
-                "library_version": native.library_version,
-                "kernel_module_version": native.kernel_module_version,
-                "native_state": native.state,
-            },
-        )
-
     def _on_hello(self, msg: Hello) -> None:
         st = self.state
         st.nvml_up = True
@@ -233,7 +212,7 @@ class Supervisor:
         for index, uuid in msg.gpus:
             st.gpu_index[uuid] = str(index)
         st.health.on_hello(msg.gpus)
-        self._on_native(msg.native)
+        unavailable.native_reported(self.state, msg.native)
         log.info(
             "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
             msg.pid,
@@ -264,7 +243,7 @@ class Supervisor:
             st.record_xid(gpu, msg.uuid, msg.xid, msg.ts, source="NVML event")
 
     def _on_init_failed(self, msg: InitFailed) -> None:
-        self._on_native(msg.native)
+        unavailable.native_reported(self.state, msg.native)
         text = unavailable.record(self.state, msg, self.config.unhealthy_after_s)
         log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra={"nvml_error": msg.error})
 
