@@ -173,6 +173,11 @@ def _gpus(state: ServedState) -> str:
         stuck = bool(uuid) and stuck_ext is not None and stuck_ext.suspected(uuid)
         text, kind = _STATE_BADGES.get(current, (current, "warn"))
         badge = _badge(text, kind)
+        verdict = state.verdicts.current.get(uuid or f"index:{index}")
+        if verdict is not None and verdict.verdict != "ok":
+            vkind = "bad" if verdict.verdict in ("reset_gpu", "reboot_node") else "warn"
+            cause = f"{_e(verdict.domain)}: {_e(verdict.cause)}"
+            badge += f'<br>{_badge(verdict.verdict, vkind)} <span class="small verdict">{cause}</span>'
         detail = (rec.detail if rec and current != "up" else "") or ""
         if rec and rec.next_probe is not None:
             detail += f" (probe in {_age(rec.next_probe - time.monotonic())})"
