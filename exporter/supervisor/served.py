@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter.supervisor")
 E = TypeVar("E")
+PID_LOOKUP_MAX_AGE_S = 600.0  # an Xid's PID is mapped to its pod only while the process may still exist
 
 
 def provisional_states(modes: Mapping[str, gf.Mode], quarantined: Mapping[str, str]) -> dict[str, gf.FeatureState]:
@@ -212,7 +213,7 @@ class ServedState:
     ) -> None:
         """Count one Xid; a PID is queued for the worker to map to its pod (:meth:`take_pid_lookups`)."""
         self.xids.record_xid(gpu, uuid, xid, ts, source, pid, process)
-        if pid is not None:
+        if pid is not None and abs(time.time() - ts) <= PID_LOOKUP_MAX_AGE_S:  # history since boot: long gone
             self.pid_lookups.append(pid)
 
     def attribute_xid(self, uuid: str, xid: int, ts: float, pid: int | None, process: str) -> None:
