@@ -60,6 +60,7 @@ from exporter.common.collectors import mig
 from exporter.common.collectors.base import percent_to_ratio
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Each, Exempt, Monotonic, Range
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -212,6 +213,18 @@ class Reading:
     activity_percent: dict[int, float]  # GPM metric id -> percent over the last window
     transferred_bytes: dict[int, float]  # GPM rate metric id -> bytes since the worker started
     instances: tuple[InstanceActivity, ...] = ()  # MIG-enabled GPU: per GPU instance, the GPU's own dicts empty
+
+
+# GPM's percentages are floating-point ratios: 1 % above 100 is rounding, more is a misread.
+CHECKS: tuple[Check, ...] = (
+    Range("activity_percent", low=0, high=101),
+    Monotonic("transferred_bytes"),
+    Each(
+        "instances",
+        Exempt("gpu_instance_id", "profile", why="identifiers from the MIG layout"),
+        Range("activity_percent", low=0, high=101),
+    ),
+)
 
 
 # -- the two-sample window, shared with gpm_pipes (and a future per GPU instance variant) ----------

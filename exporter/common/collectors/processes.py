@@ -42,6 +42,7 @@ from exporter.common.collectors.base import Other, PodUsage, Usage, percent_to_r
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.logs import log_once
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Exempt
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -162,6 +163,21 @@ class Reading:
     pods: dict[str, PodUsage] = field(default_factory=dict)
     pod_names: dict[str, tuple[str, str]] = field(default_factory=dict)
     sources: dict[str, int] = field(default_factory=dict)
+
+
+CHECKS: tuple[Check, ...] = (
+    Exempt(
+        "count",
+        "memory_used_bytes",
+        "processes",
+        "other",
+        "pods",
+        why="records and samples validated one by one where they are read (exporter.worker.process_records)",
+    ),
+    Exempt(
+        "dropped", "functions", "fallbacks", "labels", "pod_names", "sources", why="counts and names of the worker's"
+    ),
+)
 
 
 # -- worker-side state ------------------------------------------------------------------------------
