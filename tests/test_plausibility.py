@@ -255,3 +255,22 @@ def test_families_render_the_counts_per_gpu() -> None:
     assert metric.name == "nvgpu_readings_dropped"
     samples = [(s.labels, s.value) for s in metric.samples if s.name.endswith("_total")]
     assert samples == [({"gpu": "0", "uuid": "GPU-a", "feature": "power", "reason": "counter_decreased"}, 2.0)]
+
+
+def test_a_field_value_stamped_in_the_future_is_omitted_and_counted(tmp_path: Path) -> None:
+    """nvmlFieldValue_t carries the CPU time of the value (µs since 1970, measured on the H200); one
+    later than now is not this sample's value."""
+    clock = Clock(100.0)
+    dev = device(tmp_path, {"fields": {"82": 37, "185:2": 39000}}, clock)
+    real = dev.client.backend.field_values
+
+    def stamped_ahead(handle: Any, pairs: list[tuple[int, int]]) -> list[Any]:
+        return [
+            dataclasses.replace(e, timestamp_us=e.timestamp_us + 3600 * 10**6) if e.field_id == 82 else e
+            for e in real(handle, pairs)
+        ]
+
+    dev.client.backend.field_values = stamped_ahead
+    assert dev.fields("temperature", [(82, 0), (185, 2)]) == {(185, 2): 39000}
+    assert dev.state_of(plausibility.Dropped).by_feature() == {"temperature": {"timestamp_in_future": 1}}
+    assert not dev.client.errors
