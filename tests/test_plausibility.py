@@ -274,3 +274,52 @@ def test_a_field_value_stamped_in_the_future_is_omitted_and_counted(tmp_path: Pa
     assert dev.fields("temperature", [(82, 0), (185, 2)]) == {(185, 2): 39000}
     assert dev.state_of(plausibility.Dropped).by_feature() == {"temperature": {"timestamp_in_future": 1}}
     assert not dev.client.errors
+
+
+class _Host:
+    def __init__(self, snapshot: Any) -> None:
+        self.snapshot = snapshot
+        self.xids: list[tuple[str, str, int, float]] = []
+
+    def changed(self) -> None:
+        pass
+
+    def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
+        self.xids.append((gpu, uuid, xid, ts))
+
+
+def test_a_kernel_log_xid_stamped_in_the_future_is_counted_at_the_time_it_was_read(tmp_path: Path) -> None:
+    """A text log in local time ahead of UTC: the Xid still counts, but not at a time that has not come."""
+    import time
+    from types import SimpleNamespace
+
+    from exporter.common.collectors import identity
+    from exporter.common.snapshot import GpuSample, Snapshot, SystemInfo
+    from exporter.supervisor.kernel_xid import KernelXid
+    from exporter.supervisor.xid.parse import KernelXidEvent
+
+    bus, uuid = "00000000:18:00.0", "GPU-a"
+    snap = Snapshot(
+        1.0,
+        0.0,
+        SystemInfo(),
+        (GpuSample(0, uuid, readings={"identity": identity.Reading("H200", bus, "", 9)}),),
+        {},
+        {},
+        {},
+        0,
+        {},
+    )
+    config = SimpleNamespace(kmsg_cursor_file=None, state_file="", kmsg_path=str(tmp_path / "kmsg"))
+    ext = KernelXid(config)  # type: ignore[arg-type]
+    host = _Host(snap)
+    now = time.time()
+    ahead = KernelXidEvent(1, None, bus, 13, None, None, "", {}, wall_time=now + 3 * 3600)
+    past = KernelXidEvent(2, None, bus, 31, None, None, "", {}, wall_time=now - 60)
+    before = time.time()
+    ext.count(host, [ahead, past])  # type: ignore[arg-type]
+    (_, _, x13, t13), (_, _, x31, t31) = host.xids
+    assert (x13, x31) == (13, 31) and before <= t13 <= time.time() and t31 == past.wall_time
+    (metric,) = ext.gpu_families(snap)
+    samples = [(s.labels["feature"], s.labels["reason"], s.value) for s in metric.samples if s.name.endswith("_total")]
+    assert samples == [("kernel_xid", "timestamp_in_future", 1.0)]
