@@ -218,7 +218,7 @@ CHECKED = sorted(set(collectors.COLLECTORS) - SKIPPED)
 def test_nothing_impossible_is_ever_exported(feature: str, data: st.DataObject) -> None:
     collector = collectors.COLLECTORS[feature]
     readings = data.draw(st.lists(reading_of(collector.Reading), min_size=1, max_size=5), label="readings")
-    bases: dict[str, plausibility.Base] = {}
+    bases: dict[Any, plausibility.Base] = {}
     history = []
     for i, reading in enumerate(readings):
         checked = plausibility.apply(collector.CHECKS, reading, plausibility.Context(now=float(i), bases=bases))

@@ -153,7 +153,7 @@ def _counter_run(values: list[float | None], times: list[float] | None = None, m
     class R:
         value: float | None
 
-    bases: dict[str, plausibility.Base] = {}
+    bases: dict[Any, plausibility.Base] = {}
     out = []
     for i, v in enumerate(values):
         ctx = Context(now=times[i] if times else float(i), bases=bases)
@@ -193,7 +193,7 @@ def test_a_negative_counter_is_out_of_range_and_keeps_the_base() -> None:
 
 
 def test_each_link_is_its_own_counter() -> None:
-    bases: dict[str, plausibility.Base] = {}
+    bases: dict[Any, plausibility.Base] = {}
     first = nvlink.Reading(18, {"replay": 10}, {}, {"3/replay": 10})
     second = nvlink.Reading(18, {"replay": 4}, {}, {"3/replay": 4})
     plausibility.apply(nvlink.CHECKS, first, Context(0.0, bases))

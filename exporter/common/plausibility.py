@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 import typing
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -163,14 +163,14 @@ class Context:
 
     Attributes:
         now: the backend's clock, seconds (``NvmlClient.now``: monotonic, or scenario time for the fake).
-        bases: ``where`` -> the counter's :class:`Base` (kept per GPU and feature by the caller).
+        bases: (field, key) -> the counter's :class:`Base` (kept per GPU and feature by the caller).
         drops: the values dropped so far.
         restarts: (``where``, old value, new value) of counters whose new base was accepted.
         prefix: the enclosing field of an :class:`Each` (``gpu_instances[1].``).
     """
 
     now: float = 0.0
-    bases: dict[str, Base] = field(default_factory=dict)
+    bases: dict[tuple[str, Any], Base] = field(default_factory=dict)
     drops: list[Drop] = field(default_factory=list)
     restarts: list[tuple[str, float, float]] = field(default_factory=list)
     prefix: str = ""
@@ -183,20 +183,23 @@ def _where(name: str, key: Any) -> str:
     return name if key is None else f"{name}[{key}]"
 
 
+_NUMBERS = (int, float)  # exactly: a bool is not a reading's number
+
+
 def _number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return type(value) in _NUMBERS
 
 
-def _items(value: Any) -> Iterator[tuple[Any, Any]]:
-    """(key, value) of a field: a mapping's items, a tuple's elements by index, a scalar with key None."""
+def _items(value: Any) -> Iterable[tuple[Any, Any]]:
+    """(key, value) of a field: a mapping's items, a tuple's elements by index, a scalar with key
+    None. Dropping builds a new reading (:func:`void`), so iterating the old value stays safe."""
     if value is None:
-        return
+        return ()
     if isinstance(value, Mapping):
-        yield from list(value.items())
-    elif isinstance(value, tuple):
-        yield from enumerate(value)
-    else:
-        yield None, value
+        return value.items()
+    if isinstance(value, tuple):
+        return enumerate(value)
+    return ((None, value),)
 
 
 _OPTIONAL: dict[tuple[type, str], bool] = {}
@@ -328,25 +331,28 @@ class Monotonic(Check):
         self.fields, self.max_rate = fields, max_rate
 
     def apply(self, reading: Any, ctx: Context) -> Any:
+        bases, now, max_rate = ctx.bases, ctx.now, self.max_rate
         for name in self.fields:
             for key, value in _items(getattr(reading, name)):
-                where = ctx.prefix + _where(name, key)
-                if not _number(value) or value < 0 or not math.isfinite(value):
+                if type(value) not in _NUMBERS or not 0 <= value < math.inf:  # NaN fails both
                     ctx.drop("out_of_range", name, key, value, "not a count")
                     reading = void(reading, name, key)
                     if reading is None:
                         return None
                     continue
-                base = ctx.bases.get(where)
+                base = bases.get((name, key))
                 if base is None:
-                    ctx.bases[where] = Base(value, ctx.now)
+                    bases[(name, key)] = Base(value, now)
+                    continue
+                if max_rate is None and base.pending is None and value >= base.value:
+                    base.value, base.at = value, now  # the common case, without a call
                     continue
                 before = base.value
-                verdict = base.offer(value, ctx.now, self.max_rate)
+                verdict = base.offer(value, now, max_rate)
                 if verdict is None:
                     continue
                 if verdict == "restarted":
-                    ctx.restarts.append((where, before, value))
+                    ctx.restarts.append((_where(name, key), before, value))
                     continue
                 ctx.drop(verdict, name, key, value, f"last exported {before:g}")
                 reading = void(reading, name, key)
@@ -454,7 +460,7 @@ class Bases(GpuState):
     evidence enough that its counters restarted)."""
 
     LIFETIME = Lifetime.DEVICE
-    by_feature: dict[str, dict[str, Base]] = field(default_factory=dict)
+    by_feature: dict[str, dict[tuple[str, Any], Base]] = field(default_factory=dict)
 
 
 # -- rendering (supervisor) --------------------------------------------------------------------------
