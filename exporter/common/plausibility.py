@@ -26,7 +26,11 @@ reason                       the value dropped
 ``counter_decreased``        a counter below its last exported value with no reset in between
                              (:class:`Monotonic`)
 ``counter_too_fast``         a counter rising faster than the hardware can (energy above 10 kW)
-``timestamp_in_future``      a sample stamped later than now (field values, in the device client)
+``timestamp_in_future``      a sample stamped later than now: a field value (in the device client),
+                             a kernel-log Xid (counted at the time it was read); per-process
+                             utilization samples in ``nvgpu_process_records_dropped_total``. GPM
+                             samples and NVML events carry no time the binding exposes: their
+                             windows and times are taken on this host's clocks, never ahead
 ``join_unmatched``           one NVML answer naming what another does not have: a per-process
                              utilization sample for a PID in no process list, a GPM sample of a
                              GPU instance that is gone; counted, never turned into 0
