@@ -34,6 +34,7 @@ from exporter.common.collectors.base import Collector
 from exporter.common.gpustate import GpuStates, Lifetime
 from exporter.common.nvml import errors
 from exporter.common.snapshot import GpuSample
+from exporter.worker import implausible
 from exporter.worker.nvml.client import DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
 
 log = logging.getLogger("exporter.worker")
@@ -52,6 +53,7 @@ class GpuPass:
         lost: the GPU answered GPU_IS_LOST (or equivalent) during the pass.
         lost_error: the NVML code name of that answer.
         sampled_at: Unix time the pass started.
+        dropped: feature -> reason -> values dropped as implausible since the worker started.
     """
 
     readings: dict[str, object] = field(default_factory=dict)
@@ -60,6 +62,7 @@ class GpuPass:
     lost: str = ""
     lost_error: str = ""
     sampled_at: float = 0.0
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class GpuSlot:
@@ -181,7 +184,8 @@ class GpuSlot:
             unsupported,
             feature,
             function,
-            "" if self.state == "up" else self.error,
+            last.dropped if last else {},
+            error="" if self.state == "up" else self.error,
         )
 
     # -- on the GPU's thread --------------------------------------------------------------------
@@ -244,6 +248,7 @@ class GpuSlot:
                 out.readings[feature] = reading
             out.seconds[feature] = time.perf_counter() - f0
             out.ok[feature] = reading is not _FAILED and self._feature_errors(feature) == errors_before
+        out.dropped = implausible.report(dev)
         return out
 
     def _maybe_reprobe(self, dev: DeviceClient) -> None:
@@ -257,9 +262,10 @@ class GpuSlot:
         dev.forget()
 
     def _read(self, dev: DeviceClient, feature: str, collector: Collector) -> object:
-        """The collector's reading; ``_FAILED`` when the collector raised (our bug, counted)."""
+        """The collector's reading, its implausible values dropped (:mod:`exporter.worker.implausible`);
+        ``_FAILED`` when the collector raised (our bug, counted)."""
         try:
-            return collector.read(dev)
+            return implausible.checked(dev, feature, collector, collector.read(dev))
         except (DeviceLost, NvmlFatal, Stopping):
             raise
         except Exception:  # a collector bug must not fail the sample
@@ -285,7 +291,7 @@ class GpuSlot:
             self.state, self.detail, self.dev = "lost", result.lost, None
             self.error = result.lost_error
             return
-        self.last = GpuSample(self.index, self.uuid, "up", result.readings, result.sampled_at)
+        self.last = GpuSample(self.index, self.uuid, "up", result.readings, result.sampled_at, dropped=result.dropped)
 
     def close(self) -> None:
         """Let the thread end once idle (a hung one stays until its call returns)."""
