@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from exporter import __version__
 from exporter.checks import environment_problems, state_file_problem
 from exporter.common import protocol
-from exporter.config import SETTINGS, Config, ConfigError, Setting
+from exporter.config import DEFAULT_PORT, SETTINGS, Config, ConfigError, Setting
 
 if TYPE_CHECKING:  # imported where used: the CLI's subcommands must not pay for aiohttp
     from exporter.app import Exporter
@@ -95,6 +95,20 @@ def _parser() -> argparse.ArgumentParser:
         "terminal, or one line of standard input)",
     )
     hp.add_argument("--cost", type=int, default=10, choices=range(4, 32), metavar="4-31", help="bcrypt cost [10]")
+    npd = sub.add_parser(
+        "npd-check",
+        help="node-problem-detector custom plugin: ask the local exporter's /api/v1/verdicts; exit 0 ok, 1 a GPU "
+        "needs action, 2 unknown (not reachable, or the exporter's own pod is wrong)",
+    )
+    npd.add_argument("--url", default=None, help="the verdicts URL [http://127.0.0.1:<listen port>/api/v1/verdicts]")
+    npd.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS", help="HTTP timeout [3]")
+    npd.add_argument(
+        "--min-verdict",
+        default="stop_scheduling",
+        choices=("watch", "stop_scheduling", "reset_gpu", "reboot_node"),
+        help="the least verdict that is a problem [stop_scheduling]",
+    )
+    npd.add_argument("--max-output", type=int, default=80, help="cut the message to this length (NPD's) [80]")
     q = sub.add_parser("quarantine", help="list or clear crash quarantines in the state file")
     q.add_argument(
         "--state-file",
@@ -139,9 +153,15 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "selfcheck":
         from exporter.common import selfcheck
 
-        return selfcheck.command(args.json, args.strict)
+        try:
+            backend = _config(args).nvml_backend
+        except ConfigError:
+            backend = "nvml"  # the module check still runs; --check-config says what is wrong
+        return selfcheck.command(args.json, args.strict, backend)
     if args.command == "hash-password":
         return _hash_password(args.cost)
+    if args.command == "npd-check":
+        return _npd_check(args)
     try:
         config = _config(args)
     except ConfigError as exc:
@@ -199,6 +219,19 @@ def _hash_password(cost: int) -> int:
         print(f"nvgpu-exporter hash-password: {exc}", file=sys.stderr)
         return protocol.EXIT_CONFIG
     return protocol.EXIT_OK
+
+
+def _npd_check(args: argparse.Namespace) -> int:
+    from exporter import npdcheck
+
+    url = args.url
+    if url is None:
+        try:
+            port = _config(args).listen_address[1]
+        except ConfigError:
+            port = DEFAULT_PORT
+        url = f"http://127.0.0.1:{port}/api/v1/verdicts"
+    return npdcheck.run(url, args.timeout, args.min_verdict, args.max_output)
 
 
 def _quarantine(config: Config, args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ _W = "exporter.worker."
 _C = "exporter.common."
 LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
     {"entry": ("exporter.__main__", "exporter.cli", "exporter.app", _W + "__main__", _W + "main")},
+    {"npd check": ("exporter.npdcheck",)},
     {
         "supervisor side": (
             *(
@@ -48,6 +49,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
                     "xids",
                     "extensions",
                     "stuck",
+                    "verdicts",
                     "kernel_xid",
                     "pods",
                     "exposition",
@@ -88,6 +90,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             _C + "workerconfig",
             _C + "breadcrumb",
             _C + "logs",
+            _C + "nativelib",
             _C + "metric",
             _C + "nvml",
             _C + "nvml.errors",

@@ -284,8 +284,13 @@ class _Host:
     def changed(self) -> None:
         pass
 
-    def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
+    def record_xid(
+        self, gpu: str, uuid: str, xid: int, ts: float, source: str, pid: int | None = None, process: str = ""
+    ) -> None:
         self.xids.append((gpu, uuid, xid, ts))
+
+    def attribute_xid(self, uuid: str, xid: int, ts: float, pid: int | None, process: str) -> None:
+        pass
 
 
 def test_a_kernel_log_xid_stamped_in_the_future_is_counted_at_the_time_it_was_read(tmp_path: Path) -> None:

@@ -192,6 +192,7 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
     """
     bag = _Families()
     bag.add(state.health.families(state.fresh_snapshot() is not None))
+    bag.add(state.verdicts.families())
     snap = state.last
     failed: set[str] = set()
     if snap is not None:
@@ -209,7 +210,7 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
             plausibility.families([(GpuKey(str(g.index), g.uuid), g.dropped) for g in snap.gpus if g.index in fresh])
         )
     live = [g.uuid for g in state.fresh_gpus() if g.up]
-    bag.add(state.xids.families(live, state.gpu_index))
+    bag.add(state.xids.families(live, state.gpu_index, now=state.verdicts.wall()))
     for ext in state.active_extensions():
         if snap is not None:
             call = functools.partial(ext.gpu_families, snap)

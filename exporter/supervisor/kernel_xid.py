@@ -5,7 +5,9 @@ new kernel-log records in a thread (:class:`exporter.supervisor.xid.reader.KmsgR
 cursor across restarts), maps each Xid's PCI bus id to the GPU's UUID through the last snapshot,
 and counts it unless the same Xid already arrived as an NVML event
 (:class:`exporter.supervisor.xid.dedupe.XidDeduplicator`, both directions: :meth:`KernelXid.accept_xid`
-filters the NVML side). A kernel log that cannot be read switches the feature off with reason
+filters the NVML side). The line's ``pid=`` and ``name=`` go with the Xid either way: on the
+kernel record it counts, or onto the NVML event's record it duplicates. A kernel log that cannot be
+read switches the feature off with reason
 ``unsupported``; nothing else is affected.
 
 A record's time comes from the log (``/dev/kmsg``: boot time plus the record's monotonic stamp; a
@@ -137,7 +139,9 @@ class KernelXid(Extension):
             gpu, uuid = where
             ts = self._time_of(gpu, uuid, ev)
             if self.dedupe.offer_kernel(uuid, ev.xid, ts):
-                host.record_xid(gpu, uuid, ev.xid, ts, source="kernel log")
+                host.record_xid(gpu, uuid, ev.xid, ts, "kernel log", ev.pid, ev.process_name or "")
+            else:  # counted from its NVML event already: that record gets the kernel line's process
+                host.attribute_xid(uuid, ev.xid, ts, ev.pid, ev.process_name or "")
         self.pending = keep[-PENDING_MAX:]
         if events:
             host.changed()

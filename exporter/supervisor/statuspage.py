@@ -131,10 +131,12 @@ def _xid_cell(state: ServedState, uuid: str) -> str:
     xid, count, total_xids = latest
     cls, severity, meaning = _xid_info(xid)
     kind = {"critical": "bad", "warning": "warn"}.get(severity, "off")
+    who = [f"Xid {r.xid} by {r.who} at {_utc(r.ts, '%H:%M:%SZ')}" for r in reversed(state.xids.recent(uuid)) if r.who]
     return (
         f"{_badge(f'Xid {xid}', kind)} {_e(cls)}{f' / {_e(severity)}' if severity else ''} at "
         f'{_e(_utc(count.last_ts, "%H:%M:%SZ"))}<br><span class="small">{_e(meaning)}'
         f"{f' ({total_xids} Xids in total)' if total_xids > 1 else ''}</span>"
+        + (f'<br><span class="small xid-processes">{"<br>".join(_e(w) for w in who)}</span>' if who else "")
     )
 
 
@@ -144,6 +146,7 @@ _STATE_BADGES = {
     "lost": ("LOST", "bad"),
     "hung": ("HUNG", "bad"),
     "crashed": ("CRASHED", "bad"),
+    "denied": ("DENIED to the exporter's pod", "warn"),
 }
 
 
@@ -170,6 +173,11 @@ def _gpus(state: ServedState) -> str:
         stuck = bool(uuid) and stuck_ext is not None and stuck_ext.suspected(uuid)
         text, kind = _STATE_BADGES.get(current, (current, "warn"))
         badge = _badge(text, kind)
+        verdict = state.verdicts.current.get(uuid or f"index:{index}")
+        if verdict is not None and verdict.verdict != "ok":
+            vkind = "bad" if verdict.verdict in ("reset_gpu", "reboot_node") else "warn"
+            cause = f"{_e(verdict.domain)}: {_e(verdict.cause)}"
+            badge += f'<br>{_badge(verdict.verdict, vkind)} <span class="small verdict">{cause}</span>'
         detail = (rec.detail if rec and current != "up" else "") or ""
         if rec and rec.next_probe is not None:
             detail += f" (probe in {_age(rec.next_probe - time.monotonic())})"
@@ -294,6 +302,16 @@ def _selfcheck(state: ServedState) -> str:
             f'<tr class="{"bad" if problems else ""}" data-process="{_e(process)}"><td>{_e(process)}</td>'
             f"<td>{_badge('FAILED', 'bad') if problems else _badge('ok', 'ok')}</td>"
             f'<td class="small">{_e(mods) or "-"}</td><td>{"<br>".join(_e(p) for p in problems) or "-"}</td></tr>'
+        )
+    lib = state.native
+    if lib is not None:
+        kind = "bad" if lib.problem else "ok" if lib.state == "ok" else "warn"
+        rows.append(
+            f'<tr class="{"bad" if lib.problem else ""}" data-process="native" data-state="{_e(lib.state)}">'
+            f"<td>libnvidia-ml</td><td>{_badge(lib.state, kind)}</td>"
+            f'<td class="small"><code>{_e(lib.realpath or lib.path or "none")}</code> ({_e(lib.origin)}), '
+            f"{_e(lib.library_version or '?')}; kernel module {_e(lib.kernel_module_version or 'none')}; "
+            f"NVML {_e(lib.nvml_version or '?')}</td><td>{_e(lib.message or lib.evidence) or '-'}</td></tr>"
         )
     return (
         '<table id="selfcheck"><tr><th>process</th><th>result</th><th>modules imported</th><th>problems</th></tr>'

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.common import nativelib
 from exporter.common.nvml import errors
 
 FAKE_PREFIX = "fake:"
@@ -134,6 +135,14 @@ class RealNvml:
         """The loaded kernel module's version (:func:`kernel_module_version`)."""
         return kernel_module_version()
 
+    def proc_view(self) -> nativelib.ProcView:
+        """This process's ``/proc/self/maps``, ``/proc/self/mountinfo`` and the host libraries visible."""
+        return nativelib.read_proc_view()
+
+    def realpath(self, path: str) -> str:
+        """``os.path.realpath`` of a mapped file."""
+        return os.path.realpath(path)
+
     def binding_version(self) -> str | None:
         """The installed nvidia-ml-py version, or None."""
         from importlib import metadata
@@ -168,6 +177,15 @@ class FakeBackend:
     def field_values(self, handle: Any, pairs: list[tuple[int, int]]) -> list[FieldValue]:
         """Same contract as :meth:`RealNvml.field_values`."""
         return [decode_entry(e) for e in self._fake.nvmlDeviceGetFieldValues(handle, pairs)]
+
+    def proc_view(self) -> nativelib.ProcView:
+        """The scenario's ``native_library`` as ``/proc/self`` would show it (the real files are never read)."""
+        maps, mountinfo, hosts = self._fake.proc_self()
+        return nativelib.ProcView(maps, mountinfo, hosts)
+
+    def realpath(self, path: str) -> str:
+        """The scenario's paths are not on this file system: as given."""
+        return path
 
     def binding_version(self) -> str | None:
         """The installed nvidia-ml-py version (the fake raises its errors)."""
