@@ -331,6 +331,10 @@ def _log_listening(config: Config, watcher: WebConfigWatcher | None, cap: int, s
         config.interval_s,
         config.stale_s,
     )
+    if watcher is not None:
+        from exporter.supervisor.http.webtls import log_cautions
+
+        log_cautions(watcher.current)
     if watcher is not None and watcher.current.users and watcher.current.tls is None:
         log.warning("basic auth without TLS: passwords cross the network in clear text; add tls_server_config")
     if cap < config.web_max_connections:
