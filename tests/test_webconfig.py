@@ -120,8 +120,12 @@ def test_check_config_reports_the_web_config_file(tmp_path: Path) -> None:
 
 def test_what_the_toolkit_accepts_is_accepted_as_it_does_it_with_a_caution(tls: Material) -> None:
     """The three cases where exporter-toolkit loads a file and then does something surprising."""
-    path = write(tls.dir, "tls_server_config: {cert_file: server.crt, key_file: server.key, "
-                 "client_auth_type: RequireAndVerifyClientCert}\nrate_limit: {interval: 1s}\n", "toolkit.yml")  # fmt: skip
+    text = (
+        "tls_server_config: {cert_file: server.crt, key_file: server.key,\n"
+        "                    client_auth_type: RequireAndVerifyClientCert}\n"
+        "rate_limit: {interval: 1s}\n"
+    )
+    path = write(tls.dir, text, "toolkit.yml")
     cfg = load_with_context(path)
     assert cfg.tls is not None and cfg.tls.verifies_against_system_roots and cfg.context is not None
     assert cfg.context.verify_mode == ssl.CERT_OPTIONAL
