@@ -44,6 +44,8 @@ COPY . .
 ARG REVISION=unknown
 ARG CREATED=unknown
 RUN python -c 'import sys; from exporter.buildinfo import write; write(sys.argv[1], sys.argv[2])' "${REVISION}" "${CREATED}"
+# (kept apart: tests/test_dockerfile.py replays the wheel step as written)
+# hadolint ignore=DL3059
 RUN pip wheel --wheel-dir /wheels ".[kubernetes,fast]"
 
 # ---------------------------------------------------------------------------------------------
