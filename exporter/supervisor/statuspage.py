@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from exporter import __version__
 from exporter.common.collectors import identity, memory, power, temperature, utilization
 from exporter.common.snapshot import GpuSample
+from exporter.supervisor.quarantine import clear_command
 from exporter.supervisor.stuck import StuckDetector
 from guards.features import Reason
 
@@ -232,11 +233,16 @@ def _quarantine_banner(state: ServedState) -> str:
     quarantined = {k: v for k, v in state.feature_states().items() if v.reason is Reason.QUARANTINED}
     if not quarantined:
         return ""
-    items = "".join(f"<li><code>{_e(k)}</code>: {_e(v.detail)}</li>" for k, v in sorted(quarantined.items()))
+    path = state.config.state_file
+    items = "".join(
+        f'<li><code>{_e(k)}</code>: {_e(v.detail)}<br><code class="command">'
+        f"{_e(clear_command(path, k) if path else 'NVGPU_STATE_FILE is empty: a restart retries it')}</code></li>"
+        for k, v in sorted(quarantined.items())
+    )
     return (
         f'<div class="alert" id="quarantine-alert"><b>{len(quarantined)} feature{"s" if len(quarantined) > 1 else ""} '
-        f"quarantined</b> after worker crashes; every other metric continues. To retry: "
-        f"<code>nvgpu-exporter quarantine --clear &lt;feature&gt;</code> and restart.<ul>{items}</ul></div>"
+        f"quarantined</b> after worker crashes; every other metric continues. To retry one, clear it and "
+        f"restart the exporter:<ul>{items}</ul></div>"
     )
 
 
