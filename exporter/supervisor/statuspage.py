@@ -51,6 +51,10 @@ code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
 .small{font-size:.85em;color:var(--muted)}
 .cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(34em,1fr));gap:0 2em;align-items:start}
 dl{display:grid;grid-template-columns:max-content auto;gap:.15em 1em;margin:.2em 0}dt{font-weight:600}dd{margin:0}
+header>*{min-width:0;max-width:100%}#ready .badge{white-space:normal}
+table{max-width:100%}#gpus{width:100%}#gpus th{white-space:normal}
+td{overflow-wrap:anywhere}td.num{overflow-wrap:normal}
+code.command{display:inline-block;overflow-wrap:anywhere}
 """
 
 GIB = 2**30
@@ -182,7 +186,11 @@ def _gpus(state: ServedState) -> str:
             else GpuSample(g.index, g.uuid, g.state, {k: v for k, v in g.readings.items() if k == "identity"})
         )
         name, bus, util_s, mem_s, temp_s, power_s = _gpu_cells(shown)
-        stuck_s = _badge("STUCK: busy, no memory, no processes", "bad") if stuck else _badge("no", "ok")
+        stuck_s = (
+            _badge("STUCK", "bad") + '<br><span class="small">busy, no memory, no processes</span>'
+            if stuck
+            else _badge("no", "ok")
+        )
         cls_row = "bad" if current in ("lost", "hung", "crashed") or stuck else ""
         rows.append(
             f'<tr class="{cls_row}" data-uuid="{_e(uuid)}" data-state="{_e(current)}"><td class="num">{_e(index)}</td>'
@@ -243,6 +251,18 @@ def _quarantine_banner(state: ServedState) -> str:
         f'<div class="alert" id="quarantine-alert"><b>{len(quarantined)} feature{"s" if len(quarantined) > 1 else ""} '
         f"quarantined</b> after worker crashes; every other metric continues. To retry one, clear it and "
         f"restart the exporter:<ul>{items}</ul></div>"
+    )
+
+
+def _driver_banner(state: ServedState) -> str:
+    """LIB_RM_VERSION_MISMATCH: only a driver reload or a reboot cures it, and the page says so first."""
+    if not state.nvml.driver_reload_required:
+        return ""
+    return (
+        '<div class="alert" id="driver-reload-alert"><b>NVIDIA driver reload required</b>: the NVML library '
+        f"({_e(state.system.nvml_version or 'userspace')}) does not match the loaded kernel module "
+        f"({_e(state.nvml.kernel_module_version or 'unknown')}). Reload the driver or reboot the node; restarting "
+        "the exporter does not help.</div>"
     )
 
 
@@ -345,6 +365,7 @@ def render(state: ServedState) -> str:
 <span class="meta">driver {_e(state.system.driver_version or "?")}
  · page rendered {_e(_utc(time.time()))}</span></header>
 <main>
+{_section("", _driver_banner, state, "driver")}
 {_section("", _quarantine_banner, state, "quarantine")}
 {_section("GPUs", _gpus, state, "gpus")}
 <div class="cols"><div>
