@@ -471,6 +471,23 @@ SETTINGS: tuple[Setting, ...] = (
         "how often to ask the kubelet for pod assignments",
     ),
     Setting(
+        "dra_resourceslices",
+        "NVGPU_DRA_RESOURCESLICES",
+        "--dra-resourceslices",
+        "false",
+        _bool,
+        "attribute GPUs of DRA ResourceClaims by reading this node's ResourceSlices from the API server (list "
+        "on resourceslices.resource.k8s.io; deploy/kubernetes/components/dra-resourceslices); needs NVGPU_NODE_NAME",
+    ),
+    Setting(
+        "node_name",
+        "NVGPU_NODE_NAME",
+        "--node-name",
+        "",
+        _path,
+        "this node's name (the downward API's spec.nodeName): the ResourceSlices NVGPU_DRA_RESOURCESLICES reads",
+    ),
+    Setting(
         "gpu_retry_s",
         "NVGPU_GPU_RETRY_SECONDS",
         "--gpu-retry",
@@ -640,6 +657,8 @@ class Config:
     pod_resources_socket: str = ""
     pod_labels: bool = False
     pod_refresh_s: float = 15.0
+    dra_resourceslices: bool = False
+    node_name: str = ""
     gpu_retry_s: float = 30.0
     gpu_retry_max_s: float = 600.0
     reprobe_s: float = 300.0
@@ -727,6 +746,11 @@ class Config:
             )
         if values.get("backoff_max_s", 60.0) < values.get("backoff_initial_s", 1.0):
             problems.append("NVGPU_RESTART_BACKOFF_MAX_SECONDS must be at least NVGPU_RESTART_BACKOFF_SECONDS")
+        if values.get("dra_resourceslices") and not values.get("node_name"):
+            problems.append(
+                "NVGPU_DRA_RESOURCESLICES=true needs NVGPU_NODE_NAME (set it from the downward API: "
+                "fieldRef spec.nodeName)"
+            )
         if values.get("gpu_retry_max_s", 600.0) < values.get("gpu_retry_s", 30.0):
             problems.append("NVGPU_GPU_RETRY_MAX_SECONDS must be at least NVGPU_GPU_RETRY_SECONDS")
         if problems:

@@ -76,6 +76,7 @@ def test_derived_bounds_follow_the_interval() -> None:
         ("NVGPU_LOG_LEVEL", "warnings"),
         ("NVGPU_LOG_LEVEL", "critical"),
         ("NVGPU_LOG_FORMAT", "logfmtt"),
+        ("NVGPU_DRA_RESOURCESLICES", "maybe"),
         ("NVGPU_LISTEN_ADDRESS", ":9400,:9400"),
         ("NVGPU_LISTEN_ADDRESS", ":9400,"),
         ("NVGPU_SELFCHECK", "on"),
