@@ -69,9 +69,10 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             _C + "selfcheck",
             _C + "collectors*",
             _W + "process_attribution",  # the processes collector's read() half (worker only)
+            _W + "implausible",  # applies the collectors' checks; collectors count joins through it
         )
     },
-    {"nvml": (_W + "nvml", _W + "nvml.*", _W + "fakenvml*", _C + "gpustate")},
+    {"nvml": (_W + "nvml", _W + "nvml.*", _W + "fakenvml*", _C + "gpustate", _C + "plausibility")},
     {
         "worker data": (_W + "procfs", _W + "containerlogs", _W + "process_records"),
         "supervisor data": (_S + "xid", _S + "xid.*", _S + "podresources*"),

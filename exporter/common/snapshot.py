@@ -66,6 +66,8 @@ class GpuSample:
         unsupported: enabled features none of whose calls this GPU supports.
         feature: for a hung GPU, the feature of the call that did not return.
         function: for a hung GPU, the NVML function that did not return.
+        dropped: feature -> reason -> values the worker dropped as implausible on this GPU since it
+            started (:mod:`exporter.common.plausibility`; ``nvgpu_readings_dropped_total``).
     """
 
     index: int
@@ -77,6 +79,7 @@ class GpuSample:
     unsupported: tuple[str, ...] = ()
     feature: str = ""
     function: str = ""
+    dropped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def up(self) -> bool:
@@ -134,6 +137,7 @@ class Snapshot:
                     "unsupported": list(g.unsupported),
                     "feature": g.feature,
                     "function": g.function,
+                    "dropped": {f: dict(r) for f, r in g.dropped.items()},
                 }
                 for g in self.gpus
             ],
@@ -267,6 +271,7 @@ def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
         unsupported=decode_value(tuple[str, ...], raw.get("unsupported", []), f"{where}.unsupported"),
         feature=decode_value(str, raw.get("feature", ""), f"{where}.feature"),
         function=decode_value(str, raw.get("function", ""), f"{where}.function"),
+        dropped=decode_value(dict[str, dict[str, int]], raw.get("dropped", {}), f"{where}.dropped"),
     )
 
 

@@ -34,6 +34,7 @@ from exporter.common.collectors.base import Collector
 from exporter.common.gpustate import GpuStates, Lifetime
 from exporter.common.nvml import errors
 from exporter.common.snapshot import GpuSample
+from exporter.worker import implausible
 from exporter.worker.nvml.client import DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
 
 log = logging.getLogger("exporter.worker")
@@ -51,6 +52,7 @@ class GpuPass:
         ok: feature -> every call answered (no counted error, no collector exception).
         lost: the GPU answered GPU_IS_LOST (or equivalent) during the pass.
         sampled_at: Unix time the pass started.
+        dropped: feature -> reason -> values dropped as implausible since the worker started.
     """
 
     readings: dict[str, object] = field(default_factory=dict)
@@ -58,6 +60,7 @@ class GpuPass:
     ok: dict[str, bool] = field(default_factory=dict)
     lost: str = ""
     sampled_at: float = 0.0
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class GpuSlot:
@@ -178,6 +181,7 @@ class GpuSlot:
             unsupported,
             feature,
             function,
+            last.dropped if last else {},
         )
 
     # -- on the GPU's thread --------------------------------------------------------------------
@@ -238,6 +242,7 @@ class GpuSlot:
                 out.readings[feature] = reading
             out.seconds[feature] = time.perf_counter() - f0
             out.ok[feature] = reading is not _FAILED and self._feature_errors(feature) == errors_before
+        out.dropped = implausible.report(dev)
         return out
 
     def _maybe_reprobe(self, dev: DeviceClient) -> None:
@@ -251,9 +256,10 @@ class GpuSlot:
         dev.forget()
 
     def _read(self, dev: DeviceClient, feature: str, collector: Collector) -> object:
-        """The collector's reading; ``_FAILED`` when the collector raised (our bug, counted)."""
+        """The collector's reading, its implausible values dropped (:mod:`exporter.worker.implausible`);
+        ``_FAILED`` when the collector raised (our bug, counted)."""
         try:
-            return collector.read(dev)
+            return implausible.checked(dev, feature, collector, collector.read(dev))
         except (DeviceLost, NvmlFatal, Stopping):
             raise
         except Exception:  # a collector bug must not fail the sample
@@ -278,7 +284,7 @@ class GpuSlot:
             )
             self.state, self.detail, self.dev = "lost", result.lost, None
             return
-        self.last = GpuSample(self.index, self.uuid, "up", result.readings, result.sampled_at)
+        self.last = GpuSample(self.index, self.uuid, "up", result.readings, result.sampled_at, dropped=result.dropped)
 
     def close(self) -> None:
         """Let the thread end once idle (a hung one stays until its call returns)."""

@@ -101,6 +101,10 @@ class RealNvml:
         """The clock NVML windows are measured on (GPM): ``time.monotonic()``."""
         return time.monotonic()
 
+    def timestamp_us(self) -> int:
+        """Now as NVML stamps its samples (field values, process utilization): CPU time in µs since 1970."""
+        return int(time.time() * 1e6)
+
     def field_values(self, handle: Any, pairs: list[tuple[int, int]]) -> list[FieldValue]:
         """Query field values with a sentinel-filled, one-longer array.
 
@@ -156,6 +160,10 @@ class FakeBackend:
     def clock(self) -> float:
         """Scenario time: windows measured on it match the scenario's ramps and cycles."""
         return self._fake.now()
+
+    def timestamp_us(self) -> int:
+        """Now as the fake stamps its samples (its clock, in µs since 1970)."""
+        return self._fake.timestamp_us()
 
     def field_values(self, handle: Any, pairs: list[tuple[int, int]]) -> list[FieldValue]:
         """Same contract as :meth:`RealNvml.field_values`."""
