@@ -85,6 +85,8 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             "exporter.common",
             "exporter.supervisor",
             "exporter.worker",
+            "exporter.buildinfo",
+            _C + "durations",
             _C + "protocol",
             _C + "decode",
             _C + "workerconfig",

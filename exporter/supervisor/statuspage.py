@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from exporter import __version__
 from exporter.common.collectors import identity, memory, power, temperature, utilization
 from exporter.common.snapshot import GpuSample
+from exporter.supervisor.quarantine import clear_command
 from exporter.supervisor.stuck import StuckDetector
 from guards.features import Reason
 
@@ -50,6 +51,10 @@ code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
 .small{font-size:.85em;color:var(--muted)}
 .cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(34em,1fr));gap:0 2em;align-items:start}
 dl{display:grid;grid-template-columns:max-content auto;gap:.15em 1em;margin:.2em 0}dt{font-weight:600}dd{margin:0}
+header>*{min-width:0;max-width:100%}#ready .badge{white-space:normal}
+table{max-width:100%}#gpus{width:100%}#gpus th{white-space:normal}
+td{overflow-wrap:anywhere}td.num{overflow-wrap:normal}
+code.command{display:inline-block;overflow-wrap:anywhere}
 """
 
 GIB = 2**30
@@ -189,7 +194,11 @@ def _gpus(state: ServedState) -> str:
             else GpuSample(g.index, g.uuid, g.state, {k: v for k, v in g.readings.items() if k == "identity"})
         )
         name, bus, util_s, mem_s, temp_s, power_s = _gpu_cells(shown)
-        stuck_s = _badge("STUCK: busy, no memory, no processes", "bad") if stuck else _badge("no", "ok")
+        stuck_s = (
+            _badge("STUCK", "bad") + '<br><span class="small">busy, no memory, no processes</span>'
+            if stuck
+            else _badge("no", "ok")
+        )
         cls_row = "bad" if current in ("lost", "hung", "crashed") or stuck else ""
         rows.append(
             f'<tr class="{cls_row}" data-uuid="{_e(uuid)}" data-state="{_e(current)}"><td class="num">{_e(index)}</td>'
@@ -240,11 +249,28 @@ def _quarantine_banner(state: ServedState) -> str:
     quarantined = {k: v for k, v in state.feature_states().items() if v.reason is Reason.QUARANTINED}
     if not quarantined:
         return ""
-    items = "".join(f"<li><code>{_e(k)}</code>: {_e(v.detail)}</li>" for k, v in sorted(quarantined.items()))
+    path = state.config.state_file
+    items = "".join(
+        f'<li><code>{_e(k)}</code>: {_e(v.detail)}<br><code class="command">'
+        f"{_e(clear_command(path, k) if path else 'NVGPU_STATE_FILE is empty: a restart retries it')}</code></li>"
+        for k, v in sorted(quarantined.items())
+    )
     return (
         f'<div class="alert" id="quarantine-alert"><b>{len(quarantined)} feature{"s" if len(quarantined) > 1 else ""} '
-        f"quarantined</b> after worker crashes; every other metric continues. To retry: "
-        f"<code>nvgpu-exporter quarantine --clear &lt;feature&gt;</code> and restart.<ul>{items}</ul></div>"
+        f"quarantined</b> after worker crashes; every other metric continues. To retry one, clear it and "
+        f"restart the exporter:<ul>{items}</ul></div>"
+    )
+
+
+def _driver_banner(state: ServedState) -> str:
+    """LIB_RM_VERSION_MISMATCH: only a driver reload or a reboot cures it, and the page says so first."""
+    if not state.nvml.driver_reload_required:
+        return ""
+    return (
+        '<div class="alert" id="driver-reload-alert"><b>NVIDIA driver reload required</b>: the NVML library '
+        f"({_e(state.system.nvml_version or 'userspace')}) does not match the loaded kernel module "
+        f"({_e(state.nvml.kernel_module_version or 'unknown')}). Reload the driver or reboot the node; restarting "
+        "the exporter does not help.</div>"
     )
 
 
@@ -357,6 +383,7 @@ def render(state: ServedState) -> str:
 <span class="meta">driver {_e(state.system.driver_version or "?")}
  · page rendered {_e(_utc(time.time()))}</span></header>
 <main>
+{_section("", _driver_banner, state, "driver")}
 {_section("", _quarantine_banner, state, "quarantine")}
 {_section("GPUs", _gpus, state, "gpus")}
 <div class="cols"><div>

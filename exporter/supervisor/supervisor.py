@@ -245,7 +245,9 @@ class Supervisor:
     def _on_init_failed(self, msg: InitFailed) -> None:
         unavailable.native_reported(self.state, msg.native)
         text = unavailable.record(self.state, msg, self.config.unhealthy_after_s)
-        log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra={"nvml_error": msg.error})
+        # the demo hint ends with a command to paste: no field after it (the error is in the text)
+        extra = {} if text.endswith(unavailable.DEMO_COMMAND) else {"nvml_error": msg.error}
+        log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra=extra)
 
     def _schedule_stale_render(self) -> None:
         if self._stale_timer is not None:

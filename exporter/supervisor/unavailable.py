@@ -19,6 +19,8 @@ from exporter.common.snapshot import InitFailed
 from exporter.supervisor.served import ServedState
 
 log = logging.getLogger("exporter.supervisor")
+# The no-GPU hint ends with this, a whole command to paste; its log record carries no field after it.
+DEMO_COMMAND = "nvgpu-exporter --nvml-backend fake:h200x2"
 
 
 def nvidia_present(dev_glob: str = "/dev/nvidia*") -> bool:
@@ -68,7 +70,7 @@ def explain(state: ServedState, msg: InitFailed, unhealthy_after_s: float) -> st
     if no_device:
         return (
             f"{state.last_init_error}; this machine has no NVIDIA driver or device. Without a GPU, try the "
-            "demo: nvgpu-exporter --nvml-backend fake:h200x2"
+            f"demo: {DEMO_COMMAND}"
         )
     return f"{state.last_init_error}; retrying with backoff"
 
