@@ -188,7 +188,10 @@ def test_unsupported_is_reprobed_after_mig_goes_off(tmp_path: Path, how: str) ->
         assert s.value("nvgpu_gpu_feature_unsupported", gpu="0", feature="utilization") == 1.0
         assert not s.find("nvgpu_gpu_utilization_ratio") and not s.find("nvgpu_remapped_rows_pending")
         back = exp.wait_for(
-            lambda s: s.find("nvgpu_gpu_utilization_ratio", gpu="1") and s.find("nvgpu_remapped_rows_pending", gpu="1"),
+            lambda s: all(  # each GPU re-probes on its own clock: both back, maybe a sample apart
+                s.find("nvgpu_gpu_utilization_ratio", gpu=g) and s.find("nvgpu_remapped_rows_pending", gpu=g)
+                for g in ("0", "1")
+            ),
             timeout=12,
             what="utilization and remapped rows back",
         )

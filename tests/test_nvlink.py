@@ -272,12 +272,12 @@ def test_links_without_any_error_counter_are_unsupported_not_healthy(tmp_path: P
 
 def test_nvlink5_bytes_where_the_data_fields_are_unsupported(tmp_path: Path) -> None:
     """Fields 138/139 NOT_SUPPORTED on the NVLink5 GPU: the byte counters 202/204 per link, summed,
-    in bytes (not KiB)."""
+    in bytes, kept in whole KiB as the reading counts."""
     clock = Clock(T0)
     dev = device(tmp_path, blackwell_gpu(), clock)
     clock.t = 10.0
     r = nvlink_throughput.read(dev)
-    assert r is not None and r.unit_bytes == 1
-    assert r.tx_kib == LINKS * 10 * (1 << 20) and r.rx_kib == LINKS * 10 * (1 << 19)
+    assert r is not None
+    assert r.tx_kib == LINKS * 10 * (1 << 20) // 1024 and r.rx_kib == LINKS * 10 * (1 << 19) // 1024
     fams = render("nvlink_throughput", [(dev, r)])
     assert fams["nvgpu_nvlink_transmit_bytes_total"] == {KEY: float(LINKS * 10 * (1 << 20))}

@@ -37,6 +37,8 @@ SCENARIOS = (
 # Families allowed beyond the budget, each with the case docs/performance.md makes for it
 # ("Families that earn their place beyond the budget").
 EARNS_ITS_PLACE: dict[str, str] = {
+    "nvgpu_gpu_health_verdict": "one series per GPU: the answer to 'what do I do with this GPU now', which the "
+    "shipped alerts key on instead of re-deriving it from a dozen families",
     "nvgpu_temperature_margin_celsius": "the per-board thermal alert instead of a fixed temperature",
     "nvgpu_memory_temperature_margin_celsius": "the per-board HBM thermal alert; no extra NVML call",
     "nvgpu_gpu_feature_unsupported": "one marker where a whole feature's series are missing",
@@ -98,10 +100,10 @@ def test_default_series_per_gpu_within_budget(name: str) -> None:
 
 
 def test_exemptions_name_real_families_with_a_reason() -> None:
-    from exporter.supervisor import gpuhealth
+    from exporter.supervisor import gpuhealth, verdicts
 
     declared = {spec.name for c in collectors.COLLECTORS.values() for spec in c.METRICS}
-    declared |= {spec.name for spec in gpuhealth.METRICS}
+    declared |= {spec.name for spec in gpuhealth.METRICS} | {spec.name for spec in verdicts.METRICS}
     for family, reason in EARNS_ITS_PLACE.items():
         assert family in declared and reason.strip(), family
 

@@ -42,6 +42,7 @@ from exporter.common.collectors.base import Collector
 from exporter.common.gpustate import GpuStates, Lifetime
 from exporter.common.nvml import errors
 from exporter.common.snapshot import GpuSample
+from exporter.worker import implausible
 from exporter.worker.nvml.client import ApiChoices, DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
 
 log = logging.getLogger("exporter.worker")
@@ -103,7 +104,9 @@ class GpuPass:
         seconds: feature -> time spent.
         ok: feature -> every call answered (no counted error, no collector exception).
         lost: the GPU answered GPU_IS_LOST (or equivalent) during the pass.
+        lost_error: the NVML code name of that answer.
         sampled_at: Unix time the pass started.
+        dropped: feature -> reason -> values dropped as implausible since the worker started.
         support: what the GPU supports once the pass ended (None when it was lost).
     """
 
@@ -111,7 +114,9 @@ class GpuPass:
     seconds: dict[str, float] = field(default_factory=dict)
     ok: dict[str, bool] = field(default_factory=dict)
     lost: str = ""
+    lost_error: str = ""
     sampled_at: float = 0.0
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
     support: SupportView | None = None
 
 
@@ -146,6 +151,7 @@ class GpuSlot:
         self.uuid = uuid
         self.bus_id = bus_id
         self.detail = detail
+        self.error = ""  # the NVML code name that made it lost (NO_PERMISSION: the container's device cgroup)
         self.reprobe_s = reprobe_s
         self.dev: DeviceClient | None = None
         self.support: SupportView | None = None  # from the last finished pass of this device client
@@ -238,7 +244,9 @@ class GpuSlot:
             unsupported,
             feature,
             function,
-            tuple((call, *chosen) for call, chosen in sorted(apis.items())),
+            last.dropped if last else {},
+            error="" if self.state == "up" else self.error,
+            apis=tuple((call, *chosen) for call, chosen in sorted(apis.items())),
         )
 
     # -- on the GPU's thread --------------------------------------------------------------------
@@ -258,6 +266,7 @@ class GpuSlot:
             if failure.error_class is errors.ErrorClass.FATAL:
                 raise NvmlFatal(failure, "nvmlDeviceGetHandleByIndex") from exc
             self.state, self.detail = "lost", f"handle lookup failed: {failure.message}"
+            self.error = failure.name
             logs.log_once(
                 log,
                 logging.WARNING,
@@ -276,7 +285,7 @@ class GpuSlot:
         states = self._states[uuid] = GpuStates() if before is None else before.reattached()
         self.dev = DeviceClient(self.client, self.index, uuid, handle, states)
         self.support = None  # the new device client's view comes with its first pass
-        self.state, self.detail = "up", ""
+        self.state, self.detail, self.error = "up", "", ""
         return True
 
     def _sample(self, features: tuple[str, ...], enabled: frozenset[str], reask: frozenset[str]) -> GpuPass:
@@ -296,6 +305,7 @@ class GpuSlot:
                 out.seconds[feature] = time.perf_counter() - f0
                 out.ok[feature] = False
                 out.lost = str(exc)
+                out.lost_error = exc.failure.name
                 return out
             if feature not in features and feature not in dev.feature_ok:
                 continue  # re-asked in the background and still no answer: nothing to report
@@ -303,6 +313,7 @@ class GpuSlot:
                 out.readings[feature] = reading
             out.seconds[feature] = time.perf_counter() - f0
             out.ok[feature] = reading is not _FAILED and self._feature_errors(feature) == errors_before
+        out.dropped = implausible.report(dev)
         out.support = SupportView.after(self.support, dev)
         return out
 
@@ -319,9 +330,10 @@ class GpuSlot:
         return True
 
     def _read(self, dev: DeviceClient, feature: str, collector: Collector) -> object:
-        """The collector's reading; ``_FAILED`` when the collector raised (our bug, counted)."""
+        """The collector's reading, its implausible values dropped (:mod:`exporter.worker.implausible`);
+        ``_FAILED`` when the collector raised (our bug, counted)."""
         try:
-            return collector.read(dev)
+            return implausible.checked(dev, feature, collector, collector.read(dev))
         except (DeviceLost, NvmlFatal, Stopping):
             raise
         except Exception:  # a collector bug must not fail the sample
@@ -349,8 +361,9 @@ class GpuSlot:
                 extra={"uuid": self.uuid, "gpu": self.index},
             )
             self.state, self.detail, self.dev, self.support = "lost", result.lost, None, None
+            self.error = result.lost_error
             return frozenset()
-        self.last = GpuSample(self.index, self.uuid, "up", result.readings, result.sampled_at)
+        self.last = GpuSample(self.index, self.uuid, "up", result.readings, result.sampled_at, dropped=result.dropped)
         before, self.support = self.support, result.support
         if before is None or result.support is None:
             return frozenset()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Monotonic, Range
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -53,6 +54,13 @@ class Reading:
     links: int
     links_up: int | None
     errors: dict[str, int] = field(default_factory=dict)  # error type -> sum of each link's last value
+
+
+MAX_LINKS = 64  # NVML_NVLINK_MAX_LINKS: more C2C links than NVLinks is not a reading
+CHECKS: tuple[Check, ...] = (
+    Range("links", "links_up", low=0, high=MAX_LINKS),
+    Monotonic("errors"),
+)
 
 
 @dataclass

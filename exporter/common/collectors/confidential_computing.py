@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import U64_MAX_VALUE, Check, Exempt, PartsAtMost, Range
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -70,6 +71,15 @@ class Reading:
     gpus_ready: int | None = None  # with CC on
     protected_total_bytes: int | None = None  # with CC on
     protected_used_bytes: int | None = None
+
+
+CHECKS: tuple[Check, ...] = (
+    Range("environment", low=0, high=2),  # NVML_CC_SYSTEM_ENVIRONMENT_* (0-2)
+    Range("gpus_ready", low=0, high=1),  # NVML_CC_ACCEPTING_CLIENT_REQUESTS_FALSE/TRUE
+    Range("protected_total_bytes", "protected_used_bytes", low=0, high=U64_MAX_VALUE),
+    PartsAtMost("protected_used_bytes", total="protected_total_bytes"),
+    Exempt("enabled", "devtools", why="flags: the CC feature and devtools modes"),
+)
 
 
 def _system(dev: DeviceClient, function: str) -> Any:

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import U32_MAX_VALUE, Check, Exempt, Range
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -138,6 +139,15 @@ def uuid_text(raw: Sequence[int]) -> str:
     """16 raw bytes as ``xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
     h = bytes(raw).hex()
     return f"{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+CHECKS: tuple[Check, ...] = (
+    Range("state", "status", "clique_id", "health_mask", low=0, high=U32_MAX_VALUE),
+    Range("version", low=1, high=3),
+    Range("health_summary", low=0, high=3),  # NVML_GPU_FABRIC_HEALTH_SUMMARY_* (0-3)
+    Exempt("cluster_uuid", why="an identifier: the UUID text of 16 raw bytes"),
+    Exempt("details", why="a flag: the details switch"),
+)
 
 
 def read(dev: DeviceClient) -> Reading | None:

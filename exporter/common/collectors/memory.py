@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import U64_MAX_VALUE, Check, Exempt, PartsAtMost, Range
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -62,6 +63,25 @@ class Reading:
 
 
 V2_KEY = ("nvmlDeviceGetMemoryInfo", ("version", NVML_MEMORY_V2))  # the device client's cache key of v2
+
+
+# v2: used + free + reserved = total, byte for byte (idle H200: 0 + 150,109,880,320 + 644,939,776 =
+# 150,754,820,096, measured on 580.159.04); v1: used (with the reservation) + free = total.
+CHECKS: tuple[Check, ...] = (
+    Range(
+        "total_bytes",
+        "used_bytes",
+        "free_bytes",
+        "reserved_bytes",
+        "bar1_total_bytes",
+        "bar1_used_bytes",
+        low=0,
+        high=U64_MAX_VALUE,
+    ),
+    PartsAtMost("used_bytes", "free_bytes", "reserved_bytes", total="total_bytes"),
+    PartsAtMost("bar1_used_bytes", total="bar1_total_bytes"),
+    Exempt("includes_reserved", why="a flag: which memory info version answered"),
+)
 
 
 def read(dev: DeviceClient) -> Reading | None:

@@ -18,7 +18,8 @@ once per worker life (no links: nothing else is asked) and exported with the ``d
 NVLink5 (Blackwell) counts bytes per link in ``NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES`` (202) and
 ``…_RCV_BYTES`` (204), in bytes (nvml.h 12.6+: "total Tx/Rx bytes on the link"). Whether 138/139 still
 answer on NVLink5 has no public source; where every 138/139 entry answers unsupported, the per-link
-202/204 counters are read and summed the same way (the reading's ``unit_bytes`` says 1, not 1024).
+202/204 counters are read and summed the same way (their bytes kept in whole KiB, as the reading
+counts: a KiB's resolution on a counter that moves by gigabytes a second).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 from exporter.common.collectors.base import kib_to_bytes
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Monotonic, Range
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -91,7 +93,14 @@ class Reading:
     rx_kib: int | None
     link_tx_kib: dict[int, int]  # per link, with the nvlink_links feature
     link_rx_kib: dict[int, int]
-    unit_bytes: int = 1024  # bytes per counted unit: 1024 for fields 138/139 (KiB), 1 for 202/204 (NVLink5)
+
+
+# Ten times NVLink 5's 1.8 TB/s per GPU, in KiB per second: a faster rise is a misread counter.
+MAX_KIB_PER_S = 18e12 / 1024
+CHECKS: tuple[Check, ...] = (
+    Range("link_count", low=0, high=36),  # NVML_NVLINK_MAX_LINKS is 36 from nvidia-ml-py 13.610
+    Monotonic("tx_kib", "rx_kib", "link_tx_kib", "link_rx_kib", max_rate=MAX_KIB_PER_S),
+)
 
 
 @dataclass
@@ -155,11 +164,10 @@ def read(dev: DeviceClient) -> Reading | None:
             return Reading(
                 shown_count, None if tx_all is None else int(tx_all), None if rx_all is None else int(rx_all), {}, {}
             )
-    unit = 1024
     tx, rx = _per_link(dev, count)
     if not tx and not rx and _no_data_fields(dev, count):
-        tx, rx = _per_link(dev, count, TX5, RX5)
-        unit = 1
+        tx, rx = _per_link(dev, count, TX5, RX5)  # bytes: kept in KiB as the reading counts
+        tx, rx = ({link: b // 1024 for link, b in d.items()} for d in (tx, rx))
     if not tx and not rx:
         return None
     per_link = LINKS_SWITCH in dev.enabled
@@ -169,13 +177,7 @@ def read(dev: DeviceClient) -> Reading | None:
         sum(rx.values()) if rx else None,
         tx if per_link else {},
         rx if per_link else {},
-        unit,
     )
-
-
-def _bytes(count: int, unit: int) -> int:
-    """A counter in bytes: fields 138/139 count KiB (``unit`` 1024), the NVLink5 ones bytes (1)."""
-    return kib_to_bytes(count) if unit == 1024 else count * unit
 
 
 def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
@@ -186,11 +188,11 @@ def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> I
     link_rx = LINK_RECEIVE.family()
     for key, r in samples:
         links.add(key, r.link_count)
-        tx.add(key, None if r.tx_kib is None else _bytes(r.tx_kib, r.unit_bytes))
-        rx.add(key, None if r.rx_kib is None else _bytes(r.rx_kib, r.unit_bytes))
+        tx.add(key, None if r.tx_kib is None else kib_to_bytes(r.tx_kib))
+        rx.add(key, None if r.rx_kib is None else kib_to_bytes(r.rx_kib))
         for link, kib in sorted(r.link_tx_kib.items(), key=lambda kv: int(kv[0])):
-            link_tx.add(key, _bytes(kib, r.unit_bytes), str(link))
+            link_tx.add(key, kib_to_bytes(kib), str(link))
         for link, kib in sorted(r.link_rx_kib.items(), key=lambda kv: int(kv[0])):
-            link_rx.add(key, _bytes(kib, r.unit_bytes), str(link))
+            link_rx.add(key, kib_to_bytes(kib), str(link))
     for fam in (links, tx, rx, link_tx, link_rx):
         yield from fam.done()

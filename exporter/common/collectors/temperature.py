@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Range
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -99,6 +100,17 @@ def _thresholds(dev: DeviceClient) -> dict[str, int]:
                 found[name] = int(value)
         static.celsius = found
     return static.celsius
+
+
+# Physical bounds: no board operates below -40 °C, and every GPU shuts down far below 150 °C (H200:
+# slowdown and shutdown within 10 °C of its 87 °C limit). The deprecated unsigned call reads a
+# negative value as about 4294967295.
+CHECKS: tuple[Check, ...] = (
+    Range("gpu_celsius", "memory_celsius", "thresholds_celsius", low=-40, high=150),
+    # a margin is degrees below a threshold: a GPU shuts down within a few degrees past its slowdown
+    # threshold, and no threshold sits 150 degrees above a working GPU
+    Range("margin_celsius", "memory_margin_celsius", low=-40, high=150),
+)
 
 
 def read(dev: DeviceClient) -> Reading | None:

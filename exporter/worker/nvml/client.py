@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.common import plausibility
 from exporter.common.breadcrumb import SLOT_SAMPLER, BreadcrumbWriter
 from exporter.common.gpustate import GpuState, GpuStates, Lifetime, S
 from exporter.common.logs import log_once
@@ -145,6 +146,12 @@ class NvmlClient:
         clock: Callable[[], float] = self.backend.clock
         return clock()
 
+    def timestamp_us(self) -> int:
+        """Now as NVML stamps samples (µs since 1970; the fake's clock for the fake): what a sample's
+        timestamp is checked against (:func:`exporter.common.plausibility.in_future`)."""
+        stamp: Callable[[], int] = self.backend.timestamp_us
+        return stamp()
+
     def fork(self, slot: int) -> NvmlClient:
         """A client for another thread, sharing the backend and breadcrumb memory."""
         other = NvmlClient(self.backend, self.crumbs, slot, self.stop, self.options)
@@ -200,7 +207,8 @@ class DeviceClient:
         index: NVML index (``gpu`` label).
         uuid: GPU UUID.
         handle: NVML device handle.
-        unsupported: (function, args) keys that answered an unsupported class; never called again.
+        unsupported: (function, args) keys that answered an unsupported class; not called again until
+            a re-probe (:meth:`forget`).
         enabled: every feature enabled in this worker, collectors or not, set by the sampler before
             each pass: a collector reads the series a switch adds (``details``, ``nvlink_links``)
             only when that switch is in here.
@@ -226,9 +234,7 @@ class DeviceClient:
         self.reprobe_requested = False
         self.enabled: frozenset[str] = frozenset()
 
-    def chose(self, call: str, function: str, version: str = "", fallback: str = "") -> None:
-        """Record which variant answers ``call`` on this GPU: :func:`record_choice`."""
-        record_choice(self, call, function, version, fallback)
+    chose = record_choice  # dev.chose(call, function, version, fallback): which variant answers a call
 
     def state_of(self, kind: type[S]) -> S:
         """This GPU's state of ``kind`` (a :class:`~exporter.common.gpustate.GpuState` subclass a collector
@@ -334,6 +340,7 @@ class DeviceClient:
         handle: bool = True,
         discovery: bool = False,
         context: errors.Context = errors.Context.CALL,
+        absent: Any = None,
     ) -> Any:
         """Like :meth:`get`, for calls whose arguments cannot key the unsupported cache.
 
@@ -346,6 +353,8 @@ class DeviceClient:
         on a MIG device handle, which the caller then passes itself with ``handle=False``).
         ``discovery=True`` for a call that only decides what to ask for (the driver version): its
         success does not make the feature look supported.
+        An ABSENT answer (in ``context``: a MIG device gone since it was enumerated) returns
+        ``absent``, which tells "not there any more" from "no answer" (None) where that matters.
 
         Returns:
             The value, or None when it is missing (unsupported, absent, transient, bug).
@@ -360,6 +369,8 @@ class DeviceClient:
         try:
             value = self.client.raw(feature, function, self.uuid, *call_args)
         except Exception as exc:  # classified in one place: errors.classify
+            if absent is not None and errors.classify(exc, context).error_class is ErrorClass.ABSENT:
+                return absent
             self.handle_error(feature, function, key, exc, context=context)
             return None
         if not discovery:
@@ -425,19 +436,15 @@ class DeviceClient:
     def first(self, feature: str, calls: Sequence[tuple[str, tuple[Any, ...]]], call: str = "") -> Any:
         """The first call in ``calls`` that is supported and answers; None if none does.
 
-        Used for versioned symbols (``_v3`` then ``_v2``; ``TemperatureV`` then ``Temperature``).
-        A variant that answered unsupported is skipped until a re-probe (for good when the symbol is
-        missing: FUNCTION_NOT_FOUND). With ``call``, the variant that answered is recorded
-        (:meth:`chose`), with the newest one's answer as the fallback reason.
+        Used for versioned symbols (``_v3`` then ``_v2``; ``TemperatureV`` then ``Temperature``); one
+        that answered unsupported is skipped until a re-probe. With ``call``: :func:`record_first`.
         """
         for function, args in calls:
             if (function, *args) in self.unsupported:
                 continue
             value = self.get(feature, function, *args)
             if value is not None and call:
-                newest = calls[0]
-                why = self.unsupported.get((newest[0], *newest[1]), ("", ""))[1] if function != newest[0] else ""
-                self.chose(call, function, "", fallback_reason(why))
+                record_first(self, call, calls, function)
             if value is not None or (function, *args) not in self.unsupported:
                 return value
         return None
@@ -461,9 +468,13 @@ class DeviceClient:
             self.handle_error(feature, "nvmlDeviceGetFieldValues", FIELD_CALL, exc)
             return {}
         out: dict[tuple[int, int], int | float] = {}
+        now_us = self.client.timestamp_us()
         for entry in entries:
             pair = (entry.field_id, entry.scope_id)
             if entry.code == errors.SUCCESS and entry.value is not None:
+                if plausibility.in_future(entry.timestamp_us, now_us):
+                    _stamped_in_future(self, feature, entry, now_us)
+                    continue
                 out[pair] = entry.value
                 continue
             if entry.code == UNPOPULATED:
@@ -485,3 +496,20 @@ class DeviceClient:
     def field_unsupported(self, field_id: int, scope_id: int = 0) -> bool:
         """Whether this GPU answered unsupported for the field (or for the field-value call itself)."""
         return FIELD_CALL in self.unsupported or ("field", field_id, scope_id) in self.unsupported
+
+
+def record_first(dev: DeviceClient, call: str, calls: Sequence[tuple[str, tuple[Any, ...]]], function: str) -> None:
+    """Record ``function``, the variant of ``calls`` that answered :meth:`DeviceClient.first`, as the
+    choice for ``call``, with the newest variant's unsupported answer as the fallback reason."""
+    newest, args = calls[0]
+    why = dev.unsupported.get((newest, *args), ("", ""))[1] if function != newest else ""
+    record_choice(dev, call, function, "", fallback_reason(why))
+
+
+def _stamped_in_future(dev: DeviceClient, feature: str, entry: FieldValue, now_us: int) -> None:
+    """A field value the driver stamped later than now: not this sample's value (omitted, counted
+    in ``nvgpu_readings_dropped_total{reason="timestamp_in_future"}``, logged once per GPU)."""
+    where = f"field {entry.field_id}" + (f":{entry.scope_id}" if entry.scope_id else "")
+    ahead = (entry.timestamp_us - now_us) / 1e6
+    drop = plausibility.Drop("timestamp_in_future", where, entry.value, f"stamped {ahead:.0f} s ahead of now")
+    dev.state_of(plausibility.Dropped).add(feature, drop)
