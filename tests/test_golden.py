@@ -45,6 +45,7 @@ from exporter.supervisor.http.httpedge import HttpEdge
 from exporter.supervisor.kernel_xid import KernelXid
 from exporter.supervisor.pods import PodAttribution
 from exporter.supervisor.policy import Outcome
+from exporter.supervisor.stuck import StuckDetector
 from exporter.supervisor.supervisor import Supervisor
 from guards import features as gf
 
@@ -181,7 +182,12 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
             state.selfchecks = {"supervisor": decode_message({"type": "selfcheck", **fixture["supervisor_selfcheck"]})}
             if name == "faults":
                 _before_worker(sup)
+            arrival = [0.0]  # replayed snapshots arrive as far apart as they were taken
+            stuck = _extension(sup, StuckDetector)
+            if stuck is not None:
+                stuck.clock = lambda: arrival[0]
             for msg in fixture["messages"]:
+                arrival[0] = float(msg.get("ts", arrival[0])) if msg["type"] == "snapshot" else arrival[0]
                 sup.handle(decode_message(msg))
             state.worker.started_at = 1_699_999_940.0
             if name == "faults":

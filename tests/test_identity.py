@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 from exporter_proc import Exporter, Scrape, load_scenario, write_scenario
 
 INTERVAL = 0.5
@@ -36,7 +35,6 @@ def sampled(s: Scrape, uuid: str, gpu: str) -> bool:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: worker state is keyed by NVML index")
 def test_a_drain_renumbers_and_every_gpu_keeps_its_own_state(tmp_path: Path) -> None:
     """The issue's case. B crashes the worker in its temperature call and is left out; then B is
     drained at t = 8 s, so NVML renumbers: index 1 answers C, index 2 D, index 3 is gone.

@@ -174,9 +174,8 @@ class ServedState:
         self.selfchecks: dict[str, SelfCheckResult] = {}
         self.worker = WorkerStatus()
         self.nvml = NvmlStatus()
-        self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s)
+        self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s, expected=config.expected_gpus)
         self.xids = XidLedger()
-        self.gpu_index: dict[str, str] = {}  # uuid -> index, remembered across workers
         self._calls_done = 0
         self._errors_done: collections.Counter[tuple[str, str]] = collections.Counter()
         self._calls_now = 0
@@ -235,15 +234,21 @@ class ServedState:
         self.xids.events_enabled.update(snap.events_enabled)
         self._calls_now = snap.calls
         self._errors_now = collections.Counter(snap.errors)
-        for g in snap.gpus:
-            if g.uuid:
-                self.gpu_index[g.uuid] = str(g.index)
         for ext in self.active_extensions():
             try:
                 ext.on_snapshot(snap)
             except Exception:  # noqa: BLE001 - one extension's bug must not cost the snapshot
                 self.count_error(ext.component, "handing it a snapshot")
-        return list(self.health.on_snapshot(snap))
+        hung = self.health.on_snapshot(snap)
+        for g in snap.gpus:
+            if g.state == "removed":  # the GPU left the node: its Xid and event series go with it
+                self.xids.forget(g.uuid or g.key)
+        return hung
+
+    @property
+    def gpu_index(self) -> dict[str, str]:
+        """UUID (PCI bus id without one) -> the ``gpu`` label of each GPU known now."""
+        return {r.uuid or r.key: str(r.index) for r in self.health.gpus.values()}
 
     def worker_started(self, pid: int) -> None:
         """A new worker process: fold the last worker's call and error totals into the history."""

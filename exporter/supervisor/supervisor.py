@@ -165,15 +165,14 @@ class Supervisor:
         if isinstance(msg, Snapshot):
             for rec in self.state.apply_snapshot(msg):
                 log.error(
-                    "GPU %d (%s) hung: %s; its readings go stale, every other GPU keeps being sampled; "
+                    "%s hung: %s; its readings go stale, every other GPU keeps being sampled; "
                     "a probe retries it in %.0f s",
-                    rec.index,
-                    rec.uuid,
+                    rec.label(),
                     rec.detail,
                     rec.backoff_s,
                     extra={"gpu": rec.index, "uuid": rec.uuid, "feature": rec.hung_in[0], "function": rec.hung_in[1]},
                 )
-                self.accountant.gpu_hung(rec.uuid, *rec.hung_in)
+                self.accountant.gpu_hung(rec.key, *rec.hung_in)
             self._schedule_stale_render()
         elif isinstance(msg, Progress):
             log.debug("worker init: %s", msg.step)
@@ -195,8 +194,6 @@ class Supervisor:
         st.system = msg.system
         st.nvml.kernel_module_version = msg.kernel_module_version or st.nvml.kernel_module_version
         st.worker_states = dict(msg.feature_states)
-        for index, uuid in msg.gpus:
-            st.gpu_index[uuid] = str(index)
         st.health.on_hello(msg.gpus)
         log.info(
             "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
@@ -220,12 +217,16 @@ class Supervisor:
             self._wake.set()
 
     def _on_event(self, msg: NvmlEvent) -> None:
+        """An NVML event, counted under the GPU it names (its key: UUID, else PCI bus id); the
+        ``gpu`` label is the record's current index, not the worker's at the time of the event."""
         st = self.state
-        gpu = str(msg.gpu) if msg.gpu is not None else st.gpu_index.get(msg.uuid, "")
+        rec = st.health.by_key(msg.uuid)
+        uuid = rec.uuid if rec is not None else msg.uuid
+        gpu = str(rec.index) if rec is not None else ("" if msg.gpu is None else str(msg.gpu))
         if msg.event_type != "xid" or msg.xid is None:
-            st.xids.record_event(gpu, msg.uuid, msg.event_type)
-        elif all(ext.accept_xid(msg.uuid, msg.xid, msg.ts) for ext in st.active_extensions()):
-            st.record_xid(gpu, msg.uuid, msg.xid, msg.ts, source="NVML event")
+            st.xids.record_event(gpu, uuid, msg.event_type)
+        elif all(ext.accept_xid(uuid, msg.xid, msg.ts) for ext in st.active_extensions()):
+            st.record_xid(gpu, uuid, msg.xid, msg.ts, source="NVML event")
 
     def _on_init_failed(self, msg: InitFailed) -> None:
         text = unavailable.record(self.state, msg, self.config.unhealthy_after_s)
@@ -349,9 +350,9 @@ class Supervisor:
         self.state.changed()
         return delay
 
-    def _readmit(self, index: int) -> None:
+    def _readmit(self, key: str) -> None:
         if self.current is not None:
-            self.current.send({"type": "readmit", "index": index})
+            self.current.send({"type": "readmit", "gpu": key})
 
     async def kill_now(self) -> None:
         """SIGKILL the worker and any probe, and wait for them briefly (shutdown ran out of time:

@@ -484,6 +484,7 @@ def worker_config(
         interval_s=config.interval_s,
         deadline_s=config.sample_deadline_s,
         reprobe_s=config.reprobe_s,
+        enumerate_s=config.enumerate_s,
         drain_s=max(1.0, config.shutdown_timeout_s / 2),
         log_level=config.log_level,
         # The worker always logs JSON lines: the supervisor parses them and writes them again in

@@ -36,18 +36,22 @@ METRICS = (XID_ERRORS, XID_LAST, XID_LAST_CODE, EVENTS, EVENTS_ENABLED)
 
 @dataclass
 class XidCount:
-    """How often one Xid code was seen on one GPU, and when last (Unix time)."""
+    """How often one Xid code was seen on one GPU, when last (Unix time: the event's own), and the
+    ``gpu`` label it came with (used only while the GPU's current index is unknown)."""
 
     count: int = 0
     last_ts: float = 0.0
+    gpu: str = ""
 
 
 class XidLedger:
-    """Counts per (gpu index, uuid, Xid) and per (gpu index, uuid, event type)."""
+    """Counts per (GPU UUID, Xid) and per (GPU UUID, event type); the ``gpu`` label is the GPU's
+    current NVML index, looked up when rendering, so a renumbering moves the label and keeps the count."""
 
     def __init__(self) -> None:
-        self.xids: dict[tuple[str, str, int], XidCount] = {}
-        self.events: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self.xids: dict[tuple[str, int], XidCount] = {}
+        self.events: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.event_gpu: dict[str, str] = {}  # uuid -> the gpu label its events came with
         self.events_enabled: dict[str, bool] = {}  # uuid -> registration succeeded
 
     def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
@@ -64,9 +68,10 @@ class XidLedger:
             ts: Unix time of the event.
             source: "NVML event" or "kernel log", for the log line.
         """
-        entry = self.xids.setdefault((gpu, uuid, xid), XidCount())
+        entry = self.xids.setdefault((uuid, xid), XidCount())
         entry.count += 1
         entry.last_ts = max(entry.last_ts, ts)
+        entry.gpu = gpu or entry.gpu
         info = xid_catalog.classify(xid)
         nvidia = f", NVIDIA: {info.nvidia_action}" if info.nvidia_action else ""
         log.log(
@@ -96,11 +101,19 @@ class XidLedger:
 
     def record_event(self, gpu: str, uuid: str, event_type: str) -> None:
         """Count one NVML event that is not an Xid."""
-        self.events[(gpu, uuid, event_type)] += 1
+        self.events[(uuid, event_type)] += 1
+        self.event_gpu[uuid] = gpu or self.event_gpu.get(uuid, "")
+
+    def forget(self, uuid: str) -> None:
+        """The GPU ``uuid`` left the node (NVML no longer enumerates it): its series go."""
+        self.xids = {k: v for k, v in self.xids.items() if k[0] != uuid}
+        self.events = collections.Counter({k: v for k, v in self.events.items() if k[0] != uuid})
+        self.event_gpu.pop(uuid, None)
+        self.events_enabled.pop(uuid, None)
 
     def latest(self, uuid: str) -> tuple[int, XidCount, int] | None:
         """(Xid, its count, all Xids of the GPU) for the most recent Xid on ``uuid``, or None."""
-        mine = [(xid, c) for (_g, u, xid), c in self.xids.items() if u == uuid]
+        mine = [(xid, c) for (u, xid), c in self.xids.items() if u == uuid]
         if not mine:
             return None
         xid, count = max(mine, key=lambda item: item[1].last_ts)
@@ -111,20 +124,21 @@ class XidLedger:
 
         Args:
             live: UUIDs of the GPUs that answered in the snapshot.
-            index: UUID -> NVML index, remembered across workers.
+            index: UUID -> current NVML index (the ``gpu`` label).
         """
         total, last, code = XID_ERRORS.family(), XID_LAST.family(), XID_LAST_CODE.family()
-        latest: dict[tuple[str, str], tuple[float, int]] = {}
-        for (gpu, uuid, xid), c in sorted(self.xids.items()):
-            total.add(GpuKey(gpu, uuid), c.count, str(xid))
-            last.add(GpuKey(gpu, uuid), c.last_ts, str(xid))
-            if (gpu, uuid) not in latest or c.last_ts >= latest[(gpu, uuid)][0]:
-                latest[(gpu, uuid)] = (c.last_ts, xid)
-        for (gpu, uuid), (_ts, xid) in sorted(latest.items()):
+        latest: dict[str, tuple[float, int, str]] = {}
+        for (uuid, xid), c in sorted(self.xids.items()):
+            key = GpuKey(index.get(uuid, c.gpu), uuid)
+            total.add(key, c.count, str(xid))
+            last.add(key, c.last_ts, str(xid))
+            if uuid not in latest or c.last_ts >= latest[uuid][0]:
+                latest[uuid] = (c.last_ts, xid, key.gpu)
+        for uuid, (_ts, xid, gpu) in sorted(latest.items()):
             code.add(GpuKey(gpu, uuid), xid)
         events = EVENTS.family()
-        for (gpu, uuid, etype), n in sorted(self.events.items()):
-            events.add(GpuKey(gpu, uuid), n, etype)
+        for (uuid, etype), n in sorted(self.events.items()):
+            events.add(GpuKey(index.get(uuid, self.event_gpu.get(uuid, "")), uuid), n, etype)
         enabled = EVENTS_ENABLED.family()
         alive = set(live)
         for uuid, ok in sorted(self.events_enabled.items()):
