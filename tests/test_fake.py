@@ -553,7 +553,7 @@ def test_scenario_time_runs_on_the_monotonic_clock_and_timestamps_on_the_wall_cl
     would) but not scenario time: a scenario's windows and cycles do not jump with the clock."""
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"gpus": [gpu()]}))
-    fake = FakeNvml(str(path), epoch=time.time() - 100.0)
+    fake = FakeNvml(str(path), epoch=time.monotonic() - 100.0)
     t0, stamp0 = fake.now(), fake.timestamp_us()
     wall = time.time
     monkeypatch.setattr(time, "time", lambda: wall() + 3600.0)

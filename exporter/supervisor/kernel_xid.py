@@ -7,6 +7,15 @@ and counts it unless the same Xid already arrived as an NVML event
 (:class:`exporter.supervisor.xid.dedupe.XidDeduplicator`, both directions: :meth:`KernelXid.accept_xid`
 filters the NVML side). A kernel log that cannot be read switches the feature off with reason
 ``unsupported``; nothing else is affected.
+
+The two reports of one Xid are paired on the monotonic clock, not the wall clock: an NVML event at
+its arrival (``time.monotonic()`` when the supervisor takes it, milliseconds after the worker's
+thread woke), a kernel record at its time on the log's own clock (boot time + the record's
+microseconds since boot, turned into monotonic time with the wall/monotonic offset taken once when
+the log is first read). A wall-clock step after that therefore cannot pull the two apart or push
+unrelated reports together; the exported ``nvgpu_xid_last_timestamp_seconds`` stays the event's
+wall time. (A text log's own timestamps are wall-clock: they pair correctly only while the clock
+has not stepped since the exporter started.)
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ def bus_to_gpu(snapshot: Snapshot | None) -> dict[str, tuple[str, str]]:
     out: dict[str, tuple[str, str]] = {}
     for g in snapshot.gpus if snapshot else ():
         ident = g.reading(identity.Reading)
+        if g.state == "removed":
+            continue
         if ident and ident.pci_bus_id:
             out[ident.pci_bus_id.upper()] = (str(g.index), g.uuid)
     return out
@@ -70,9 +81,20 @@ class KernelXid(Extension):
         self.dedupe = XidDeduplicator()
         self.up: bool | None = None
         self.pending: list[KernelXidEvent] = []  # events waiting for a bus id -> UUID mapping
+        self.wall_to_mono: float | None = None  # time.monotonic() - time.time() when the log was first read
 
     def accept_xid(self, uuid: str, xid: int, ts: float) -> bool:
-        return self.dedupe.offer_nvml(uuid, xid, ts)
+        """An NVML event's Xid, offered at its arrival on the monotonic clock (``ts``, its wall
+        time, is not compared: see the module docstring)."""
+        return self.dedupe.offer_nvml(uuid, xid, time.monotonic())
+
+    def _mono(self, wall: float | None) -> float:
+        """A kernel record's time on the monotonic clock (now, when it has none)."""
+        if wall is None:
+            return time.monotonic()
+        if self.wall_to_mono is None:
+            self.wall_to_mono = time.monotonic() - time.time()
+        return wall + self.wall_to_mono
 
     def self_families(self) -> Iterable[Metric]:
         return [single(KERNEL_LOG_UP, None if self.up is None else int(self.up))]
@@ -98,7 +120,7 @@ class KernelXid(Extension):
                 continue
             gpu, uuid = where
             ts = ev.wall_time or time.time()
-            if self.dedupe.offer_kernel(uuid, ev.xid, ts):
+            if self.dedupe.offer_kernel(uuid, ev.xid, self._mono(ev.wall_time)):
                 host.record_xid(gpu, uuid, ev.xid, ts, source="kernel log")
         self.pending = keep[-PENDING_MAX:]
         if events:
@@ -118,6 +140,8 @@ class KernelXid(Extension):
                 host.changed()
                 return
             self.up = True
+            if self.wall_to_mono is None:  # right after the reader took boot time from the wall clock
+                self.wall_to_mono = time.monotonic() - time.time()
             if events or self.pending:
                 self.count(host, events)
             await asyncio.sleep(KMSG_POLL_S)

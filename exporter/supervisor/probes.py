@@ -36,7 +36,7 @@ class Prober:
         state: the served state (GPU health, counters).
         quarantine: feature quarantines (a probe runs without quarantined features).
         accountant: counts a probe's crash or hang.
-        epoch: the fake backend's scenario time 0.
+        epoch: the fake backend's scenario time 0 (``time.monotonic()``).
         proc_state_fn: reads a process state letter.
         readmit: called with a GPU's key (UUID, else PCI bus id) when its probe answered.
         stopped: True once the exporter stops.

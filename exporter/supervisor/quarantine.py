@@ -127,7 +127,7 @@ class QuarantineStore:
         threshold: crashes within ``window_s`` that quarantine a feature.
         window_s: counting window, seconds.
         ttl_s: quarantine lifetime, seconds.
-        clock: wall clock: the times shown and kept for after a reboot (tests).
+        clock: wall clock: the times shown and kept for after a reboot; default ``time.time`` (tests).
         features: valid feature names (entries for others are dropped on load).
         on_error: called from an except block with (component, doing) when a save raised something
             unexpected (the supervisor counts it as component ``state``); None: logged once here.
@@ -143,7 +143,7 @@ class QuarantineStore:
         threshold: int,
         window_s: float,
         ttl_s: float,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         features: frozenset[str] | None = None,
         on_error: Callable[[str, str], None] | None = None,
         mono: Callable[[], float] | None = None,
@@ -155,8 +155,8 @@ class QuarantineStore:
         self.threshold = threshold
         self.window_s = window_s
         self.ttl_s = min(ttl_s, MAX_TTL_S)
-        self.clock = clock
-        self.mono = mono if mono is not None else (time.monotonic if clock is time.time else clock)
+        self.clock: Callable[[], float] = clock if clock is not None else lambda: time.time()
+        self.mono: Callable[[], float] = mono if mono is not None else clock if clock is not None else time.monotonic
         self.boot_id = read_boot_id() if boot_id is None else boot_id
         self.features = features if features is not None else frozenset(FEATURES)
         self.history: list[Crash] = []

@@ -114,7 +114,7 @@ class Supervisor:
     ) -> None:
         self.config = config
         self.proc_state_fn = proc_state_fn
-        self.epoch = time.time()
+        self.epoch = time.monotonic()  # the fake backend's scenario time 0, on the clock every process shares
         self.crumbs = BreadcrumbReader()
         self.state = state
         self.quarantine = state.quarantine

@@ -506,5 +506,6 @@ def worker_config(
 
 
 def worker_env(config: WorkerConfig, epoch: float) -> dict[str, str]:
-    """The environment additions of a worker: its configuration and the fake backend's epoch."""
+    """The environment additions of a worker: its configuration and the fake backend's epoch (the
+    supervisor's ``time.monotonic()`` at start: a wall-clock step does not move scenario time)."""
     return {ENV_VAR: json.dumps(config.to_wire()), "NVGPU_FAKE_EPOCH": repr(epoch)}

@@ -81,10 +81,12 @@ class FakeCore:
 
     Args:
         path: scenario JSON file.
-        epoch: Unix time that is scenario time 0 (the supervisor's start); default: now.
+        epoch: when scenario time is 0 (the supervisor's start): a ``time.monotonic()`` instant
+            (CLOCK_MONOTONIC is one clock for every process of a host), or, with ``clock``, a time
+            on that clock; default: now.
         clock: the scenario clock and the wall clock at once (tests); default: scenario time runs on
-            ``time.monotonic()`` from ``epoch`` as this process sees it at start, so a wall-clock step
-            later moves NVML's timestamps (as it would real NVML's) but not scenario time.
+            ``time.monotonic()``, so a wall-clock step moves NVML's timestamps (as it would real
+            NVML's) but not scenario time, in this worker or the next one.
 
     Raises:
         ScenarioError: the file is unreadable or not a valid scenario.
@@ -94,10 +96,9 @@ class FakeCore:
 
     def __init__(self, path: str, epoch: float | None = None, clock: Callable[[], float] | None = None) -> None:
         if clock is None:
-            started, mono0 = time.time(), time.monotonic()
-            offset = 0.0 if epoch is None else started - epoch
+            origin_mono = time.monotonic() if epoch is None else epoch
             self._wall: Callable[[], float] = lambda: time.time()  # looked up per call: a clock stepped later
-            self._scenario_clock: Callable[[], float] = lambda: offset + time.monotonic() - mono0
+            self._scenario_clock: Callable[[], float] = lambda: time.monotonic() - origin_mono
         else:
             origin = clock() if epoch is None else epoch
             self._wall = clock
