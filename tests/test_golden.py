@@ -199,6 +199,7 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
             with (
                 mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION),
                 mock.patch.object(procmetrics, "read", _fixed_process_stats),
+                mock.patch.object(state, "sample_age", lambda: 0.25),  # rendered a moment after the last sample
             ):
                 exposition.render(state)  # the first rendering counts what it had to drop
                 rendered = exposition.render(state)

@@ -286,6 +286,10 @@ class ServedState:
             return None
         return self.last
 
+    def sample_age(self) -> float | None:
+        """Seconds since the last snapshot arrived (monotonic), None before the first."""
+        return None if self.last_mono is None else max(0.0, time.monotonic() - self.last_mono)
+
     def reading_age(self, g: GpuSample) -> float | None:
         """Seconds since GPU ``g``'s readings were taken, None if it has none; measured from the
         snapshot's arrival (monotonic), so a worker's wall clock never makes data look fresh."""

@@ -36,6 +36,7 @@ from guards.versions import SelfCheckResult
 log = logging.getLogger("exporter.supervisor")
 
 RESPAWN_STOPPED_POLL_S = 5.0
+STALE_RENDER_S = 10.0  # while no snapshot arrives: the age of the last one is rendered this often
 LOOP_ERROR_BACKOFF_S = (1.0, 60.0)  # the supervisor's own failures: bounded retry
 
 
@@ -233,10 +234,16 @@ class Supervisor:
         log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra={"nvml_error": msg.error})
 
     def _schedule_stale_render(self) -> None:
+        """Render again when the snapshot goes stale, and every ``STALE_RENDER_S`` after that until the
+        next one arrives: ``nvgpu_last_sample_age_seconds`` keeps growing while no sample comes."""
         if self._stale_timer is not None:
             self._stale_timer.cancel()
         loop = asyncio.get_running_loop()
-        self._stale_timer = loop.call_later(self.config.stale_s + 0.05, self.state.changed)
+        self._stale_timer = loop.call_later(self.config.stale_s + 0.05, self._stale_render)
+
+    def _stale_render(self) -> None:
+        self.state.changed()
+        self._stale_timer = asyncio.get_running_loop().call_later(STALE_RENDER_S, self._stale_render)
 
     # -- worker lifecycle --------------------------------------------------------------------
 
