@@ -108,8 +108,13 @@ class Host:
         self.snapshot = snap
         self.counted: list[tuple[str, int, float]] = []
 
-    def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
+    def record_xid(
+        self, gpu: str, uuid: str, xid: int, ts: float, source: str, pid: int | None = None, process: str = ""
+    ) -> None:
         self.counted.append((uuid, xid, ts))
+
+    def attribute_xid(self, uuid: str, xid: int, ts: float, pid: int | None, process: str) -> None:
+        pass
 
     def changed(self) -> None:
         pass

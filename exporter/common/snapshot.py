@@ -28,6 +28,7 @@ from exporter.common import collectors
 from exporter.common.collectors.base import SystemInfo
 from exporter.common.decode import DecodeError, decode_dataclass, decode_value
 from exporter.common.gpuid import gpu_key
+from exporter.common.nativelib import NativeLibrary
 from exporter.common.protocol import ProtocolError
 from guards.features import FeatureState, Reason
 from guards.versions import ModuleReport, SelfCheckResult
@@ -72,6 +73,11 @@ class GpuSample:
         feature: for a hung GPU, the feature of the call that did not return.
         function: for a hung GPU, the NVML function that did not return.
         bus_id: PCI bus id, "" until known (the key of a GPU whose UUID cannot be read).
+        dropped: feature -> reason -> values the worker dropped as implausible on this GPU since it
+            started (:mod:`exporter.common.plausibility`; ``nvgpu_readings_dropped_total``).
+        error: for a GPU that is not up, the NVML return code name that made it so
+            (``NO_PERMISSION`` for a handle lookup the container's device cgroup refused,
+            ``GPU_IS_LOST`` …); "" when up or not an NVML answer.
     """
 
     index: int
@@ -83,6 +89,8 @@ class GpuSample:
     unsupported: tuple[str, ...] = ()
     feature: str = ""
     function: str = ""
+    dropped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    error: str = ""
     bus_id: str = ""
 
     @property
@@ -147,6 +155,8 @@ class Snapshot:
                     "feature": g.feature,
                     "function": g.function,
                     "bus_id": g.bus_id,
+                    "dropped": {f: dict(r) for f, r in g.dropped.items()},
+                    "error": g.error,
                 }
                 for g in self.gpus
             ],
@@ -167,6 +177,7 @@ class Hello:
     gpus: tuple[tuple[int, str, str], ...]
     feature_states: Mapping[str, FeatureState]
     kernel_module_version: str = ""
+    native: NativeLibrary | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +198,7 @@ class InitFailed:
         kernel_module_version: the loaded kernel module (``/proc/driver/nvidia/version``), "" if none.
         errors: (feature, error, count) of the calls that failed in the worker's last sample, which
             no snapshot carried (the sample that found NVML unusable).
+        native: the native library check after the failed init (the library stays mapped).
     """
 
     code: int
@@ -194,6 +206,7 @@ class InitFailed:
     message: str
     kernel_module_version: str = ""
     errors: tuple[tuple[str, str, int], ...] = ()
+    native: NativeLibrary | None = None
 
 
 @dataclass(frozen=True)
@@ -208,13 +221,27 @@ class NvmlEvent:
 
 
 @dataclass(frozen=True)
+class Attribution:
+    """The worker's answer to ``attribute``: an Xid's PID mapped to its process and pod ("" unknown)."""
+
+    pid: int
+    process: str = ""
+    pod_uid: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+
+@dataclass(frozen=True)
 class Bye:
     """Orderly worker shutdown; ``nvml_shutdown`` says whether ``nvmlShutdown`` ran."""
 
     nvml_shutdown: bool
 
 
-Message = Snapshot | Hello | Progress | InitFailed | NvmlEvent | Bye | SelfCheckResult
+Message = Snapshot | Hello | Progress | InitFailed | NvmlEvent | Bye | SelfCheckResult | NativeLibrary | Attribution
+"""``native`` (a :class:`~exporter.common.nativelib.NativeLibrary`) is sent when the worker's native
+library check changes while it samples (the mapped file replaced on disk under it)."""
 
 
 def states_to_wire(states: Mapping[str, FeatureState]) -> dict[str, dict[str, Any]]:
@@ -281,6 +308,8 @@ def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
         feature=decode_value(str, raw.get("feature", ""), f"{where}.feature"),
         function=decode_value(str, raw.get("function", ""), f"{where}.function"),
         bus_id=decode_value(str, raw.get("bus_id", ""), f"{where}.bus_id"),
+        dropped=decode_value(dict[str, dict[str, int]], raw.get("dropped", {}), f"{where}.dropped"),
+        error=decode_value(str, raw.get("error", ""), f"{where}.error"),
     )
 
 
@@ -315,6 +344,7 @@ def _hello(msg: dict[str, Any]) -> Hello:
         gpus=tuple((int(g["index"]), str(g["uuid"]), str(g.get("bus_id", ""))) for g in gpus),
         feature_states=_states(msg.get("feature_states", {}), "hello.feature_states"),
         kernel_module_version=decode_value(str, msg.get("kernel_module_version", ""), "hello.kernel_module_version"),
+        native=decode_value(NativeLibrary | None, msg.get("native"), "hello.native"),
     )
 
 
@@ -346,6 +376,8 @@ _DECODERS: dict[str, typing.Callable[[dict[str, Any]], Message]] = {
     "progress": _fields(Progress),
     "event": _fields(NvmlEvent),
     "bye": _fields(Bye),
+    "native": _fields(NativeLibrary),
+    "attribution": _fields(Attribution),
 }
 
 

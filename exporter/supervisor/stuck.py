@@ -141,6 +141,16 @@ class StuckDetector(Extension):
         st = self.gpus.get(uuid)
         return st is not None and st.holding
 
+    def since(self, uuid: str) -> float | None:
+        """Unix time (snapshot time) the signature's conditions began on that GPU, None when they do not hold."""
+        st = self.gpus.get(uuid)
+        return st.since if st is not None else None
+
+    def since_mono(self, uuid: str) -> float | None:
+        """The same on the supervisor's monotonic clock (how long it held is measured on it)."""
+        st = self.gpus.get(uuid)
+        return st.since_mono if st is not None else None
+
     def gpu_families(self, snapshot: Snapshot) -> Iterable[Metric]:
         flag, since = SUSPECTED.family(), SINCE.family()
         for _key, st in sorted(self.gpus.items(), key=lambda item: (item[1].index, item[0])):

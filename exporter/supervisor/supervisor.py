@@ -23,10 +23,12 @@ from typing import Any
 from exporter.common import collectors, protocol, selfcheck
 from exporter.common.breadcrumb import BreadcrumbReader
 from exporter.common.logs import log_once
-from exporter.common.snapshot import Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
+from exporter.common.nativelib import NativeLibrary
+from exporter.common.snapshot import Attribution, Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
 from exporter.config import Config
 from exporter.supervisor import unavailable
 from exporter.supervisor.accounting import Accountant
+from exporter.supervisor.gpuhealth import GpuHealth
 from exporter.supervisor.policy import Outcome, RestartPolicy
 from exporter.supervisor.probes import Prober
 from exporter.supervisor.served import ServedState
@@ -145,6 +147,7 @@ class Supervisor:
         self._stale_timer: asyncio.TimerHandle | None = None
         self.extension_tasks = ExtensionTasks(state, self.contained)
         self.loop_error: BaseException | None = None
+        state.subscribe(self._ask_attributions)
         self.selfcheck = selfcheck.run_in_process("supervisor")
         if config.selfcheck != "off":
             self.state.selfchecks["supervisor"] = self.selfcheck
@@ -187,6 +190,18 @@ class Supervisor:
             self._on_init_failed(msg)
         elif isinstance(msg, Bye):
             log.info("worker stopped (nvmlShutdown %s)", "done" if msg.nvml_shutdown else "skipped")
+        elif isinstance(msg, NativeLibrary):
+            unavailable.native_reported(self.state, msg)
+        elif isinstance(msg, Attribution):
+            self.state.xids.attribute_pod(msg.pid, msg.pod_uid, msg.namespace, msg.pod, msg.container)
+
+    def _ask_attributions(self) -> None:
+        """Ask the worker to map the PIDs of new Xids to pods (it answers with ``attribution``)."""
+        pids = self.state.take_pid_lookups()
+        worker = self.current
+        for pid in pids:
+            if worker is not None:
+                worker.send({"type": "attribute", "pid": pid})
 
     def _on_hello(self, msg: Hello) -> None:
         st = self.state
@@ -196,6 +211,7 @@ class Supervisor:
         st.nvml.kernel_module_version = msg.kernel_module_version or st.nvml.kernel_module_version
         st.worker_states = dict(msg.feature_states)
         st.health.on_hello(msg.gpus)
+        unavailable.native_reported(self.state, msg.native)
         log.info(
             "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
             msg.pid,
@@ -218,20 +234,19 @@ class Supervisor:
             self._wake.set()
 
     def _on_event(self, msg: NvmlEvent) -> None:
-        """An NVML event, counted under the GPU it names (its key: UUID, else PCI bus id); the
-        ``gpu`` label is the record's current index, not the worker's at the time of the event."""
         st = self.state
-        rec = st.health.by_key(msg.uuid)
-        uuid = rec.uuid if rec is not None else msg.uuid
-        gpu = str(rec.index) if rec is not None else ("" if msg.gpu is None else str(msg.gpu))
+        gpu, uuid = _event_gpu(st.health, msg)
         if msg.event_type != "xid" or msg.xid is None:
             st.xids.record_event(gpu, uuid, msg.event_type)
         elif all(ext.accept_xid(uuid, msg.xid, msg.ts) for ext in st.active_extensions()):
             st.record_xid(gpu, uuid, msg.xid, msg.ts, source="NVML event")
 
     def _on_init_failed(self, msg: InitFailed) -> None:
+        unavailable.native_reported(self.state, msg.native)
         text = unavailable.record(self.state, msg, self.config.unhealthy_after_s)
-        log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra={"nvml_error": msg.error})
+        # the demo hint ends with a command to paste: no field after it (the error is in the text)
+        extra = {} if text.endswith(unavailable.DEMO_COMMAND) else {"nvml_error": msg.error}
+        log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra=extra)
 
     def _schedule_stale_render(self) -> None:
         """Render again when the snapshot goes stale, and every ``STALE_RENDER_S`` after that until the
@@ -382,3 +397,12 @@ class Supervisor:
             self._stale_timer.cancel()
         self.crumbs.close()
         self.prober.close()
+
+
+def _event_gpu(health: GpuHealth, msg: NvmlEvent) -> tuple[str, str]:
+    """(``gpu`` label, UUID) of the GPU an NVML event names by its key (UUID, else PCI bus id): the
+    record's current index, not the worker's at the time of the event."""
+    rec = health.by_key(msg.uuid)
+    if rec is None:
+        return ("" if msg.gpu is None else str(msg.gpu)), msg.uuid
+    return str(rec.index), rec.uuid

@@ -68,6 +68,8 @@ class Enumeration:
         count: ``nvmlDeviceGetCount``.
         found: index -> the GPU read there.
         unreadable: index -> why its GPU could not be read (a lost GPU: GPU_IS_LOST, …).
+        errors: index -> the NVML code name of that answer (``NO_PERMISSION``: the pod's device
+            cgroup hides the GPU; ``GPU_IS_LOST`` …).
         skipped: indices not asked (a hung GPU is known to sit there).
         hung_at: the index whose read did not return within the deadline (indices after it were
             not read); None when the enumeration finished.
@@ -76,6 +78,7 @@ class Enumeration:
     count: int
     found: dict[int, Identity] = field(default_factory=dict)
     unreadable: dict[int, str] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
     skipped: frozenset[int] = frozenset()
     hung_at: int | None = None
 
@@ -140,7 +143,9 @@ class Enumerator:
         if self._abandoned or partial is None or index < 0 or self.clock() - started <= self.deadline_s:
             return None
         self._abandoned = True  # the thread's result, when its call returns at last, is stale
-        hung = Enumeration(partial.count, dict(partial.found), dict(partial.unreadable), partial.skipped, hung_at=index)
+        hung = Enumeration(
+            partial.count, dict(partial.found), dict(partial.unreadable), dict(partial.errors), partial.skipped, index
+        )
         log.error(
             "GPU at index %d: reading its UUID did not return within %.1f s; the enumeration stops there "
             "(the GPUs after it keep their last known index) and is not asked again while that call hangs",
@@ -179,47 +184,49 @@ class Enumerator:
                 continue
             with self._lock:
                 self._index, self._index_started = index, self.clock()
-            ident, why = self._identify(index)
+            ident, why, code = self._identify(index)
             with self._lock:
                 if ident is not None:
                     out.found[index] = ident
                 else:
-                    out.unreadable[index] = why
+                    out.unreadable[index], out.errors[index] = why, code
             progress(f"GPU {index} identified" if ident is not None else f"GPU {index} unreadable")
         with self._lock:
             self._index = -1
         return out
 
-    def _identify(self, index: int) -> tuple[Identity | None, str]:
-        """The handle and UUID at ``index`` (PCI bus id when the UUID cannot be read); (None, why)
-        when the handle lookup fails or the GPU answers neither (FATAL raises)."""
+    def _identify(self, index: int) -> tuple[Identity | None, str, str]:
+        """The handle and UUID at ``index`` (PCI bus id when the UUID cannot be read); (None, why,
+        NVML code name) when the handle lookup fails or the GPU answers neither (FATAL raises)."""
         call = self.client.raw
         try:
             handle = call("init", "nvmlDeviceGetHandleByIndex", "", index)
         except Stopping:
             raise
         except Exception as exc:
-            return None, self._failure(exc, "nvmlDeviceGetHandleByIndex")
+            return (None, *self._failure(exc, "nvmlDeviceGetHandleByIndex"))
         try:
-            return Identity(index, _text(call("init", "nvmlDeviceGetUUID", "", handle)), "", handle), ""
+            return Identity(index, _text(call("init", "nvmlDeviceGetUUID", "", handle)), "", handle), "", ""
         except Stopping:
             raise
         except Exception as exc:
-            why = self._failure(exc, "nvmlDeviceGetUUID")
+            why, code = self._failure(exc, "nvmlDeviceGetUUID")
         try:
             bus = _text(call("init", "nvmlDeviceGetPciInfo", "", handle).busId)
         except Stopping:
             raise
         except Exception as exc:
-            return None, f"{why}; {self._failure(exc, 'nvmlDeviceGetPciInfo')}"
-        return (Identity(index, "", bus, handle), "") if bus else (None, why)
+            more, _ = self._failure(exc, "nvmlDeviceGetPciInfo")
+            return None, f"{why}; {more}", code
+        return (Identity(index, "", bus, handle), "", "") if bus else (None, why, code)
 
     @staticmethod
-    def _failure(exc: Exception, function: str) -> str:
+    def _failure(exc: Exception, function: str) -> tuple[str, str]:
+        """(what to say, the NVML code name) of a failed identity call; FATAL raises."""
         failure = errors.classify(exc, errors.Context.HANDLE_LOOKUP)
         if failure.error_class is errors.ErrorClass.FATAL:
             raise NvmlFatal(failure, function) from exc
-        return f"{function}: {failure.message}"
+        return f"{function}: {failure.message}", failure.name
 
 
 def _text(value: Any) -> str:
@@ -290,6 +297,7 @@ class GpuTable:
                     )
                 else:
                     holder = self.new_slot(index, detail=found.unreadable.get(index) or "its UUID could not be read")
+                    holder.error = found.errors.get(index, "")
                 self.add(holder)
             seen.add(id(holder))
         for slot in self.slots.values():

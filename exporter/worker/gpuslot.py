@@ -38,6 +38,7 @@ from exporter.common.gpuid import gpu_key
 from exporter.common.gpustate import GpuStates, Lifetime
 from exporter.common.nvml import errors
 from exporter.common.snapshot import GpuSample
+from exporter.worker import implausible
 from exporter.worker.nvml.client import DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
 
 log = logging.getLogger("exporter.worker")
@@ -54,22 +55,28 @@ class GpuPass:
         seconds: feature -> time spent.
         ok: feature -> every call answered (no counted error, no collector exception).
         lost: the GPU answered GPU_IS_LOST (or equivalent) during the pass.
+        lost_error: the NVML code name of that answer.
         sampled_mono: ``time.monotonic()`` when the pass started (the readings' age is measured on it).
+        dropped: feature -> reason -> values dropped as implausible since the worker started.
     """
 
     readings: dict[str, object] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     ok: dict[str, bool] = field(default_factory=dict)
     lost: str = ""
+    lost_error: str = ""
     sampled_mono: float = 0.0
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class LastReadings:
-    """A GPU's last good readings and when they were taken (``time.monotonic()``)."""
+    """A GPU's last good readings, when they were taken (``time.monotonic()``), and the values dropped
+    as implausible so far."""
 
     readings: dict[str, object]
     sampled_mono: float
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class GpuSlot:
@@ -109,6 +116,7 @@ class GpuSlot:
         self.uuid = uuid
         self.bus_id = bus_id
         self.detail = detail
+        self.error = ""  # the NVML code name that made it lost (NO_PERMISSION: the container's device cgroup)
         self.reprobe_s = reprobe_s
         self.handle = handle
         self.dev: DeviceClient | None = None
@@ -227,7 +235,9 @@ class GpuSlot:
             unsupported,
             feature,
             function,
-            self.bus_id,
+            last.dropped if last else {},
+            error="" if self.state == "up" else self.error,
+            bus_id=self.bus_id,
         )
 
     # -- on the GPU's thread --------------------------------------------------------------------
@@ -254,6 +264,7 @@ class GpuSlot:
                 raise NvmlFatal(failure, how) from exc
             if how != "nvmlDeviceGetUUID" or self.uuid or not self.bus_id:
                 self.state, self.detail = "lost", f"handle lookup failed: {failure.message}"
+                self.error = failure.name
                 logs.log_once(
                     log,
                     logging.WARNING,
@@ -272,7 +283,7 @@ class GpuSlot:
         self.uuid = uuid
         states = self._states = GpuStates() if self._states is None else self._states.reattached()
         self.dev = DeviceClient(self.client, self.index, self.uuid or self.key, handle, states)
-        self.state, self.detail = "up", ""
+        self.state, self.detail, self.error = "up", "", ""
         return True
 
     def _sample(self, features: tuple[str, ...], enabled: frozenset[str]) -> GpuPass:
@@ -291,11 +302,13 @@ class GpuSlot:
                 out.seconds[feature] = time.perf_counter() - f0
                 out.ok[feature] = False
                 out.lost = str(exc)
+                out.lost_error = exc.failure.name
                 return out
             if reading is not None and reading is not _FAILED:
                 out.readings[feature] = reading
             out.seconds[feature] = time.perf_counter() - f0
             out.ok[feature] = reading is not _FAILED and self._feature_errors(feature) == errors_before
+        out.dropped = implausible.report(dev)
         return out
 
     def _maybe_reprobe(self, dev: DeviceClient) -> None:
@@ -309,9 +322,10 @@ class GpuSlot:
         dev.forget()
 
     def _read(self, dev: DeviceClient, feature: str, collector: Collector) -> object:
-        """The collector's reading; ``_FAILED`` when the collector raised (our bug, counted)."""
+        """The collector's reading, its implausible values dropped (:mod:`exporter.worker.implausible`);
+        ``_FAILED`` when the collector raised (our bug, counted)."""
         try:
-            return collector.read(dev)
+            return implausible.checked(dev, feature, collector, collector.read(dev))
         except (DeviceLost, NvmlFatal, Stopping):
             raise
         except Exception:  # a collector bug must not fail the sample
@@ -334,12 +348,13 @@ class GpuSlot:
                 extra={"uuid": self.uuid, "gpu": self.index},
             )
             self.state, self.detail, self.dev = "lost", result.lost, None
+            self.error = result.lost_error
             return
         ident = result.readings.get("identity")
         bus = getattr(ident, "pci_bus_id", None)
         if isinstance(bus, str) and bus:
             self.bus_id = bus
-        self.last = LastReadings(result.readings, result.sampled_mono)
+        self.last = LastReadings(result.readings, result.sampled_mono, result.dropped)
 
     def close(self) -> None:
         """Let the thread end once idle (a hung one stays until its call returns)."""

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from exporter.supervisor.http.webconfig import TlsSettings, WebConfig, WebConfigError, file_problem, load
 
-__all__ = ["WebConfigWatcher", "build_context", "load_with_context"]
+__all__ = ["WebConfigWatcher", "build_context", "load_with_context", "log_cautions"]
 
 # The web config's logger: schema, TLS and auth log under one name (operators filter on it).
 log = logging.getLogger("exporter.supervisor.http.webconfig")
@@ -83,8 +83,10 @@ def build_context(tls: TlsSettings, require_client_cert: bool = False) -> ssl.SS
         try:
             if tls.client_ca_file:
                 ctx.load_verify_locations(cafile=tls.client_ca_file)
-            else:
+            elif tls.client_ca_pem:
                 ctx.load_verify_locations(cadata=tls.client_ca_pem)
+            else:  # no client CA: the system's roots, as Go's crypto/tls does with ClientCAs nil
+                ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
         except (OSError, ssl.SSLError, ValueError) as exc:
             where = tls.client_ca_file or "tls_server_config.client_ca"
             raise WebConfigError(f"tls_server_config.client_ca_file {where}: {_reason(exc)}") from None
@@ -214,4 +216,11 @@ class WebConfigWatcher:
         self.last_reload_time = time.time()
         self.reloads += 1
         log.info("web config %s reloaded: %s", self.path, new.describe(), extra={"web_config": self.path})
+        log_cautions(new)
         return new
+
+
+def log_cautions(config: WebConfig) -> None:
+    """One WARNING per :attr:`WebConfig.cautions` entry (at start and after each reload)."""
+    for caution in config.cautions:
+        log.warning("web config %s: %s", config.path, caution, extra={"web_config": config.path})

@@ -76,6 +76,36 @@ class FakeHandle:
         return f"<FakeHandle gpu={self.gpu} generation={self.generation}>"
 
 
+class Phases:
+    """The scenario's ``enumeration`` (docs/scenarios.md, "Enumeration over time"): which GPUs NVML
+    enumerates, in index order, over scenario time; a single phase when the scenario has none."""
+
+    def __init__(self, phases: list[dict[str, Any]]) -> None:
+        self.phases = phases
+
+    def at(self, t: float) -> tuple[int, ...]:
+        """The phase in force at ``t``: the first whose ``until_s`` lies above it, else the last."""
+        phases = self.phases
+        if len(phases) == 1:
+            return phases[0]["gpus"]  # type: ignore[no-any-return]
+        return next((p["gpus"] for p in phases if p["until_s"] is None or t < p["until_s"]), phases[-1]["gpus"])
+
+    def generation(self, gpu: int, t: float) -> int | None:
+        """Which presence of scenario GPU ``gpu`` this is at ``t`` (1 for the first; one more each
+        time it comes back or is reset), None while NVML does not enumerate it."""
+        if len(self.phases) == 1:
+            return 1 if gpu in self.phases[0]["gpus"] else None
+        generation, present = 0, False
+        for phase in self.phases:
+            here = gpu in phase["gpus"]
+            if here and (not present or gpu in phase["reset"]):
+                generation += 1
+            present = here
+            if phase["until_s"] is None or t < phase["until_s"]:
+                break
+        return generation if present else None
+
+
 class FakeCore:
     """Scenario, clock, faults, values, and the calls of every GPU.
 
@@ -105,7 +135,7 @@ class FakeCore:
             self._scenario_clock = lambda: clock() - origin
         self.scenario = scenario.load_compiled(path)
         self._gpus: list[dict[str, Any]] = self.scenario["gpus"]
-        self._phases: list[dict[str, Any]] = self.scenario["enumeration"]
+        self._phases = Phases(self.scenario["enumeration"])
         self._missing = set(self.scenario.get("missing_functions", []))
         self._faults = Faults(self.scenario.get("faults", []), nvml_error)
         self._counts: dict[str, int] = {}
@@ -142,29 +172,12 @@ class FakeCore:
 
     def enumerated(self, t: float | None = None) -> tuple[int, ...]:
         """The scenario GPUs (positions in ``gpus``) NVML enumerates at ``t`` (default now), in
-        index order: the ``enumeration`` phase in force (every GPU when the scenario has none)."""
-        phases = self._phases
-        if len(phases) == 1:
-            return phases[0]["gpus"]  # type: ignore[no-any-return]
-        t = self.now() if t is None else t
-        return next((p["gpus"] for p in phases if p["until_s"] is None or t < p["until_s"]), phases[-1]["gpus"])
+        index order (:class:`Phases`)."""
+        return self._phases.at(self.now() if t is None else t)
 
     def generation(self, gpu: int, t: float | None = None) -> int | None:
-        """Which presence of scenario GPU ``gpu`` this is at ``t`` (1 for the first; one more each
-        time it comes back or is reset), None while NVML does not enumerate it."""
-        phases = self._phases
-        if len(phases) == 1:
-            return 1 if gpu in phases[0]["gpus"] else None
-        t = self.now() if t is None else t
-        generation, present = 0, False
-        for phase in phases:
-            here = gpu in phase["gpus"]
-            if here and (not present or gpu in phase["reset"]):
-                generation += 1
-            present = here
-            if phase["until_s"] is None or t < phase["until_s"]:
-                break
-        return generation if present else None
+        """Which presence of scenario GPU ``gpu`` this is at ``t`` (:meth:`Phases.generation`)."""
+        return self._phases.generation(gpu, self.now() if t is None else t)
 
     def gpu_count(self) -> int:
         """How many GPUs NVML enumerates now."""
@@ -234,6 +247,27 @@ class FakeCore:
         driver version): not an NVML call, so no faults apply."""
         version = self.scenario.get("kernel_module_version", self.scenario.get("driver_version", DRIVER_VERSION))
         return str(self.resolve(version, self.now()))
+
+    def proc_self(self) -> tuple[str, str, tuple[str, ...]]:
+        """What ``/proc/self/maps`` and ``/proc/self/mountinfo`` would say about the mapped
+        ``libnvidia-ml.so``, and the host libraries visible, from the scenario's ``native_library``
+        (default: the host's ``libnvidia-ml.so.<driver_version>``, bind-mounted as the NVIDIA
+        container toolkit mounts it). Not an NVML call: no faults apply."""
+        t = self.now()
+        raw = self.scenario.get("native_library")
+        lib = self.resolve(raw, t) if raw is not None else None
+        version = str(self.resolve(self.scenario.get("driver_version", DRIVER_VERSION), t))
+        path = str(getattr(lib, "path", f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}"))
+        origin = str(getattr(lib, "origin", "host"))
+        deleted = " (deleted)" if getattr(lib, "deleted", False) else ""
+        maps = "7f0000000000-7f0000100000 r--p 00000000 fd:00 1234  /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        if origin != "none":
+            maps += f"7f1000000000-7f1000200000 r-xp 00000000 fd:00 4321  {path}{deleted}\n"
+        mountinfo = "1 0 0:50 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w\n"
+        if origin == "host":
+            mountinfo += f"2 1 259:1 {path} {path} ro,nosuid,nodev,relatime - ext4 /dev/nvme0n1p1 rw\n"
+        hosts = tuple(str(h) for h in getattr(lib, "host_libraries", ()))
+        return maps, mountinfo, hosts
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         self.enter("nvmlDeviceGetCount", None)
