@@ -185,6 +185,24 @@ def test_one_process_twice_is_watch_two_processes_stop_scheduling() -> None:
     assert c.verdict(0) == ("ok", "none", "none")
 
 
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0], ids=["forwards", "back"])
+def test_a_wall_clock_step_neither_ends_nor_extends_the_xid_window(step_s: float) -> None:
+    """Two processes' application Xids stop scheduling; the wall clock then steps an hour: the window
+    is measured on the monotonic clock, so the verdict holds until the window ends by that clock."""
+    c = Case()
+    for pid, name in ((100, "train"), (200, "other")):
+        c.state.xids.record_xid("0", U[0], 13, c.clock.wall, "kernel log", pid, name)
+    c.see(gpu(0), gpu(1))
+    assert c.verdict(0) == ("stop_scheduling", "gpu", "application_xids_several_processes")
+    c.clock.wall += step_s
+    c.clock.advance(60)
+    c.see(gpu(0), gpu(1))
+    assert c.verdict(0) == ("stop_scheduling", "gpu", "application_xids_several_processes")
+    c.clock.advance(v.APPLICATION_WINDOW_S)
+    c.see(gpu(0), gpu(1))
+    assert c.verdict(0) == ("ok", "none", "none")
+
+
 def test_application_xids_in_three_separate_slots_are_repeats() -> None:
     c = Case()
     for k in range(3):
