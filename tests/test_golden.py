@@ -45,6 +45,7 @@ from exporter.supervisor.http.httpedge import HttpEdge
 from exporter.supervisor.kernel_xid import KernelXid
 from exporter.supervisor.pods import PodAttribution
 from exporter.supervisor.policy import Outcome
+from exporter.supervisor.stuck import StuckDetector
 from exporter.supervisor.supervisor import Supervisor
 from guards import features as gf
 
@@ -185,7 +186,15 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
             state.selfchecks = {"supervisor": decode_message({"type": "selfcheck", **fixture["supervisor_selfcheck"]})}
             if name == "faults":
                 _before_worker(sup)
+            # Replayed messages arrive as far apart as they were taken: every monotonic clock that
+            # decides (the stuck signature's hold, the Xid windows) runs on the fixture's times.
+            arrival = [1_700_000_000.0]
+            stuck = _extension(sup, StuckDetector)
+            if stuck is not None:
+                stuck.clock = lambda: arrival[0]
+            state.verdicts.clock = state.xids.clock = state.xids.wall = lambda: arrival[0]
             for msg in fixture["messages"]:
+                arrival[0] = float(msg.get("ts", arrival[0])) if msg["type"] == "snapshot" else arrival[0]
                 sup.handle(decode_message(msg))
             state.worker.started_at = 1_699_999_940.0
             if name == "faults":
@@ -198,6 +207,7 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
             with (
                 mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION),
                 mock.patch.object(procmetrics, "read", _fixed_process_stats),
+                mock.patch.object(state, "sample_age", lambda: 0.25),  # rendered a moment after the last sample
             ):
                 exposition.render(state)  # the first rendering counts what it had to drop
                 rendered = exposition.render(state)

@@ -63,7 +63,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             "exporter.config",
             "exporter.checks",
         ),
-        "worker side": (_W + "sampler", _W + "gpuslot", _W + "nvml_events"),
+        "worker side": (_W + "sampler", _W + "gpuslot", _W + "enumeration", _W + "nvml_events"),
     },
     {
         "contract and collectors": (
@@ -90,6 +90,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             _C + "protocol",
             _C + "decode",
             _C + "workerconfig",
+            _C + "gpuid",
             _C + "breadcrumb",
             _C + "logs",
             _C + "nativelib",

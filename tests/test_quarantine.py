@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from exporter.supervisor.quarantine import QuarantineStore
 
 
@@ -55,3 +57,68 @@ def test_corrupt_or_foreign_file_means_empty(tmp_path: Path) -> None:
     assert QuarantineStore(str(path), 1, 600, 3600).details() == {}
     path.write_text(json.dumps({"version": 99}))
     assert QuarantineStore(str(path), 1, 600, 3600).details() == {}
+
+
+# -- a wall-clock step changes no decision ----------------------------------------------------
+
+
+class Clocks:
+    """The monotonic clock and a wall clock that runs with it, offset by the steps so far."""
+
+    def __init__(self) -> None:
+        self.mono = 5_000.0
+        self.offset = 1_800_000_000.0 - 5_000.0
+
+    def wall(self) -> float:
+        return self.mono + self.offset
+
+
+def _pair(tmp_path: Path, ttl_s: float = 3600.0) -> tuple[Clocks, QuarantineStore]:
+    clocks = Clocks()
+    store = QuarantineStore(
+        str(tmp_path / "s.json"), 2, 600.0, ttl_s, clock=clocks.wall, mono=lambda: clocks.mono, boot_id="boot-a"
+    )
+    return clocks, store
+
+
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_a_wall_clock_step_neither_ends_nor_extends_a_quarantine(tmp_path: Path, step_s: float) -> None:
+    """Quarantined (TTL 1 h), then the wall clock steps by an hour: still quarantined 59 minutes
+    later, released at 61 minutes, whichever way it stepped; after a container restart (same boot)
+    the file's monotonic instants decide the same."""
+    clocks, store = _pair(tmp_path)
+    store.record("fan", "nvmlDeviceGetFanSpeed_v2")
+    assert store.record("fan", "nvmlDeviceGetFanSpeed_v2") is not None
+    clocks.offset += step_s
+    clocks.mono += 59 * 60
+    assert list(store.details()) == ["fan"]
+    restarted = QuarantineStore(
+        store.path, 2, 600.0, 3600.0, clock=clocks.wall, mono=lambda: clocks.mono, boot_id="boot-a"
+    )
+    assert list(restarted.details()) == ["fan"]
+    clocks.mono += 2 * 60
+    assert store.details() == {} and restarted.details() == {}
+
+
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_a_wall_clock_step_moves_no_crash_in_or_out_of_the_window(tmp_path: Path, step_s: float) -> None:
+    """One crash, a step of an hour, a second crash 5 minutes later: the two are within the 10-minute
+    window (threshold 2) and quarantine the feature, whichever way the clock stepped."""
+    clocks, store = _pair(tmp_path)
+    store.record("power", "nvmlDeviceGetPowerUsage")
+    clocks.offset += step_s
+    clocks.mono += 300
+    assert store.record("power", "nvmlDeviceGetPowerUsage") is not None
+
+
+def test_after_a_reboot_a_quarantine_lasts_at_most_its_ttl_from_the_load(tmp_path: Path) -> None:
+    """Another boot: the file's monotonic instants mean nothing, only wall times are left. A wall
+    clock set an hour back cannot keep the quarantine past its TTL from the moment it is loaded."""
+    clocks, store = _pair(tmp_path)
+    store.record("ecc", "nvmlDeviceGetTotalEccErrors")
+    store.record("ecc", "nvmlDeviceGetTotalEccErrors")
+    clocks.offset -= 3600.0  # the new boot's clock is an hour behind
+    later = QuarantineStore(store.path, 2, 600.0, 3600.0, clock=clocks.wall, mono=lambda: clocks.mono, boot_id="b")
+    assert list(later.details()) == ["ecc"]
+    clocks.mono += 3601
+    assert later.details() == {}

@@ -20,6 +20,15 @@ finite times, ``since <= until``, ``until`` no later than now + the TTL bound), 
 dropped with one log line, and a file that is not ours at all counts as empty. Writes are atomic
 (``mkstemp`` in the same directory, then ``os.replace``, which never writes through a symlink at
 the target name) and a failed write removes its temporary file.
+
+Time: the window and the TTL are decided on the monotonic clock, so a wall-clock step (forwards or
+back by an hour) neither expires a quarantine early nor keeps it late, nor moves a crash in or out
+of the window. The file keeps wall times (``since``, ``until``, each crash's time: what is shown)
+and, beside them, the same instants on CLOCK_MONOTONIC (``until_mono``, each crash's fifth value)
+with the boot id (``/proc/sys/kernel/random/boot_id``): CLOCK_MONOTONIC is one clock for every
+process of a boot, so after a container restart the monotonic instants decide exactly. After a
+reboot only the wall times are left: a quarantine then lasts until ``until`` but at most the TTL
+from the moment it is loaded, and a crash counts at most ``window`` old, never from the future.
 """
 
 from __future__ import annotations
@@ -34,10 +43,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: monotonic instants and the boot id beside the wall times (1 is read too)
+READABLE_VERSIONS = (1, 2)
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 MAX_TTL_S = 10 * 365 * 86400.0  # NVGPU_QUARANTINE_TTL_SECONDS is bounded by this (config.py)
 MAX_FILE_BYTES = 1 << 20
 HISTORY_MAX = 1000  # crashes kept in the window; more than this is a crash loop already quarantined
@@ -76,6 +87,33 @@ class Quarantine:
         )
 
 
+class Crash(NamedTuple):
+    """One crash or hang counted toward a quarantine.
+
+    Attributes:
+        t: Unix time (shown; all that decides after a reboot).
+        feature: the feature in flight.
+        function: the NVML function in flight.
+        uuid: the GPU's UUID (its PCI bus id without one), "" when not per GPU.
+        mono: CLOCK_MONOTONIC at the crash: the window is measured on it.
+    """
+
+    t: float
+    feature: str
+    function: str
+    uuid: str
+    mono: float
+
+
+def read_boot_id(path: str = BOOT_ID_PATH) -> str:
+    """This boot's id ("" where the kernel does not say: then monotonic instants are never reused)."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read(64).strip()
+    except OSError:
+        return ""
+
+
 def _finite(value: Any) -> bool:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
@@ -93,10 +131,14 @@ class QuarantineStore:
         threshold: crashes within ``window_s`` that quarantine a feature.
         window_s: counting window, seconds.
         ttl_s: quarantine lifetime, seconds.
-        clock: time source (tests).
+        clock: wall clock: the times shown and kept for after a reboot; default ``time.time`` (tests).
         features: valid feature names (entries for others are dropped on load).
         on_error: called from an except block with (component, doing) when a save raised something
             unexpected (the supervisor counts it as component ``state``); None: logged once here.
+        mono: the clock the window and the TTL are decided on; default ``time.monotonic`` (with an
+            injected ``clock`` and no ``mono``, that clock: tests that move one clock).
+        boot_id: this boot's id (default: read from the kernel); monotonic instants in the file are
+            used only when it matches.
     """
 
     def __init__(
@@ -105,9 +147,11 @@ class QuarantineStore:
         threshold: int,
         window_s: float,
         ttl_s: float,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         features: frozenset[str] | None = None,
         on_error: Callable[[str, str], None] | None = None,
+        mono: Callable[[], float] | None = None,
+        boot_id: str | None = None,
     ) -> None:
         from guards.features import FEATURES
 
@@ -115,10 +159,13 @@ class QuarantineStore:
         self.threshold = threshold
         self.window_s = window_s
         self.ttl_s = min(ttl_s, MAX_TTL_S)
-        self.clock = clock
+        self.clock: Callable[[], float] = clock if clock is not None else lambda: time.time()
+        self.mono: Callable[[], float] = mono if mono is not None else clock if clock is not None else time.monotonic
+        self.boot_id = read_boot_id() if boot_id is None else boot_id
         self.features = features if features is not None else frozenset(FEATURES)
-        self.history: list[tuple[float, str, str, str]] = []  # (time, feature, function, gpu uuid)
+        self.history: list[Crash] = []
         self.active: dict[str, Quarantine] = {}
+        self.until_mono: dict[str, float] = {}  # feature -> when its quarantine ends, on self.mono
         self.load_error: str | None = None  # why an existing state file could not be read at all
         self.dropped: list[str] = []  # entries of the file that were not valid
         self._save_warned = False
@@ -138,18 +185,22 @@ class QuarantineStore:
             data = json.loads(raw.decode("utf-8"), parse_constant=lambda c: float("nan"))
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
-            if data.get("version") != STATE_VERSION:
-                raise ValueError(f"version {data.get('version')!r}, expected {STATE_VERSION}")
+            if data.get("version") not in READABLE_VERSIONS:
+                raise ValueError(f"version {data.get('version')!r}, expected one of {READABLE_VERSIONS}")
         except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
             log.error("state file %s unreadable (%s); starting with no quarantine", self.path, exc)
             self.load_error = str(exc)
             return
-        self.history = [h for h in map(self._history_entry, _list(data.get("history"))) if h is not None]
+        same_boot = bool(self.boot_id) and data.get("boot_id") == self.boot_id
+        wall, mono = self.clock(), self.mono()
+        entries = (self._history_entry(h, same_boot, wall, mono) for h in _list(data.get("history")))
+        self.history = [h for h in entries if h is not None]
         quarantine = data.get("quarantine")
         for feature, body in quarantine.items() if isinstance(quarantine, dict) else ():
             q = self._quarantine_entry(feature, body)
             if q is not None:
                 self.active[feature] = q
+                self.until_mono[feature] = self._until_mono(q, body, same_boot, wall, mono)
         if self.dropped:
             log.warning(
                 "state file %s: dropped %d invalid entr%s (%s); the rest is kept",
@@ -160,22 +211,40 @@ class QuarantineStore:
             )
         self.expire()
 
-    def _history_entry(self, entry: Any) -> tuple[float, str, str, str] | None:
-        if isinstance(entry, list) and len(entry) in (3, 4) and all(isinstance(x, str) for x in entry[1:]):
+    def _history_entry(self, entry: Any, same_boot: bool, wall: float, mono: float) -> Crash | None:
+        """A crash of the file: ``[time, feature, function(, uuid(, monotonic))]``. Its monotonic
+        instant is the file's when the boot is the same, else derived from its wall age (at most
+        the window old, never in the future)."""
+        if isinstance(entry, list) and len(entry) in (3, 4, 5) and all(isinstance(x, str) for x in entry[1:4]):
             t, feature, function, *rest = entry
             if _finite(t) and feature in self.features:
-                return (float(t), feature, function, rest[0] if rest else "")
+                uuid = rest[0] if rest else ""
+                stored: Any = rest[1] if len(rest) > 1 else None
+                if same_boot and _finite(stored) and stored <= mono:
+                    at = float(stored)
+                else:
+                    at = mono - min(max(wall - float(t), 0.0), self.window_s)
+                return Crash(float(t), feature, function, uuid, at)
         self.dropped.append(f"history entry {str(entry)[:80]}")
         return None
+
+    def _until_mono(self, q: Quarantine, body: dict[str, Any], same_boot: bool, wall: float, mono: float) -> float:
+        """When a loaded quarantine ends on the monotonic clock: the file's instant on the same boot
+        (at most the TTL from now), else ``until`` by the wall clock, at most the TTL from now."""
+        stored: Any = body.get("until_mono")
+        if same_boot and _finite(stored):
+            return min(float(stored), mono + self.ttl_s)
+        return mono + min(max(q.until - wall, 0.0), self.ttl_s)
 
     def _quarantine_entry(self, feature: str, body: Any) -> Quarantine | None:
         now = self.clock()
         try:
             if feature not in self.features:
                 raise ValueError("unknown feature")
-            if not isinstance(body, dict) or set(body) != {"feature", "function", "since", "until", "crashes"}:
+            keys = {"feature", "function", "since", "until", "crashes"}
+            if not isinstance(body, dict) or not keys <= set(body) <= keys | {"until_mono"}:
                 raise ValueError("not a quarantine object")
-            q = Quarantine(**body)
+            q = Quarantine(**{k: body[k] for k in keys})
             if q.feature != feature or not isinstance(q.function, str):
                 raise ValueError("feature or function")
             if not (_finite(q.since) and _finite(q.until) and q.since <= q.until <= now + MAX_TTL_S):
@@ -193,8 +262,9 @@ class QuarantineStore:
             return
         data: dict[str, Any] = {
             "version": STATE_VERSION,
+            "boot_id": self.boot_id,
             "history": [list(h) for h in self.history],
-            "quarantine": {k: asdict(v) for k, v in self.active.items()},
+            "quarantine": {k: {**asdict(v), "until_mono": self.until_mono[k]} for k, v in self.active.items()},
         }
         tmp = None
         try:
@@ -223,27 +293,31 @@ class QuarantineStore:
     # -- decisions -------------------------------------------------------------------------------
 
     def expire(self) -> list[str]:
-        """Drop expired quarantines and old history; returns the features released."""
-        now = self.clock()
-        released = [f for f, q in self.active.items() if q.until <= now]
+        """Drop expired quarantines and old history (both by the monotonic clock); returns the
+        features released."""
+        mono = self.mono()
+        released = [f for f in self.active if self.until_mono.get(f, mono) <= mono]
         for f in released:
             del self.active[f]
+            self.until_mono.pop(f, None)
             log.warning("quarantine of feature %s expired; it will be sampled again", f)
-        self.history = [h for h in self.history if now - h[0] <= self.window_s][-HISTORY_MAX:]
+        self.history = [h for h in self.history if mono - h.mono <= self.window_s][-HISTORY_MAX:]
         return released
 
     def record(self, feature: str, function: str, uuid: str = "") -> Quarantine | None:
-        """Count a crash/hang in ``feature`` (on GPU ``uuid``, if known); returns the new quarantine
-        if this one tipped it (the threshold, or a second GPU crashing in the same feature)."""
-        now = self.clock()
+        """Count a crash/hang in ``feature`` (on GPU ``uuid``: its UUID, or PCI bus id without one);
+        returns the new quarantine if this one tipped it (the threshold, or a second GPU crashing in
+        the same feature)."""
+        now, mono = self.clock(), self.mono()
         self.expire()
-        self.history.append((now, feature, function, uuid))
-        mine = [h for h in self.history if h[1] == feature]
-        gpus = {h[3] for h in mine if h[3]}
+        self.history.append(Crash(now, feature, function, uuid, mono))
+        mine = [h for h in self.history if h.feature == feature]
+        gpus = {h.uuid for h in mine if h.uuid}
         new = None
         if (len(mine) >= self.threshold or len(gpus) >= 2) and feature not in self.active:
             new = Quarantine(feature, function, now, now + self.ttl_s, len(mine))
             self.active[feature] = new
+            self.until_mono[feature] = mono + self.ttl_s
         self.save()
         return new
 
@@ -253,11 +327,12 @@ class QuarantineStore:
         The file is written only when something changed.
         """
         cleared = [f for f in self.active if feature in (None, f)]
-        history = [h for h in self.history if feature not in (None, h[1])]
+        history = [h for h in self.history if feature not in (None, h.feature)]
         if not cleared and len(history) == len(self.history):
             return []
         for f in cleared:
             del self.active[f]
+            self.until_mono.pop(f, None)
         self.history = history
         self.save()
         return cleared

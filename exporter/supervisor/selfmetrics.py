@@ -58,6 +58,12 @@ SUPERVISOR_ERRORS = _m(
     ("component",),
 )
 LAST_SAMPLE = _m("nvgpu_last_sample_timestamp_seconds", "Unix time of the last NVML sample")
+LAST_SAMPLE_AGE = _m(
+    "nvgpu_last_sample_age_seconds",
+    "Seconds since the last NVML sample arrived, on the exporter's monotonic clock when the exposition was "
+    "rendered (every sample, and every 10 s while none arrives): unlike time() - "
+    "nvgpu_last_sample_timestamp_seconds, not skewed by a node clock that differs from Prometheus's",
+)
 SAMPLE_DURATION = _m("nvgpu_sample_duration_seconds", "Wall time of the last NVML sample")
 FEATURE_SUCCESS = _m("nvgpu_feature_success", "1 if the feature's last sample succeeded on every GPU", ("feature",))
 FEATURE_DURATION = _m(
@@ -100,6 +106,7 @@ METRICS = (
     UP,
     BUILD_INFO,
     LAST_SAMPLE,
+    LAST_SAMPLE_AGE,
     SAMPLE_DURATION,
     FEATURE_SUCCESS,
     FEATURE_DURATION,
@@ -144,6 +151,7 @@ def families(state: ServedState, render_failed: Collection[str]) -> list[Metric]
     ]
     if last is not None:
         out += [single(LAST_SAMPLE, last.ts), single(SAMPLE_DURATION, last.duration_s)]
+        out.append(single(LAST_SAMPLE_AGE, state.sample_age()))
     success, duration = FEATURE_SUCCESS.family(), FEATURE_DURATION.family()
     if snap is not None:
         for feature, stat in sorted(snap.features.items()):

@@ -484,6 +484,7 @@ def worker_config(
         interval_s=config.interval_s,
         deadline_s=config.sample_deadline_s,
         reprobe_s=config.reprobe_s,
+        enumerate_s=config.enumerate_s,
         drain_s=max(1.0, config.shutdown_timeout_s / 2),
         log_level=config.log_level,
         # The worker always logs JSON lines: the supervisor parses them and writes them again in
@@ -505,5 +506,6 @@ def worker_config(
 
 
 def worker_env(config: WorkerConfig, epoch: float) -> dict[str, str]:
-    """The environment additions of a worker: its configuration and the fake backend's epoch."""
+    """The environment additions of a worker: its configuration and the fake backend's epoch (the
+    supervisor's ``time.monotonic()`` at start: a wall-clock step does not move scenario time)."""
     return {ENV_VAR: json.dumps(config.to_wire()), "NVGPU_FAKE_EPOCH": repr(epoch)}
