@@ -46,6 +46,7 @@ __all__ = [
     "TimedOut",
     "count_failure",
     "describe_kind",
+    "describe_stat",
     "open_checked",
     "read_bytes",
     "read_file",
@@ -115,6 +116,14 @@ def describe_kind(mode: int) -> str:
     return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
 
 
+def describe_stat(st: os.stat_result) -> str:
+    """What ``st`` is, with the device numbers of a device node: ``a character device 1:3``."""
+    what = describe_kind(st.st_mode)
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        what += f" {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+    return what
+
+
 def _open_error(path: str, exc: OSError) -> FileRefused:
     if exc.errno == errno.ELOOP:
         return FileRefused(path, "error", "too many levels of symbolic links (a link loop?)")
@@ -160,10 +169,7 @@ def open_checked(
         elif stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) in devices:
             pass
         else:
-            what = describe_kind(st.st_mode)
-            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-                what += f" {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
-            raise FileRefused(path, "not_regular", f"is {what}, not a regular file")
+            raise FileRefused(path, "not_regular", f"is {describe_stat(st)}, not a regular file")
     except BaseException:
         os.close(fd)
         raise
