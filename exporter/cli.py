@@ -94,7 +94,16 @@ def _parser() -> argparse.ArgumentParser:
         help="print a bcrypt hash for basic_auth_users in the web config file (reads the password from the "
         "terminal, or one line of standard input)",
     )
-    hp.add_argument("--cost", type=int, default=10, choices=range(4, 32), metavar="4-31", help="bcrypt cost [10]")
+    from exporter.supervisor.http.webconfig import BCRYPT_MAX_COST, BCRYPT_MIN_COST
+
+    hp.add_argument(
+        "--cost",
+        type=int,
+        default=10,
+        choices=range(BCRYPT_MIN_COST, BCRYPT_MAX_COST + 1),
+        metavar=f"{BCRYPT_MIN_COST}-{BCRYPT_MAX_COST}",
+        help="bcrypt cost [10]; the web config accepts no more (each wrong password costs a core for 2^cost rounds)",
+    )
     q = sub.add_parser("quarantine", help="list or clear crash quarantines in the state file")
     q.add_argument(
         "--state-file",
