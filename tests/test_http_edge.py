@@ -143,25 +143,24 @@ def test_server_header_names_no_version(edge: Exporter) -> None:
         assert "Python" not in head and "aiohttp" not in head
 
 
-def test_near_the_cap_the_connections_idle_longest_are_closed_first(edge: Exporter) -> None:
-    """Cap 8, of which 2 are kept free: 8 connections that send nothing, then a request on a ninth.
-    Each connection accepted with fewer than 2 slots free closes the one idle longest (counted
-    ``evicted``), so the request is answered 200 instead of 503 (the 503 is for a cap full of
-    connections serving requests: tests/test_hostile_inputs.py)."""
-    before = edge.scrape().value("nvgpu_http_connections_dropped_total", reason="evicted") or 0.0
+def test_connections_over_the_cap_get_an_answer_and_the_cap_frees_up(edge: Exporter) -> None:
+    """Cap 8 (2 kept free), 8 connections that send nothing, then a request on a ninth: it is
+    answered, 503 while the 8 are younger than the eviction grace, else 200 after the one idle
+    longest is closed (tests/test_hostile_inputs.py holds each case apart); then the cap frees up."""
     held = [connect(edge) for _ in range(8)]
     try:
         wait_until(lambda: accept_queue(edge.port) == 0, 5, "the 8 connections accepted")
         with connect(edge) as extra:
             extra.sendall(REQUEST)
             answer = read_all(extra, 3)
-        assert answer.startswith(b"HTTP/1.1 200"), answer
-        assert closed_within(held[0], 3), "the oldest idle connection was closed"
+        assert answer.startswith((b"HTTP/1.1 503", b"HTTP/1.1 200")), answer
+        assert b"Server: nvgpu-exporter" in answer
+        if answer.startswith(b"HTTP/1.1 503"):
+            assert b"too many open connections" in answer
     finally:
         for s in held:
             s.close()
-    scrape = edge.wait_for(lambda s: s.value("nvgpu_http_connections") is not None, what="a scrape")
-    assert (scrape.value("nvgpu_http_connections_dropped_total", reason="evicted") or 0.0) - before >= 3
+    edge.wait_until(lambda: edge.get("/healthz")[0] == 200, 5, "the cap to free up")
     assert edge.proc.poll() is None
 
 

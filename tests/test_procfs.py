@@ -8,7 +8,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
 from fakeproc import (
     CONTAINER_PID_NS,
     Container,
@@ -17,6 +16,7 @@ from fakeproc import (
     make_container_logs,
     make_proc,
 )
+from waiting import wait_until
 
 from exporter.worker.containerlogs import ContainerLogIndex, ContainerRef, parse_link_name
 from exporter.worker.procfs import PodCgroup, ProcFs, clean_name, parse_cgroup

@@ -302,6 +302,7 @@ class Runner:
     async def acall(self, fn: Callable[..., T], *args: Any, deadline_s: float | None = None) -> T:
         """:meth:`call` for the event loop: awaits the call without blocking the loop."""
         import asyncio  # the supervisor's; the worker calls through call() only
+
         limit = self.deadline_s if deadline_s is None else deadline_s
         future = self.submit(fn, *args, deadline_s=limit)
         try:

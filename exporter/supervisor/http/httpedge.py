@@ -11,15 +11,17 @@ connection costs anything:
   :data:`FD_HEADROOM`, which stays free for the worker's pipes, the state file and the kernel log
   (without it, 250 idle connections under a 200-fd limit made the next worker respawn fail and the
   process exit 1).
-- **Reserve; idle connections go first.** The last :func:`reserve` slots of the cap (an eighth,
-  at least 2) are kept for new connections: a connection accepted while fewer are free closes
-  the connection idle longest to make room (counted ``evicted``): first one kept alive between
-  requests, then one that has not sent a complete request yet; a connection serving a request is
-  never closed. So one client that keeps the cap full (re-opening every connection it loses)
-  cannot starve the kubelet's probes or Prometheus, which send their request as soon as they
-  connect: their connection is the newest, and a request in progress is never evicted. Only when
-  every connection is serving a request does a new one get the 503. (Prometheus's kept-alive
-  connection may be the one closed between two scrapes; its client dials again.)
+- **Reserve; the heaviest client's idle connections go first.** The last :func:`reserve` slots of
+  the cap (an eighth, at least 2) are kept for new connections: a connection accepted while fewer
+  are free closes another to make room (counted ``evicted``): the one idle longest of the client
+  (address) holding the most connections, however new, else anyone's idle at least
+  :data:`EVICT_IDLE_S`; kept-alive connections before ones without a complete request yet, never
+  one serving a request. So one client that keeps the cap full, re-opening every connection it
+  loses as fast as it can, pays with its own connections: the kubelet's probes and Prometheus,
+  one connection each from their own addresses, are accepted and served. Only when no connection
+  can be closed (all serving a request, or new and spread over many clients) does a new one get
+  the 503. (Prometheus's kept-alive connection may be the one closed between two scrapes, when
+  Prometheus holds the most connections; its client dials again.)
 - **TLS per connection.** Each accepted socket becomes a transport through
   ``loop.connect_accepted_socket`` with the TLS context current at that moment (``tls()``), so a
   rotated certificate applies to the next connection without a restart; a verified client
@@ -67,6 +69,7 @@ log = logging.getLogger(__name__)
 # reads, Python's own (stdio, the event loop's selector and self-pipe) and a margin.
 FD_HEADROOM = 64
 MIN_CONNECTIONS = 8
+EVICT_IDLE_S = 0.5  # a connection idle less than this is not evicted (its request may not be read yet)
 WATCH_POLL_S = 0.25  # how often the web config watcher's finished looks at its files are taken
 BUSY_503 = (
     b"HTTP/1.1 503 Service Unavailable\r\nServer: nvgpu-exporter\r\nConnection: close\r\n"
@@ -98,7 +101,7 @@ HTTP_DROPPED = _m(
     "nvgpu_http_connections_dropped_total",
     "Connections closed by the exporter: limit (over the cap), header_timeout (no complete request head or "
     "TLS handshake in time), tls_handshake (failed handshake), client_certificate (SAN not allowed), evicted "
-    "(idle longest when the cap was near: kept alive between requests, or no complete request yet)",
+    "(closed to make room near the cap: the idle connection of the client holding the most, or idle longest)",
     ("reason",),
 )
 HTTP_DENIED = _m(
@@ -236,6 +239,7 @@ class Listener:
         self._tasks: set[asyncio.Future[Any]] = set()
         # Open connections, least recently active first (a finished request moves one to the end).
         self._lru: dict[_Guarded, None] = {}
+        self._by_peer: collections.Counter[str] = collections.Counter()  # client address -> open connections
         self._evicting = 0  # evicted, not yet released
         edge.max_connections = max_connections
 
@@ -300,14 +304,14 @@ class Listener:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                sock, _addr = await loop.sock_accept(listening)
-                self._accepted(sock)
+                sock, addr = await loop.sock_accept(listening)
+                self._accepted(sock, _peer(addr))
                 for _ in range(64):  # drain the backlog without a round trip through the loop each
                     try:
-                        sock, _addr = listening.accept()
+                        sock, addr = listening.accept()
                     except (BlockingIOError, InterruptedError):
                         break
-                    self._accepted(sock)
+                    self._accepted(sock, _peer(addr))
             except asyncio.CancelledError:
                 raise
             except OSError as exc:  # EMFILE/ENFILE/ENOBUFS: wait for descriptors to come back
@@ -317,11 +321,11 @@ class Listener:
                 log_once(log, logging.ERROR, ("accept-bug",), "accepting a connection failed", exc_info=True)
                 await asyncio.sleep(0.5)
 
-    def _accepted(self, sock: socket.socket) -> None:
+    def _accepted(self, sock: socket.socket, peer: str = "") -> None:
         sock.setblocking(False)
         edge = self.edge
         if edge.open - self._evicting >= self.max_connections - self.reserve:
-            victim = self._victim()
+            victim = self._victim(peer)
             if victim is not None:
                 self._evict(victim)
         if edge.open - self._evicting >= self.max_connections:
@@ -339,17 +343,35 @@ class Listener:
             sock.close()
             return
         edge.open += 1
-        conn = _Guarded(self)
+        conn = _Guarded(self, peer)
         self._lru[conn] = None
+        self._by_peer[peer] += 1
         conn.task = self._spawn(conn.attach(sock))
         conn.task.add_done_callback(lambda task: conn.attach_done(task, sock))
 
-    def _victim(self) -> _Guarded | None:
-        """The connection idle longest: kept alive between requests first, then one without a
-        complete request yet; never one serving a request."""
+    def _victim(self, peer: str) -> _Guarded | None:
+        """The connection to close so that one from ``peer`` can be accepted near the cap.
+
+        The client (address) holding the most connections pays first, whoever asks: its
+        connection idle longest goes, however new (it holds more than its share). Otherwise the
+        connection idle longest of anyone, if idle at least :data:`EVICT_IDLE_S` (its request may
+        still be in the socket, unread: a burst of new connections is accepted before any of them
+        is read). Kept-alive connections go before ones without a complete request yet; a
+        connection serving a request is never closed.
+        """
+        if self._by_peer:
+            heavy, most = max(self._by_peer.items(), key=lambda item: item[1])
+            if most > 1 and (peer == heavy or self._by_peer[peer] + 1 < most):
+                victim = self._idle_longest(lambda conn: conn.peer == heavy, 0.0)
+                if victim is not None:
+                    return victim
+        return self._idle_longest(lambda conn: True, min(EVICT_IDLE_S, self.header_timeout_s / 2))
+
+    def _idle_longest(self, which: Callable[[_Guarded], bool], idle_s: float) -> _Guarded | None:
         waiting = None
+        newest = time.monotonic() - idle_s
         for conn in self._lru:
-            if conn.busy or conn.evicted:
+            if conn.busy or conn.evicted or conn.idle_since > newest or not which(conn):
                 continue
             if conn.requests:
                 return conn
@@ -394,6 +416,7 @@ class Listener:
         if conn is not None:
             conn.busy = False
             conn.requests += 1
+            conn.idle_since = time.monotonic()
             if conn in self._lru:  # the most recently active now
                 del self._lru[conn]
                 self._lru[conn] = None
@@ -417,8 +440,9 @@ class Listener:
 class _Guarded(asyncio.Protocol):
     """One accepted connection: counted, timed, made TLS, then handed to aiohttp's protocol."""
 
-    def __init__(self, listener: Listener) -> None:
+    def __init__(self, listener: Listener, peer: str = "") -> None:
         self.listener = listener
+        self.peer = peer  # the client's address
         self.inner: asyncio.Protocol | None = None
         self.transport: asyncio.BaseTransport | None = None
         self.busy = False
@@ -426,6 +450,7 @@ class _Guarded(asyncio.Protocol):
         self.evicted = False
         self.task: asyncio.Future[Any] | None = None  # attach(): until the transport exists
         self.accepted_mono = time.monotonic()
+        self.idle_since = self.accepted_mono  # accepted, or the last response handed over
         self._timer: asyncio.TimerHandle | None = None
         self._released = False
 
@@ -527,6 +552,10 @@ class _Guarded(asyncio.Protocol):
         self.disarm()
         self.listener.edge.open -= 1
         self.listener._lru.pop(self, None)
+        by_peer = self.listener._by_peer
+        by_peer[self.peer] -= 1
+        if by_peer[self.peer] <= 0:
+            del by_peer[self.peer]
         if self.evicted:
             self.listener._evicting -= 1
         if self.transport is not None:
@@ -598,6 +627,11 @@ class _Guarded(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.inner is not None:
             self.inner.resume_writing()
+
+
+def _peer(addr: Any) -> str:
+    """The client's address (without the port) from ``accept()``."""
+    return str(addr[0]) if isinstance(addr, tuple) and addr else str(addr)
 
 
 def _abort(transport: asyncio.BaseTransport) -> None:
