@@ -275,6 +275,10 @@ async def serve(config: Config) -> int:
 async def _run_built(config: Config, built: Exporter) -> int:
     """Listen, run the supervisor until a signal (or its loop ends), drain, clean up."""
     supervisor, listener, server = built.supervisor, built.listener, built.server
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the port opens: a signal from then on is a clean stop
+        loop.add_signal_handler(sig, stop.set)
     factory = await server.setup()
     host, port = config.listen_address
     try:
@@ -285,10 +289,6 @@ async def _run_built(config: Config, built: Exporter) -> int:
         supervisor.close()
         return protocol.EXIT_ERROR
     _log_listening(config, built.watcher, built.cap, built.soft_limit)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     task = asyncio.ensure_future(supervisor.run())
     stop_wait = asyncio.ensure_future(stop.wait())
     await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
