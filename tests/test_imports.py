@@ -87,6 +87,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             _C + "workerconfig",
             _C + "breadcrumb",
             _C + "logs",
+            _C + "fileio",
             _C + "metric",
             _C + "nvml",
             _C + "nvml.errors",
