@@ -154,7 +154,7 @@ class QuarantineStore:
             if data.get("version") != STATE_VERSION:
                 raise ValueError(f"version {data.get('version')!r}, expected {STATE_VERSION}")
         except fileio.FileRefused as exc:
-            if exc.errno == errno.ENOENT:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):  # not there (yet): the start-up check says why
                 return
             if exc.reason == "not_regular":
                 self.refused = exc.detail
