@@ -72,7 +72,6 @@ def fresh_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="nvgpu-fuzz-files-"))
 
 
-@settings(max_examples=150)
 @given(kind=file_kinds, content=CONTENT, bound=st.integers(min_value=0, max_value=400))
 def test_the_bounded_reader_reads_a_regular_file_or_refuses_it_at_once(kind: str, content: bytes, bound: int) -> None:
     directory = fresh_dir()
@@ -129,7 +128,6 @@ LOADERS: dict[str, tuple[Callable[[Path, str], None], tuple[type[BaseException],
 }
 
 
-@settings(max_examples=150)
 @given(loader=st.sampled_from(sorted(LOADERS)), kind=file_kinds, content=CONTENT)
 def test_every_reader_answers_any_kind_of_file_with_a_value_or_a_clear_error(
     loader: str, kind: str, content: bytes
