@@ -1,4 +1,4 @@
-"""The issue-26 attacks on a real exporter, measured before and after (not a test: CI does not run it).
+"""Attacks from outside on a real exporter, measured before and after (not a test: CI does not run it).
 
 For an exporter tree (``--tree``: this checkout, or an exported older commit), each attack starts
 ``python -m exporter`` from that tree on the fake backend and reports what a client sees:

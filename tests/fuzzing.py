@@ -84,7 +84,7 @@ HOSTILE_TEXT = st.one_of(
 )
 
 
-# -- kinds of file at a path a setting names (issue 26) ---------------------------------------------
+# -- kinds of file at a path a setting names ----------------------------------------------------------
 
 # What an operator's path can turn out to be. "unreadable" is a file of mode 000 for an unprivileged
 # user; root reads any mode, so there it is a path through a regular file (ENOTDIR), which no
@@ -142,7 +142,7 @@ def make_file_kind(directory: Any, kind: str, content: bytes = b"", name: str = 
     return str(path)
 
 
-# -- signals from outside (issue 26) ----------------------------------------------------------------
+# -- signals from outside -----------------------------------------------------------------------------
 
 # What ends a running exporter from outside, and when within a window it arrives.
 STOP_SIGNALS = st.sampled_from(["SIGTERM", "SIGINT"])

@@ -94,7 +94,7 @@ def test_values_at_the_bounds_are_accepted(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-# -- issue 26: every file a setting names is refused by name, at once, never with a traceback --------
+# -- every file a setting names is refused by name, at once, never with a traceback ----------------
 
 COST_31 = "$2b$31$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy"
 

@@ -1,4 +1,4 @@
-"""Property tests (Hypothesis) of issue 26: any kind of file at any path a setting names, and a
+"""Property tests (Hypothesis): any kind of file at any path a setting names, and a
 stop signal at any moment.
 
 - Every reader of an operator's file (the bounded reader itself, the web config and a key it names,

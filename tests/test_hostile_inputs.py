@@ -1,4 +1,4 @@
-"""Issue 26 on the real exporter: nothing an operator's file, a client or a signal does freezes,
+"""On the real exporter: nothing an operator's file, a client or a signal does freezes,
 starves or misleads it.
 
 Real exporter processes (supervisor + worker on the fake backend). Files are made hostile the way

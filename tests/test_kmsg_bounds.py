@@ -258,7 +258,7 @@ def test_dev_zero_on_the_real_exporter_costs_no_core_and_sigterm_works(tmp_path:
         assert time.monotonic() - t0 < 15
 
 
-# -- issue 26: nothing here blocks, and a stuck poll costs the kernel log, not the supervisor ---------
+# -- nothing here blocks, and a stuck poll costs the kernel log, not the supervisor ----------------
 
 
 def test_a_fifo_cursor_is_ignored_at_once_and_replaced(tmp_path: Path) -> None:

@@ -137,7 +137,7 @@ def test_container_log_index_without_the_directory(tmp_path: Path) -> None:
     assert index.lookup("") is None
 
 
-# -- issue 26: a /proc read that blocks costs that process's attribution, never the GPU's sample -----
+# -- a /proc read that blocks costs that process's attribution, never the GPU's sample -------------
 
 
 def test_a_fifo_in_the_tree_is_refused_without_blocking(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ def test_corrupt_or_foreign_file_means_empty(tmp_path: Path) -> None:
     assert QuarantineStore(str(path), 1, 600, 3600).details() == {}
 
 
-# -- issue 26: the state file never blocks, and a node that is not a regular file is never replaced ----
+# -- the state file never blocks, and a node that is not a regular file is never replaced ----------
 
 
 def store_at(path: Path | str, threshold: int = 1) -> QuarantineStore:

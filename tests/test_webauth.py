@@ -112,7 +112,7 @@ def test_rate_limiter_is_a_token_bucket() -> None:
     assert all(limiter.allow(0.0, 0) for _ in range(100)), "interval 0 disables it"
 
 
-# -- issue 26: bounded bcrypt cost, wrong passwords limited per client, never the event loop's executor ---
+# -- bounded bcrypt cost, wrong passwords limited per client, never the event loop's executor ------
 
 
 def test_failed_logins_are_a_token_bucket_per_client() -> None:

@@ -300,7 +300,7 @@ def test_the_corpus_covers_every_case_of_the_toolkits_testdata() -> None:
     assert covered == TOOLKIT_CASES, (TOOLKIT_CASES - covered, covered - TOOLKIT_CASES)
 
 
-# -- issue 26: every exception of the loader is a problem; no file blocks; bounded bcrypt cost ---------
+# -- every exception of the loader is a problem; no file blocks; bounded bcrypt cost ---------------
 
 
 @pytest.mark.parametrize(

@@ -168,7 +168,7 @@ def test_a_failed_reload_logs_every_problem_once(
     assert watcher.last_reload_ok is False
 
 
-# -- issue 26: nothing blocks the caller; every failure keeps the last good configuration -----------
+# -- nothing blocks the caller; every failure keeps the last good configuration --------------------
 
 
 def test_refresh_never_waits_for_files_on_a_hung_mount(
