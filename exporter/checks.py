@@ -26,7 +26,7 @@ def environment_problems(config: Config) -> list[str]:
     """What this machine would refuse at run time, for ``--check-config`` (and the start-up log).
 
     Parsing (:meth:`exporter.config.Config.from_env`) checks values; this checks them against the machine, without
-    taking the port or writing the state file: the listen address must be one of this machine's
+    taking the port or writing the state file: every listen address must be one of this machine's
     (a bind to port 0), and the state file's directory must take a new file (a temporary file is
     created there and removed; a missing directory is judged by the nearest existing parent).
 
@@ -34,8 +34,9 @@ def environment_problems(config: Config) -> list[str]:
         One line per problem, each naming the variable; empty when all is well.
     """
     problems = []
-    host, port = config.listen_address
-    if host:
+    for host, port in config.listen_addresses:
+        if not host:
+            continue
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
             with socket.socket(family, socket.SOCK_STREAM) as sock:

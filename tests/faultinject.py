@@ -91,9 +91,6 @@ def _kernel_log() -> None:
     KmsgReader.poll = poll  # type: ignore[method-assign]
 
 
-Assignments = tuple[dict[str, tuple[Any, ...]], dict[str, tuple[Any, ...]]]
-
-
 def _no_kubelet_needed() -> None:
     """The pod extension waits for the kubelet's socket before it loads gRPC: there is no
     kubelet here, and the client's List is replaced anyway."""
@@ -103,33 +100,33 @@ def _no_kubelet_needed() -> None:
 
 
 def _pods() -> None:
-    from exporter.supervisor.podresources import PodRef, PodResourcesClient
+    from exporter.supervisor.podresources import Assignments, PodRef, PodResourcesClient
 
     seen = [0]
     uuid = os.environ["FAULT_POD_UUID"]
 
-    def list_device_assignments(self: PodResourcesClient) -> Assignments:
+    def list_assignments(self: PodResourcesClient, dra_uuids: Any = None) -> Assignments:
         seen[0] += 1
         if seen[0] == 1:
             raise RuntimeError("injected: the kubelet client failed")
-        return {uuid: (PodRef("ml", "train-0", "trainer"),)}, {}
+        return Assignments({uuid: (PodRef("ml", "train-0", "trainer"),)})
 
     _no_kubelet_needed()
-    PodResourcesClient.list_device_assignments = list_device_assignments  # type: ignore[method-assign]
+    PodResourcesClient.list_assignments = list_assignments  # type: ignore[method-assign]
 
 
 def _render() -> None:
     from exporter.common.collectors import temperature
-    from exporter.supervisor.podresources import PodRef, PodResourcesClient
+    from exporter.supervisor.podresources import Assignments, PodRef, PodResourcesClient
     from exporter.supervisor.stuck import StuckDetector
 
     uuid = os.environ["FAULT_POD_UUID"]
 
-    def list_device_assignments(self: PodResourcesClient) -> Assignments:
-        return {uuid: (PodRef("ml", "bad-\udc80", "trainer"), PodRef("ml", "train-0", "trainer"))}, {}
+    def list_assignments(self: PodResourcesClient, dra_uuids: Any = None) -> Assignments:
+        return Assignments({uuid: (PodRef("ml", "bad-\udc80", "trainer"), PodRef("ml", "train-0", "trainer"))})
 
     _no_kubelet_needed()
-    PodResourcesClient.list_device_assignments = list_device_assignments  # type: ignore[method-assign]
+    PodResourcesClient.list_assignments = list_assignments  # type: ignore[method-assign]
 
     real = temperature.families
 

@@ -13,7 +13,7 @@ python="${PYTHON:-python3}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 combos=(
-  "grpcio==1.62.3 protobuf==4.25.9"   # the extra's lower bounds
+  "grpcio==1.66.2 protobuf==4.25.8"   # the extra's lower bounds
   "grpcio==1.70.0 protobuf==5.29.6"
   "grpcio==1.84.2 protobuf==6.33.6"   # the H200 image's grpcio
   "grpcio protobuf"                   # the newest

@@ -109,6 +109,9 @@ def _supervisor_side_faults(sup: Supervisor, fixture: dict[str, Any]) -> None:
     edge.denied.update({"unauthorized": 4, "failed_logins": 1})
     edge.watcher = SimpleNamespace(last_reload_ok=False, last_reload_time=1_699_999_000.0)
     sup.state.worker.pid = 4242  # the worker's process_* series
+    # A kernel-log Xid 13 naming its process, which the worker mapped to a pod.
+    sup.state.record_xid("0", uuid0, 13, 1_699_999_995.0, "kernel log", 31337, "python3")
+    sup.state.xids.attribute_pod(31337, "0f0e0d0c-0b0a-4908-8706-050403020100", "ml", "train-0", "trainer")
 
 
 def _supervisor_side_pods(sup: Supervisor, fixture: dict[str, Any]) -> None:
@@ -177,6 +180,7 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
     async def build() -> str:
         sup = build_supervisor(config)  # the extensions attached, not run: no kernel log or kubelet here
         state = sup.state
+        state.verdicts.wall = lambda: 1_700_000_000.0  # the verdicts' since-timestamps: fixed like the others
         try:
             state.python_version = PLACEHOLDER_VERSION
             state.selfchecks = {"supervisor": decode_message({"type": "selfcheck", **fixture["supervisor_selfcheck"]})}
@@ -193,6 +197,7 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
                 _supervisor_side_mig_pods(sup, fixture)
             # file reads are counted per process: the faults golden shows one refused web config reload
             file_failures = {("web_config", "not_regular"): 1} if name == "faults" else {}
+            state.verdicts.update(state)  # after the supervisor-side state added above
             with (
                 mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION),
                 mock.patch.object(procmetrics, "read", _fixed_process_stats),

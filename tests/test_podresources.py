@@ -144,7 +144,8 @@ def test_gpu_ids_that_are_not_uuids_are_reported_not_dropped(serve: Servers) -> 
     ]
     path = serve(FakeKubelet(pods))
     with PodResourcesClient(path, timeout_s=5) as client:
-        gpus, unmapped = client.list_device_assignments()
+        found = client.list_assignments()
+        gpus, unmapped = found.gpus, found.not_a_uuid
     assert gpus == client.list_gpu_assignments()
     assert unmapped == {
         "0": (PodRef("legacy", "index-0", "app"),),
@@ -457,7 +458,10 @@ def test_wire_contract_matches_the_kubelet_api() -> None:
 
     assert fields("ListPodResourcesResponse") == {"pod_resources": 1}
     assert fields("PodResources") == {"name": 1, "namespace": 2, "containers": 3}
-    assert fields("ContainerResources") == {"name": 1, "devices": 2}
+    assert fields("ContainerResources") == {"name": 1, "devices": 2, "dynamic_resources": 5}
+    assert fields("DynamicResource") == {"claim_name": 2, "claim_namespace": 3, "claim_resources": 4}
+    assert fields("ClaimResource") == {"cdi_devices": 1, "driver_name": 2, "pool_name": 3, "device_name": 4}
+    assert fields("CDIDevice") == {"name": 1}
     assert fields("ContainerDevices") == {"resource_name": 1, "device_ids": 2, "topology": 3}
     assert fields("TopologyInfo") == {"nodes": 1}
     assert fields("NUMANode") == {"ID": 1}

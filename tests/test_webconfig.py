@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from tls_material import Material, make_material
 
 from exporter.config import Config, ConfigError
 from exporter.supervisor.http import webconfig
+from exporter.supervisor.http.webauth import RateLimiter
 from exporter.supervisor.http.webconfig import WebConfigError, load
 from exporter.supervisor.http.webtls import load_with_context
 
@@ -67,10 +69,6 @@ def test_empty_file_is_plain_http_without_auth(tmp_path: Path) -> None:
         ("tls_server_config: {cert_file: c, key_file: k, client_auth_type: RequestClientCert}\n", "not supported"),
         ("tls_server_config: {cert_file: c, key_file: k, client_ca_file: ca}\n", "client_auth_type is NoClientCert"),
         (
-            "tls_server_config: {cert_file: c, key_file: k, client_auth_type: RequireAndVerifyClientCert}\n",
-            "needs client_ca_file",
-        ),
-        (
             "tls_server_config: {cert_file: c, key_file: k, client_auth_type: VerifyClientCertIfGiven, "
             "client_ca_file: ca, client_allowed_sans: [x]}\n",
             "client_allowed_sans needs client_auth_type RequireAndVerifyClientCert",
@@ -89,7 +87,6 @@ def test_empty_file_is_plain_http_without_auth(tmp_path: Path) -> None:
         ("basic_auth_users: [alice]\n", "mapping of user name"),
         ("rate_limit: {interval: fast, burst: 1}\n", "duration such as 100ms"),
         ("rate_limit: {interval: 1s, burst: -1}\n", "non-negative integer"),
-        ("rate_limit: {interval: 1s}\n", "every request would be refused"),
         ("tls_server_config: {cert_file: nope.crt, key_file: nope.key}\n", "does not exist"),
         ("a: [\n", "not valid YAML"),
         ("tls_server_config: {cert_file: c, key_file: k, client_auth_type: Yes}\n", "must be a string, got True"),
@@ -119,6 +116,32 @@ def test_check_config_reports_the_web_config_file(tmp_path: Path) -> None:
     assert len(web) == 3 and len(problems) == 4, problems  # the other one: NVGPU_LOG_FORMAT
     assert "did you mean key_file?" in web[0] and "key_file (or key) is missing" in web[1]
     assert "x.crt does not exist" in web[2]
+
+
+def test_what_the_toolkit_accepts_is_accepted_as_it_does_it_with_a_caution(tls: Material) -> None:
+    """The three cases where exporter-toolkit loads a file and then does something surprising."""
+    text = (
+        "tls_server_config: {cert_file: server.crt, key_file: server.key,\n"
+        "                    client_auth_type: RequireAndVerifyClientCert}\n"
+        "rate_limit: {interval: 1s}\n"
+    )
+    path = write(tls.dir, text, "toolkit.yml")
+    cfg = load_with_context(path)
+    assert cfg.tls is not None and cfg.tls.verifies_against_system_roots and cfg.context is not None
+    assert cfg.context.verify_mode == ssl.CERT_OPTIONAL
+    assert (cfg.rate_interval_s, cfg.rate_burst) == (1.0, 0)
+    assert len(cfg.cautions) == 2, cfg.cautions
+    assert "against this system's CA roots" in cfg.cautions[0] and "every request is answered 429" in cfg.cautions[1]
+    assert "client certificates RequireAndVerifyClientCert against the system roots" in cfg.describe()
+    headers = load(write(tls.dir, "http_server_config: {headers: {X-XSS-Protection: 1, Content-Security-Policy: "
+                         "yes, Strict-Transport-Security: 1.50}}\n", "numbers.yml")).headers  # fmt: skip
+    assert headers == {"X-XSS-Protection": "1", "Content-Security-Policy": "yes", "Strict-Transport-Security": "1.50"}
+    assert load(write(tls.dir, "http_server_config: {headers: {X-Frame-Options: deny}}\n", "plain.yml")).cautions == ()
+
+
+def test_a_limiter_with_burst_zero_refuses_every_request() -> None:
+    limiter = RateLimiter(clock=lambda: 0.0)
+    assert not any(limiter.allow(1.0, 0) for _ in range(3))
 
 
 def test_go_durations() -> None:

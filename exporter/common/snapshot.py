@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from exporter.common import collectors
 from exporter.common.collectors.base import SystemInfo
 from exporter.common.decode import DecodeError, decode_dataclass, decode_value
+from exporter.common.nativelib import NativeLibrary
 from exporter.common.protocol import ProtocolError
 from guards.features import FeatureState, Reason
 from guards.versions import ModuleReport, SelfCheckResult
@@ -66,6 +67,11 @@ class GpuSample:
         unsupported: enabled features none of whose calls this GPU supports.
         feature: for a hung GPU, the feature of the call that did not return.
         function: for a hung GPU, the NVML function that did not return.
+        dropped: feature -> reason -> values the worker dropped as implausible on this GPU since it
+            started (:mod:`exporter.common.plausibility`; ``nvgpu_readings_dropped_total``).
+        error: for a GPU that is not up, the NVML return code name that made it so
+            (``NO_PERMISSION`` for a handle lookup the container's device cgroup refused,
+            ``GPU_IS_LOST`` …); "" when up or not an NVML answer.
     """
 
     index: int
@@ -77,6 +83,8 @@ class GpuSample:
     unsupported: tuple[str, ...] = ()
     feature: str = ""
     function: str = ""
+    dropped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    error: str = ""
 
     @property
     def up(self) -> bool:
@@ -134,6 +142,8 @@ class Snapshot:
                     "unsupported": list(g.unsupported),
                     "feature": g.feature,
                     "function": g.function,
+                    "dropped": {f: dict(r) for f, r in g.dropped.items()},
+                    "error": g.error,
                 }
                 for g in self.gpus
             ],
@@ -154,6 +164,7 @@ class Hello:
     gpus: tuple[tuple[int, str], ...]
     feature_states: Mapping[str, FeatureState]
     kernel_module_version: str = ""
+    native: NativeLibrary | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +185,7 @@ class InitFailed:
         kernel_module_version: the loaded kernel module (``/proc/driver/nvidia/version``), "" if none.
         errors: (feature, error, count) of the calls that failed in the worker's last sample, which
             no snapshot carried (the sample that found NVML unusable).
+        native: the native library check after the failed init (the library stays mapped).
     """
 
     code: int
@@ -181,6 +193,7 @@ class InitFailed:
     message: str
     kernel_module_version: str = ""
     errors: tuple[tuple[str, str, int], ...] = ()
+    native: NativeLibrary | None = None
 
 
 @dataclass(frozen=True)
@@ -195,13 +208,27 @@ class NvmlEvent:
 
 
 @dataclass(frozen=True)
+class Attribution:
+    """The worker's answer to ``attribute``: an Xid's PID mapped to its process and pod ("" unknown)."""
+
+    pid: int
+    process: str = ""
+    pod_uid: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+
+@dataclass(frozen=True)
 class Bye:
     """Orderly worker shutdown; ``nvml_shutdown`` says whether ``nvmlShutdown`` ran."""
 
     nvml_shutdown: bool
 
 
-Message = Snapshot | Hello | Progress | InitFailed | NvmlEvent | Bye | SelfCheckResult
+Message = Snapshot | Hello | Progress | InitFailed | NvmlEvent | Bye | SelfCheckResult | NativeLibrary | Attribution
+"""``native`` (a :class:`~exporter.common.nativelib.NativeLibrary`) is sent when the worker's native
+library check changes while it samples (the mapped file replaced on disk under it)."""
 
 
 def states_to_wire(states: Mapping[str, FeatureState]) -> dict[str, dict[str, Any]]:
@@ -267,6 +294,8 @@ def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
         unsupported=decode_value(tuple[str, ...], raw.get("unsupported", []), f"{where}.unsupported"),
         feature=decode_value(str, raw.get("feature", ""), f"{where}.feature"),
         function=decode_value(str, raw.get("function", ""), f"{where}.function"),
+        dropped=decode_value(dict[str, dict[str, int]], raw.get("dropped", {}), f"{where}.dropped"),
+        error=decode_value(str, raw.get("error", ""), f"{where}.error"),
     )
 
 
@@ -301,6 +330,7 @@ def _hello(msg: dict[str, Any]) -> Hello:
         gpus=tuple((int(g["index"]), str(g["uuid"])) for g in gpus),
         feature_states=_states(msg.get("feature_states", {}), "hello.feature_states"),
         kernel_module_version=decode_value(str, msg.get("kernel_module_version", ""), "hello.kernel_module_version"),
+        native=decode_value(NativeLibrary | None, msg.get("native"), "hello.native"),
     )
 
 
@@ -332,6 +362,8 @@ _DECODERS: dict[str, typing.Callable[[dict[str, Any]], Message]] = {
     "progress": _fields(Progress),
     "event": _fields(NvmlEvent),
     "bye": _fields(Bye),
+    "native": _fields(NativeLibrary),
+    "attribution": _fields(Attribution),
 }
 
 

@@ -16,7 +16,7 @@ import logging
 
 from exporter.config import Config
 from exporter.supervisor.policy import Outcome, RestartPolicy
-from exporter.supervisor.quarantine import Quarantine, QuarantineStore
+from exporter.supervisor.quarantine import Quarantine, QuarantineStore, retry_hint
 from exporter.supervisor.served import ServedState
 
 log = logging.getLogger("exporter.supervisor")
@@ -125,14 +125,12 @@ class Accountant:
             log.warning("worker exited with code %s after %.1f s", out.returncode, out.lifetime_s, extra=record)
 
     def _log_quarantine(self, new: Quarantine) -> None:
+        # No extra fields: in the text format they would follow the command the message ends with.
         log.warning(
-            "feature %s QUARANTINED: %s. All other features keep being sampled. To retry earlier: "
-            "`nvgpu-exporter quarantine --clear %s` (or delete %s) and restart; NVGPU_FEATURE_%s=on does not "
-            "override a quarantine.",
+            "feature %s QUARANTINED: %s. All other features keep being sampled; NVGPU_FEATURE_%s=on does not "
+            "override a quarantine; %s",
             new.feature,
             new.detail(),
-            new.feature,
-            self.config.state_file or "the state file",
             new.feature.upper(),
-            extra={"feature": new.feature, "function": new.function},
+            retry_hint(self.config.state_file, new.feature),
         )

@@ -25,7 +25,7 @@ from prometheus_client import exposition as text_format
 from prometheus_client.core import Metric
 from prometheus_client.openmetrics import exposition as om_format
 
-from exporter.common import collectors
+from exporter.common import collectors, plausibility
 from exporter.common.logs import log_once
 from exporter.common.metric import GpuKey, MetricDef
 from exporter.supervisor import selfmetrics
@@ -192,6 +192,7 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
     """
     bag = _Families()
     bag.add(state.health.families(state.fresh_snapshot() is not None))
+    bag.add(state.verdicts.families())
     snap = state.last
     failed: set[str] = set()
     if snap is not None:
@@ -205,8 +206,11 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
         for feature, samples in by_feature.items():
             if not _render_feature(bag, feature, samples, snap, state.render_errors):
                 failed.add(feature)
+        bag.add(
+            plausibility.families([(GpuKey(str(g.index), g.uuid), g.dropped) for g in snap.gpus if g.index in fresh])
+        )
     live = [g.uuid for g in state.fresh_gpus() if g.up]
-    bag.add(state.xids.families(live, state.gpu_index))
+    bag.add(state.xids.families(live, state.gpu_index, now=state.verdicts.wall()))
     for ext in state.active_extensions():
         if snap is not None:
             call = functools.partial(ext.gpu_families, snap)

@@ -38,8 +38,15 @@ class Host(Protocol):
     def changed(self) -> None:
         """The exposition must be rendered again (coalesced)."""
 
-    def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
-        """Count one Xid (see :meth:`exporter.supervisor.xids.XidLedger.record_xid`)."""
+    def record_xid(
+        self, gpu: str, uuid: str, xid: int, ts: float, source: str, pid: int | None = None, process: str = ""
+    ) -> None:
+        """Count one Xid (see :meth:`exporter.supervisor.xids.XidLedger.record_xid`), with the process
+        the kernel log names when it does."""
+
+    def attribute_xid(self, uuid: str, xid: int, ts: float, pid: int | None, process: str) -> None:
+        """The kernel log's record of an Xid already counted from an NVML event names its process
+        (see :meth:`exporter.supervisor.xids.XidLedger.attribute`)."""
 
     def set_feature_state(self, state: FeatureState) -> None:
         """Override the effective state of the extension's feature (e.g. unsupported: no socket)."""

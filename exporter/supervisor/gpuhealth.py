@@ -41,6 +41,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("exporter.supervisor")
 
 STATES = ("up", "unknown", "lost", "hung", "crashed")
+# Answers that make a GPU unreachable because of the exporter's own container, not the GPU: the
+# device cgroup or the device node refuses this pod (NVML's count includes the GPU, its handle
+# lookup answers NO_PERMISSION). Such a GPU's record is ``denied``, never ``lost``; it is exported
+# as ``unknown`` (the exporter cannot see it) and its verdict says ``fix_exporter`` with the cause
+# (exporter/supervisor/verdicts.py; docs/design.md, fault domains).
+DENIED_ERRORS = frozenset({"NO_PERMISSION"})
 DEVICE_UP = MetricDef(
     "nvgpu_device_up",
     "1 if the GPU answered NVML in the last fresh sample, else 0 (nvgpu_device_state says why)",
@@ -49,7 +55,8 @@ DEVICE_STATE = MetricDef(
     "nvgpu_device_state",
     "1 for the GPU's current state: up (sampled), unknown (no fresh sample: the worker is not sampling), "
     "lost (GPU_IS_LOST or no handle), hung (an NVML call outlasted the deadline), crashed (a worker died "
-    "in one of its calls); hung and crashed GPUs are retried by a probe process",
+    "in one of its calls); hung and crashed GPUs are retried by a probe process; a GPU the exporter's container may "
+    "not open (NO_PERMISSION) is unknown, never lost (nvgpu_gpu_health_verdict says fix_exporter)",
     ("state",),
 )
 DEVICE_FAULTS = MetricDef(
@@ -84,6 +91,7 @@ class GpuRecord:
     unsupported: tuple[str, ...] = ()
     readings_at: float | None = None  # Unix time of its last readings
     hung_in: tuple[str, str] = ("", "")  # (feature, function) of the call that did not return
+    error: str = ""  # the NVML code name the worker gave for a GPU that is not up
 
     @property
     def key(self) -> GpuKey:
@@ -120,11 +128,12 @@ class GpuHealth:
                 newly_hung.append(rec)
             elif g.state == "hung" and rec.next_probe is None:
                 self._schedule(rec, first=False)  # readmitted, but its thread was still stuck: retry
-            elif g.state == "lost" and rec.state == "up":
+            elif g.state == "lost" and rec.state == "up" and g.error not in DENIED_ERRORS:
                 rec.faults["lost"] += 1
             if g.state == "up":
                 rec.excluded, rec.next_probe = "", None
-            rec.state = g.state
+            rec.error = g.error
+            rec.state = "denied" if g.state == "lost" and g.error in DENIED_ERRORS else g.state
             if g.state != "up" and g.detail:
                 rec.detail = g.detail
             rec.unsupported = g.unsupported
@@ -226,17 +235,19 @@ class GpuHealth:
     # -- rendering ------------------------------------------------------------------------------
 
     def state_of(self, rec: GpuRecord, fresh: bool) -> str:
-        """The exported state: what the worker said while its report is fresh, else ``unknown``
-        (an excluded GPU stays ``crashed`` / ``hung``: that is the supervisor's own knowledge)."""
+        """The GPU's state: what the worker said while its report is fresh, else ``unknown``
+        (an excluded GPU stays ``crashed`` / ``hung``: that is the supervisor's own knowledge);
+        ``denied`` for a GPU the exporter's container may not open (exported as ``unknown``)."""
         if rec.excluded:
             return rec.excluded
-        return rec.state if fresh and rec.state in STATES else "unknown"
+        return rec.state if fresh and (rec.state in STATES or rec.state == "denied") else "unknown"
 
     def families(self, fresh: bool) -> list[Metric]:
         """device_up, device_state, device_faults and feature_unsupported for every known GPU."""
         up, state, faults, unsup = (d.family() for d in METRICS)
         for rec in sorted(self.gpus.values(), key=lambda r: r.index):
             current = self.state_of(rec, fresh)
+            current = "unknown" if current == "denied" else current
             up.add(rec.key, 1 if current == "up" else 0)
             for s in STATES:
                 state.add(rec.key, 1 if s == current else 0, s)

@@ -5,23 +5,34 @@ new kernel-log records in a thread (:class:`exporter.supervisor.xid.reader.KmsgR
 cursor across restarts), maps each Xid's PCI bus id to the GPU's UUID through the last snapshot,
 and counts it unless the same Xid already arrived as an NVML event
 (:class:`exporter.supervisor.xid.dedupe.XidDeduplicator`, both directions: :meth:`KernelXid.accept_xid`
-filters the NVML side). A kernel log that cannot be read switches the feature off with reason
+filters the NVML side). The line's ``pid=`` and ``name=`` go with the Xid either way: on the
+kernel record it counts, or onto the NVML event's record it duplicates. A kernel log that cannot be
+read switches the feature off with reason
 ``unsupported``; nothing else is affected.
+
+A record's time comes from the log (``/dev/kmsg``: boot time plus the record's monotonic stamp; a
+text log: its line prefix, which may be local time or a clock that was wrong). An Xid stamped later
+than now is counted at the time it was read instead, since a time in the future would show as the
+Xid's last time and defeat the match with its NVML event; each one is counted in
+``nvgpu_readings_dropped_total{feature="kernel_xid",reason="timestamp_in_future"}`` and said once
+per GPU. NVML's own Xid events carry no time (``nvmlEventData_t``): the worker stamps them as they
+arrive, so they are never in the future.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from exporter.common import fileio
+from exporter.common import fileio, plausibility
 from exporter.common.collectors import identity
 from exporter.common.logs import log_once
-from exporter.common.metric import MetricDef, single
+from exporter.common.metric import GpuKey, MetricDef, single
 from exporter.supervisor.extensions import Extension, Host
 from guards import features as gf
 
@@ -59,7 +70,7 @@ class KernelXid(Extension):
     """Kernel-log Xids (see the module docstring)."""
 
     feature = "kernel_xid"
-    metrics = METRICS
+    metrics = (*METRICS, plausibility.DROPPED)
 
     def __init__(self, config: Config) -> None:
         from exporter.supervisor.xid.dedupe import XidDeduplicator
@@ -73,6 +84,7 @@ class KernelXid(Extension):
         self.dedupe = XidDeduplicator()
         self.up: bool | None = None
         self.pending: list[KernelXidEvent] = []  # events waiting for a bus id -> UUID mapping
+        self.in_future: collections.Counter[tuple[str, str]] = collections.Counter()  # (gpu, uuid) -> Xids
 
     def accept_xid(self, uuid: str, xid: int, ts: float) -> bool:
         return self.dedupe.offer_nvml(uuid, xid, ts)
@@ -104,6 +116,33 @@ class KernelXid(Extension):
             )
             return await wrapped
 
+    def gpu_families(self, snapshot: Snapshot) -> Iterable[Metric]:
+        """Kernel-log Xids stamped in the future, per GPU, in the readings' drop family."""
+        counted = sorted(self.in_future.items())
+        return plausibility.families(
+            [(GpuKey(g, u), {self.feature: {"timestamp_in_future": n}}) for (g, u), n in counted]
+        )
+
+    def _time_of(self, gpu: str, uuid: str, ev: KernelXidEvent) -> float:
+        """The record's time, or now for one stamped in the future (counted, said once per GPU)."""
+        now = time.time()
+        if ev.wall_time is None or ev.wall_time <= now + plausibility.FUTURE_TOLERANCE_S:
+            return ev.wall_time or now
+        self.in_future[(gpu, uuid)] += 1
+        log_once(
+            log,
+            logging.WARNING,
+            ("kmsg-future", uuid),
+            "kernel log Xid %d on GPU %s is stamped %.0f s in the future; counted at the time it was read "
+            '(nvgpu_readings_dropped_total{feature="kernel_xid",reason="timestamp_in_future"}); a text log in '
+            "local time, or a clock stepped back since the line was written",
+            ev.xid,
+            uuid,
+            ev.wall_time - now,
+            extra={"uuid": uuid, "xid": ev.xid},
+        )
+        return now
+
     def count(self, host: Host, events: list[KernelXidEvent]) -> None:
         """Count new kernel-log Xids; those seen before any snapshot wait for the bus id mapping."""
         mapping = bus_to_gpu(host.snapshot)
@@ -124,9 +163,11 @@ class KernelXid(Extension):
                     )
                 continue
             gpu, uuid = where
-            ts = ev.wall_time or time.time()
+            ts = self._time_of(gpu, uuid, ev)
             if self.dedupe.offer_kernel(uuid, ev.xid, ts):
-                host.record_xid(gpu, uuid, ev.xid, ts, source="kernel log")
+                host.record_xid(gpu, uuid, ev.xid, ts, "kernel log", ev.pid, ev.process_name or "")
+            else:  # counted from its NVML event already: that record gets the kernel line's process
+                host.attribute_xid(uuid, ev.xid, ts, ev.pid, ev.process_name or "")
         self.pending = keep[-PENDING_MAX:]
         if events:
             host.changed()

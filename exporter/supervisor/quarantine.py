@@ -10,7 +10,10 @@ container restart does not walk back into the crash loop. A quarantine expires a
 (default 24 h) so a fixed driver gets retried. Precedence (see guards.features.resolve): a
 quarantine beats an explicit ``NVGPU_FEATURE_<NAME>=on`` — the crash is evidence from this node,
 an ``on`` is a prediction. To retry before the TTL, clear it:
-``nvgpu-exporter quarantine --clear <feature>`` (or delete the state file) and restart the pod.
+``nvgpu-exporter quarantine --state-file <file> --clear <feature>`` (:func:`clear_command` writes
+it with the file in use; or delete the state file) and restart the pod. A quarantine read back from
+the file at start is logged (:func:`log_reloaded`): a feature that is off for a reason from before
+this process must say so.
 
 The file is never a reason not to start: every value read from it is checked (known feature,
 finite times, ``since <= until``, ``until`` no later than now + the TTL bound), bad entries are
@@ -36,6 +39,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import stat
 import tempfile
 import threading
@@ -349,6 +353,36 @@ def _on_event_loop() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def clear_command(path: str, feature: str) -> str:
+    """The shell command that clears ``feature``'s quarantine in the state file ``path``, whole and
+    quoted, to paste as it is: ``nvgpu-exporter quarantine --state-file /var/lib/nvgpu-exporter/state.json
+    --clear nvlink_throughput``."""
+    return f"nvgpu-exporter quarantine --state-file {shlex.quote(path)} --clear {shlex.quote(feature)}"
+
+
+def retry_hint(path: str, feature: str) -> str:
+    """How to retry a quarantined feature before it expires; ends with the command to paste (no
+    state file: a restart forgets the quarantine)."""
+    if not path:
+        return "NVGPU_STATE_FILE is empty, so the quarantine is in memory only: restart the exporter to retry it"
+    return f"to retry it earlier, clear it and restart the exporter: {clear_command(path, feature)}"
+
+
+def log_reloaded(store: QuarantineStore) -> None:
+    """One WARNING per quarantine read back from the state file at start (each says until when, and
+    ends with the command that clears it)."""
+    for feature, q in sorted(store.active.items()):
+        log.warning(
+            "feature %s is quarantined, read back from the state file %s (%s); it stays off, whatever "
+            "NVGPU_FEATURE_%s says, until it expires; %s",
+            feature,
+            store.path,
+            q.detail(),
+            feature.upper(),
+            retry_hint(store.path, feature),
+        )
 
 
 def _list(value: Any) -> list[Any]:

@@ -34,6 +34,14 @@ BUILD_INFO = _m(
     "value is always 1",
     ("version", "nvidia_ml_py_version", "nvml_version", "driver_version", "kernel_module_version", "python_version"),
 )
+NVML_LIBRARY_INFO = _m(
+    "nvgpu_nvml_library_info",
+    "The libnvidia-ml.so the worker mapped (/proc/self/maps): path, origin (host: bind-mounted from the host; "
+    "image: part of the container image; unknown; none), its version (file name, else nvmlSystemGetNVMLVersion), "
+    "NVML's version, the kernel module's (/proc/driver/nvidia/version) and the check's state (ok, image_library, "
+    "driver_upgraded, library_missing, unknown); value is always 1",
+    ("path", "origin", "library_version", "nvml_version", "kernel_module_version", "state"),
+)
 INIT_FAILURES = _m(
     "nvgpu_nvml_init_failures_total",
     "NVML initialisations that failed (and samples that found NVML unusable), by NVML error",
@@ -41,8 +49,9 @@ INIT_FAILURES = _m(
 )
 DRIVER_RELOAD_REQUIRED = _m(
     "nvgpu_driver_reload_required",
-    "1 while NVML answers LIB_RM_VERSION_MISMATCH: the userspace driver differs from the loaded kernel module; "
-    "only a driver reload or a reboot cures it",
+    "1 while NVML answers LIB_RM_VERSION_MISMATCH on the host's library (or the host's library was replaced under "
+    "the running worker): the userspace driver differs from the loaded kernel module; only a driver reload or a "
+    "reboot cures it (0 when the library is the image's own: fix the image)",
 )
 SUPERVISOR_ERRORS = _m(
     "nvgpu_supervisor_errors_total",
@@ -113,6 +122,7 @@ METRICS = (
     WORKER_STUCK,
     MODULE_INFO,
     SELFCHECK_FAILURES,
+    NVML_LIBRARY_INFO,
     INIT_FAILURES,
     DRIVER_RELOAD_REQUIRED,
     SUPERVISOR_ERRORS,
@@ -177,7 +187,7 @@ def _nvml_health(state: ServedState) -> list[Metric]:
         files.add_labels([file, reason], count)
     return [
         failures.always(),
-        single(DRIVER_RELOAD_REQUIRED, 1 if state.nvml.driver_reload_required else 0),
+        single(DRIVER_RELOAD_REQUIRED, 1 if state.driver_reload_required() else 0),
         components.always(),
         files.always(),
     ]
@@ -211,4 +221,18 @@ def _selfcheck(state: ServedState) -> list[Metric]:
                 [process, m.module, m.version or "", m.distribution, m.distribution_version or "", m.path or ""], 1
             )
         failures.add_labels([process], len(res.problems))
-    return [info.always(), failures.always()]
+    native = NVML_LIBRARY_INFO.family()
+    lib = state.native
+    if lib is not None:
+        native.add_labels(
+            [
+                lib.realpath or lib.path,
+                lib.origin,
+                lib.library_version,
+                lib.nvml_version,
+                lib.kernel_module_version,
+                lib.state,
+            ],
+            1,
+        )
+    return [info.always(), failures.always(), native.always()]

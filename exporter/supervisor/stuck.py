@@ -121,6 +121,10 @@ class StuckDetector(Extension):
         """True while the signature holds for that GPU."""
         return any(st.holding for key, st in self.gpus.items() if key.uuid == uuid)
 
+    def since(self, uuid: str) -> float | None:
+        """Unix time (snapshot time) the signature's conditions began on that GPU, None when they do not hold."""
+        return next((st.since for key, st in self.gpus.items() if key.uuid == uuid and st.since is not None), None)
+
     def gpu_families(self, snapshot: Snapshot) -> Iterable[Metric]:
         flag, since = SUSPECTED.family(), SINCE.family()
         for key, st in sorted(self.gpus.items()):

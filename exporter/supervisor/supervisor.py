@@ -23,7 +23,8 @@ from typing import Any
 from exporter.common import collectors, protocol, selfcheck
 from exporter.common.breadcrumb import BreadcrumbReader
 from exporter.common.logs import log_once
-from exporter.common.snapshot import Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
+from exporter.common.nativelib import NativeLibrary
+from exporter.common.snapshot import Attribution, Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
 from exporter.config import Config
 from exporter.supervisor import unavailable
 from exporter.supervisor.accounting import Accountant
@@ -144,6 +145,7 @@ class Supervisor:
         self._stale_timer: asyncio.TimerHandle | None = None
         self.extension_tasks = ExtensionTasks(state, self.contained)
         self.loop_error: BaseException | None = None
+        state.subscribe(self._ask_attributions)
         self.selfcheck = selfcheck.run_in_process("supervisor")
         if config.selfcheck != "off":
             self.state.selfchecks["supervisor"] = self.selfcheck
@@ -187,6 +189,18 @@ class Supervisor:
             self._on_init_failed(msg)
         elif isinstance(msg, Bye):
             log.info("worker stopped (nvmlShutdown %s)", "done" if msg.nvml_shutdown else "skipped")
+        elif isinstance(msg, NativeLibrary):
+            unavailable.native_reported(self.state, msg)
+        elif isinstance(msg, Attribution):
+            self.state.xids.attribute_pod(msg.pid, msg.pod_uid, msg.namespace, msg.pod, msg.container)
+
+    def _ask_attributions(self) -> None:
+        """Ask the worker to map the PIDs of new Xids to pods (it answers with ``attribution``)."""
+        pids = self.state.take_pid_lookups()
+        worker = self.current
+        for pid in pids:
+            if worker is not None:
+                worker.send({"type": "attribute", "pid": pid})
 
     def _on_hello(self, msg: Hello) -> None:
         st = self.state
@@ -198,6 +212,7 @@ class Supervisor:
         for index, uuid in msg.gpus:
             st.gpu_index[uuid] = str(index)
         st.health.on_hello(msg.gpus)
+        unavailable.native_reported(self.state, msg.native)
         log.info(
             "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
             msg.pid,
@@ -228,8 +243,11 @@ class Supervisor:
             st.record_xid(gpu, msg.uuid, msg.xid, msg.ts, source="NVML event")
 
     def _on_init_failed(self, msg: InitFailed) -> None:
+        unavailable.native_reported(self.state, msg.native)
         text = unavailable.record(self.state, msg, self.config.unhealthy_after_s)
-        log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra={"nvml_error": msg.error})
+        # the demo hint ends with a command to paste: no field after it (the error is in the text)
+        extra = {} if text.endswith(unavailable.DEMO_COMMAND) else {"nvml_error": msg.error}
+        log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra=extra)
 
     def _schedule_stale_render(self) -> None:
         if self._stale_timer is not None:

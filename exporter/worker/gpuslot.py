@@ -34,6 +34,7 @@ from exporter.common.collectors.base import Collector
 from exporter.common.gpustate import GpuStates, Lifetime
 from exporter.common.nvml import errors
 from exporter.common.snapshot import GpuSample
+from exporter.worker import implausible
 from exporter.worker.nvml.client import DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
 
 log = logging.getLogger("exporter.worker")
@@ -50,14 +51,18 @@ class GpuPass:
         seconds: feature -> time spent.
         ok: feature -> every call answered (no counted error, no collector exception).
         lost: the GPU answered GPU_IS_LOST (or equivalent) during the pass.
+        lost_error: the NVML code name of that answer.
         sampled_at: Unix time the pass started.
+        dropped: feature -> reason -> values dropped as implausible since the worker started.
     """
 
     readings: dict[str, object] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     ok: dict[str, bool] = field(default_factory=dict)
     lost: str = ""
+    lost_error: str = ""
     sampled_at: float = 0.0
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class GpuSlot:
@@ -91,6 +96,7 @@ class GpuSlot:
         self.uuid = uuid
         self.bus_id = bus_id
         self.detail = detail
+        self.error = ""  # the NVML code name that made it lost (NO_PERMISSION: the container's device cgroup)
         self.reprobe_s = reprobe_s
         self.dev: DeviceClient | None = None
         self.last: GpuSample | None = None
@@ -178,6 +184,8 @@ class GpuSlot:
             unsupported,
             feature,
             function,
+            last.dropped if last else {},
+            error="" if self.state == "up" else self.error,
         )
 
     # -- on the GPU's thread --------------------------------------------------------------------
@@ -197,6 +205,7 @@ class GpuSlot:
             if failure.error_class is errors.ErrorClass.FATAL:
                 raise NvmlFatal(failure, "nvmlDeviceGetHandleByIndex") from exc
             self.state, self.detail = "lost", f"handle lookup failed: {failure.message}"
+            self.error = failure.name
             logs.log_once(
                 log,
                 logging.WARNING,
@@ -214,7 +223,7 @@ class GpuSlot:
         before = self._states.get(uuid)
         states = self._states[uuid] = GpuStates() if before is None else before.reattached()
         self.dev = DeviceClient(self.client, self.index, uuid, handle, states)
-        self.state, self.detail = "up", ""
+        self.state, self.detail, self.error = "up", "", ""
         return True
 
     def _sample(self, features: tuple[str, ...], enabled: frozenset[str]) -> GpuPass:
@@ -233,11 +242,13 @@ class GpuSlot:
                 out.seconds[feature] = time.perf_counter() - f0
                 out.ok[feature] = False
                 out.lost = str(exc)
+                out.lost_error = exc.failure.name
                 return out
             if reading is not None and reading is not _FAILED:
                 out.readings[feature] = reading
             out.seconds[feature] = time.perf_counter() - f0
             out.ok[feature] = reading is not _FAILED and self._feature_errors(feature) == errors_before
+        out.dropped = implausible.report(dev)
         return out
 
     def _maybe_reprobe(self, dev: DeviceClient) -> None:
@@ -251,9 +262,10 @@ class GpuSlot:
         dev.forget()
 
     def _read(self, dev: DeviceClient, feature: str, collector: Collector) -> object:
-        """The collector's reading; ``_FAILED`` when the collector raised (our bug, counted)."""
+        """The collector's reading, its implausible values dropped (:mod:`exporter.worker.implausible`);
+        ``_FAILED`` when the collector raised (our bug, counted)."""
         try:
-            return collector.read(dev)
+            return implausible.checked(dev, feature, collector, collector.read(dev))
         except (DeviceLost, NvmlFatal, Stopping):
             raise
         except Exception:  # a collector bug must not fail the sample
@@ -277,8 +289,9 @@ class GpuSlot:
                 extra={"uuid": self.uuid, "gpu": self.index},
             )
             self.state, self.detail, self.dev = "lost", result.lost, None
+            self.error = result.lost_error
             return
-        self.last = GpuSample(self.index, self.uuid, "up", result.readings, result.sampled_at)
+        self.last = GpuSample(self.index, self.uuid, "up", result.readings, result.sampled_at, dropped=result.dropped)
 
     def close(self) -> None:
         """Let the thread end once idle (a hung one stays until its call returns)."""

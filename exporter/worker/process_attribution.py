@@ -195,6 +195,13 @@ def attribute(merged: Sequence[ProcessRecord], host: HostView, names: bool) -> d
     return out
 
 
+def attribute_pid(pid: int, host: HostView) -> Proc:
+    """One PID that is not (or no longer) in a GPU process list, the way :func:`attribute` names
+    one: its process name, and its pod and container where its cgroup and the container log name
+    them (an Xid's PID from the kernel log). Empty when it has exited or is the exporter's own."""
+    return attribute([ProcessRecord(pid, None)], host, names=True).get(pid, Proc())
+
+
 def top(procs: Mapping[int, Proc], cap: int) -> tuple[list[int], list[int]]:
     """(pids with their own series, pids summed under "other"): largest memory, then SM, then pid."""
 

@@ -40,6 +40,7 @@ _TOP_KEYS = {
     "nvml_version",
     "kernel_module_version",
     "cuda_driver_version",
+    "native_library",
     "missing_functions",
     "gpus",
     "faults",
@@ -181,6 +182,8 @@ def _scenario(data: Any) -> dict[str, Any]:
     if unknown:
         fail(f"unknown top-level keys {sorted(unknown)}", f"only {sorted(_TOP_KEYS)}")
     out = {**data, **_versions(data)}
+    if "native_library" in data:
+        out["native_library"] = _native_library(data["native_library"])
     if "cuda_driver_version" in data and not is_int(data["cuda_driver_version"]):
         fail("cuda_driver_version", "an integer such as 13000")
     missing = data.get("missing_functions", [])
@@ -213,6 +216,29 @@ def _versions(data: dict[str, Any]) -> dict[str, spec.Spec]:
         else:
             fail(key, 'a string such as "580.159.04", or a value spec such as {"sequence": [...]}')
     return out
+
+
+_NATIVE_KEYS = {"path": str, "origin": str, "deleted": bool, "host_libraries": list}
+NATIVE_ORIGINS = ("host", "image", "none")
+
+
+def _native_library(raw: Any) -> spec.Spec:
+    """The ``libnvidia-ml.so`` the fake worker presents as mapped (docs/scenarios.md): an object
+    ``{path, origin, deleted, host_libraries}`` or a ``{"sequence": [...]}`` of such objects."""
+    entries = raw.get("sequence") if isinstance(raw, dict) and "sequence" in raw else None
+    values = [e.get("value") if isinstance(e, dict) else None for e in entries] if isinstance(entries, list) else [raw]
+    for j, value in enumerate(values):
+        where = "native_library" if entries is None else f"native_library.sequence[{j}].value"
+        if not isinstance(value, dict) or not set(value) <= set(_NATIVE_KEYS):
+            fail(where, f"an object with keys among {sorted(_NATIVE_KEYS)}")
+        for key, kind in _NATIVE_KEYS.items():
+            if key in value and not isinstance(value[key], kind):
+                fail(f"{where}.{key}", f"a {kind.__name__}")
+        if value.get("origin", "host") not in NATIVE_ORIGINS:
+            fail(f"{where}.origin", f"one of {list(NATIVE_ORIGINS)}")
+        if not all(isinstance(h, str) for h in value.get("host_libraries", [])):
+            fail(f"{where}.host_libraries", "a list of paths")
+    return spec.parse(raw, "native_library")
 
 
 def _gpus(gpus: Any) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""HTTP side (aiohttp): ``/metrics``, ``/healthz``, ``/readyz`` and the status page ``/``.
+"""HTTP side (aiohttp): ``/metrics``, ``/healthz``, ``/readyz``, the status page ``/`` and the verdicts
+``/api/v1/verdicts`` (versioned JSON, docs/verdicts.md).
 
 Nothing here waits on NVML. ``/metrics`` (``--web.telemetry-path``) returns bytes rendered once
 per change of state, and at least every :data:`REFRESH_S` on request (the ``process_*`` series
@@ -157,10 +158,26 @@ async def readyz(request: web.Request) -> web.Response:
     return web.Response(status=200 if ok else 503, text=f"{why}\n")
 
 
+async def verdicts_json(request: web.Request) -> web.Response:
+    """Every GPU's verdict with its evidence (:func:`exporter.supervisor.verdicts.document`)."""
+    from exporter.supervisor import verdicts
+
+    state = request.app[SUPERVISOR].state
+    return web.json_response(verdicts.document(state.verdicts, state), dumps=_dumps)
+
+
+def _dumps(obj: object) -> str:
+    import json
+
+    return json.dumps(obj, indent=1, sort_keys=True) + "\n"
+
+
 async def index(request: web.Request) -> web.Response:
     html = statuspage.render(request.app[SUPERVISOR].state)
     return web.Response(text=html, content_type="text/html", charset="utf-8")
 
+
+VERDICTS_PATH = "/api/v1/verdicts"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -249,6 +266,7 @@ def make_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/", index)
+    app.router.add_get(VERDICTS_PATH, verdicts_json)
     return app
 
 

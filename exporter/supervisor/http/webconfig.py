@@ -25,9 +25,21 @@ Python's ``ssl`` module cannot do what a value asks, the value is refused rather
 
 - ``client_auth_type`` ``RequestClientCert`` and ``RequireAnyClientCert`` (accept a certificate
   without verifying it; exporter-toolkit calls them insecure): OpenSSL verifies every certificate a
-  client sends. ``VerifyClientCertIfGiven`` and ``RequireAndVerifyClientCert`` need a client CA.
+  client sends.
 - ``curve_preferences`` with more than one curve: ``ssl`` sets one curve.
 - ``http_server_config.http2``: accepted (``true`` is the toolkit's default), HTTP/1.1 is served.
+
+What the toolkit accepts and does something surprising with is accepted too, as the toolkit does
+it, and said in :attr:`WebConfig.cautions` (logged at start and at each reload):
+
+- ``VerifyClientCertIfGiven`` / ``RequireAndVerifyClientCert`` without ``client_ca_file`` or
+  ``client_ca``: Go's ``crypto/tls`` then verifies client certificates against the host's system
+  roots (``tls.Config.ClientCAs`` nil); so does this exporter (``load_default_certs``).
+- ``rate_limit.burst: 0`` with an interval: ``golang.org/x/time/rate`` allows no request with a
+  burst of 0, so the toolkit answers every request 429; so does this exporter (the probe paths
+  excepted while ``NVGPU_WEB_PROBES_WITHOUT_AUTH`` is on).
+- a header value YAML reads as a number or a boolean (``X-XSS-Protection: 1``): yaml.v2 fills the
+  toolkit's ``map[string]string`` with the scalar's text, so the header is ``1`` here too.
 
 The rest of the web edge builds on this: :mod:`exporter.supervisor.http.webtls` (the TLS context, reloads when a
 file changes) and :mod:`exporter.supervisor.http.webauth` (basic auth, client SANs, the rate limit per request).
@@ -44,7 +56,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.common import fileio
+from exporter.common import durations, fileio
 
 __all__ = [
     "BCRYPT_HASH",
@@ -144,8 +156,6 @@ BCRYPT_HASH = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
 # 1.7 days of one core per wrong password.
 BCRYPT_MIN_COST = 4
 BCRYPT_MAX_COST = 14
-_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 @dataclass(frozen=True)
@@ -188,6 +198,11 @@ class TlsSettings:
         return self.client_auth != "NoClientCert"
 
     @property
+    def verifies_against_system_roots(self) -> bool:
+        """Client certificates are verified, and no client CA is given: the system's roots are used."""
+        return self.verifies_clients and not (self.client_ca_file or self.client_ca_pem)
+
+    @property
     def requires_client_cert(self) -> bool:
         """``RequireAndVerifyClientCert``: no verified certificate, no answer."""
         return self.client_auth == "RequireAndVerifyClientCert"
@@ -209,6 +224,9 @@ class WebConfig:
         http2: ``http_server_config.http2`` (accepted; HTTP/1.1 is served).
         rate_interval_s: ``rate_limit.interval`` in seconds; 0 disables the limiter.
         rate_burst: ``rate_limit.burst``.
+        cautions: what the file asks for that works as exporter-toolkit does but may surprise (client
+            certificates against the system roots, a rate limit that refuses everything), one
+            sentence each; logged at start and at each reload.
         context: the TLS server context built from ``tls`` by
             :func:`exporter.supervisor.http.webtls.load_with_context` (None without TLS, and from :func:`load`,
             which builds nothing). Client certificates are requested and verified if given
@@ -224,6 +242,7 @@ class WebConfig:
     http2: bool = True
     rate_interval_s: float = 0.0
     rate_burst: int = 0
+    cautions: tuple[str, ...] = ()
     context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
     def files(self) -> tuple[str, ...]:
@@ -238,7 +257,8 @@ class WebConfig:
         else:
             parts.append(f"TLS {self.tls.min_version.name}-{self.tls.max_version.name}")
             if self.tls.verifies_clients:
-                parts.append(f"client certificates {self.tls.client_auth}")
+                roots = " against the system roots" if self.tls.verifies_against_system_roots else ""
+                parts.append(f"client certificates {self.tls.client_auth}{roots}")
         parts.append(f"basic auth for {len(self.users)} user(s)" if self.users else "no basic auth")
         if self.rate_interval_s:
             parts.append(f"rate limit {self.rate_burst} per {self.rate_interval_s:g} s")
@@ -304,7 +324,18 @@ def _load(path: str) -> WebConfig:
     rate_interval_s, rate_burst = _rate(p, _mapping(p, data, "rate_limit"))
     if p.found:
         raise WebConfigError(p.found, p.reason)
-    return WebConfig(path, tls, users, headers, http2, rate_interval_s, rate_burst)
+    cautions = []
+    if tls is not None and tls.verifies_against_system_roots:
+        cautions.append(
+            f"{_TLS}client_auth_type {tls.client_auth} without client_ca_file: client certificates are verified "
+            "against this system's CA roots (as exporter-toolkit does); give client_ca_file to trust your own CA only"
+        )
+    if rate_interval_s and rate_burst == 0:
+        cautions.append(
+            "rate_limit.burst is 0: every request is answered 429 (as exporter-toolkit does), the probe paths "
+            "excepted while NVGPU_WEB_PROBES_WITHOUT_AUTH is true"
+        )
+    return WebConfig(path, tls, users, headers, http2, rate_interval_s, rate_burst, tuple(cautions))
 
 
 MAX_FILE_BYTES = 1 << 20  # the web config file, and each certificate, key or CA file it names
@@ -350,7 +381,42 @@ def _parse_yaml(p: _Problems, text: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise WebConfigError(f"{p.path}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {type(data).__name__}")
+    _header_texts(text, data)
     return data
+
+
+def _header_texts(text: str, data: dict[str, Any]) -> None:
+    """Header values that YAML read as a number or a boolean become the scalar's text, as yaml.v2
+    fills the toolkit's ``map[string]string`` (``X-XSS-Protection: 1`` is the header ``1``)."""
+    import yaml
+
+    headers = (
+        (data.get("http_server_config") or {}).get("headers")
+        if isinstance(data.get("http_server_config"), dict)
+        else None
+    )
+    if not isinstance(headers, dict) or not any(isinstance(v, (bool, int, float)) for v in headers.values()):
+        return
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    for key in ("http_server_config", "headers"):
+        node = _child(node, key)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key_node, value_node in node.value:
+        name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        if isinstance(value_node, yaml.ScalarNode) and isinstance(headers.get(name), (bool, int, float)):
+            headers[name] = value_node.value
+
+
+def _child(node: Any, key: str) -> Any:
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    for key_node, value_node in node.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+            return value_node
+    return None
 
 
 def _check_keys(p: _Problems, data: Mapping[Any, Any], allowed: tuple[str, ...], where: str) -> None:
@@ -485,9 +551,7 @@ def _client_auth(p: _Problems, values: Mapping[str, str]) -> str | None:
             f"{_TLS}client_ca_file is set but client_auth_type is NoClientCert; "
             "set client_auth_type: RequireAndVerifyClientCert"
         )
-    if client_auth != "NoClientCert" and not has_ca:
-        p.add(f"{_TLS}client_auth_type {client_auth} needs client_ca_file (or client_ca)")
-    return client_auth
+    return client_auth  # verifying without a CA: the system roots, as Go's crypto/tls does (cautions)
 
 
 def _versions(p: _Problems, values: Mapping[str, str]) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
@@ -611,9 +675,7 @@ def _rate(p: _Problems, data: dict[str, Any]) -> tuple[float, int]:
     if not isinstance(burst, int) or isinstance(burst, bool) or burst < 0:
         p.add(f"rate_limit.burst must be a non-negative integer, got {burst!r}")
         return seconds, 0
-    if seconds and burst == 0:
-        p.add("rate_limit.burst is 0: every request would be refused")
-    return seconds, burst
+    return seconds, burst  # burst 0 refuses every request, as the toolkit's limiter does (cautions)
 
 
 def parse_go_duration(path: str, where: str, value: Any) -> float:
@@ -629,9 +691,12 @@ def parse_go_duration(path: str, where: str, value: Any) -> float:
     """
     if isinstance(value, int) and not isinstance(value, bool) and value == 0:
         return 0.0
-    text = value if isinstance(value, str) else None
-    if text == "0":
-        return 0.0
-    if not text or _GO_DURATION.sub("", text) != "":
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        seconds = durations.parse_go_duration(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
         raise WebConfigError(f"{path}: {where} must be a duration such as 100ms, 1s or 1m30s, got {value!r}")
-    return sum(float(n) * _DURATION_UNITS[u] for n, u in _GO_DURATION.findall(text))
+    return seconds

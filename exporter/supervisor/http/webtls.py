@@ -27,7 +27,7 @@ from collections.abc import Callable
 from exporter.common import fileio
 from exporter.supervisor.http.webconfig import MAX_FILE_BYTES, TlsSettings, WebConfig, WebConfigError, load
 
-__all__ = ["WebConfigWatcher", "build_context", "load_bounded", "load_with_context"]
+__all__ = ["WebConfigWatcher", "build_context", "load_bounded", "load_with_context", "log_cautions"]
 
 # The web config's logger: schema, TLS and auth log under one name (operators filter on it).
 log = logging.getLogger("exporter.supervisor.http.webconfig")
@@ -85,7 +85,10 @@ def build_context(tls: TlsSettings, require_client_cert: bool = False) -> ssl.SS
     if tls.verifies_clients:
         ca = _pem("client_ca_file", tls.client_ca_file) if tls.client_ca_file else tls.client_ca_pem.encode()
         try:
-            ctx.load_verify_locations(cadata=_cadata(ca))
+            if ca:
+                ctx.load_verify_locations(cadata=_cadata(ca))
+            else:  # no client CA: the system's roots, as Go's crypto/tls does with ClientCAs nil
+                ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
         except (OSError, ssl.SSLError, ValueError) as exc:
             where = tls.client_ca_file or "tls_server_config.client_ca"
             raise WebConfigError(f"tls_server_config.client_ca_file {where}: {_reason(exc)}") from None
@@ -337,6 +340,7 @@ class WebConfigWatcher:
             self.last_reload_time = time.time()
             self.reloads += 1
             log.info("web config %s reloaded: %s", self.path, new.describe(), extra={"web_config": self.path})
+            log_cautions(new)
 
     def _timed_out(self) -> None:
         fileio.count_failure("web_config", fileio.TimedOut())
@@ -363,3 +367,9 @@ class WebConfigWatcher:
             self.current.describe(),
             extra={"web_config": self.path},
         )
+
+
+def log_cautions(config: WebConfig) -> None:
+    """One WARNING per :attr:`WebConfig.cautions` entry (at start and after each reload)."""
+    for caution in config.cautions:
+        log.warning("web config %s: %s", config.path, caution, extra={"web_config": config.path})

@@ -181,6 +181,27 @@ class FakeCore:
         version = self.scenario.get("kernel_module_version", self.scenario.get("driver_version", DRIVER_VERSION))
         return str(self.resolve(version, self.now()))
 
+    def proc_self(self) -> tuple[str, str, tuple[str, ...]]:
+        """What ``/proc/self/maps`` and ``/proc/self/mountinfo`` would say about the mapped
+        ``libnvidia-ml.so``, and the host libraries visible, from the scenario's ``native_library``
+        (default: the host's ``libnvidia-ml.so.<driver_version>``, bind-mounted as the NVIDIA
+        container toolkit mounts it). Not an NVML call: no faults apply."""
+        t = self.now()
+        raw = self.scenario.get("native_library")
+        lib = self.resolve(raw, t) if raw is not None else None
+        version = str(self.resolve(self.scenario.get("driver_version", DRIVER_VERSION), t))
+        path = str(getattr(lib, "path", f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}"))
+        origin = str(getattr(lib, "origin", "host"))
+        deleted = " (deleted)" if getattr(lib, "deleted", False) else ""
+        maps = "7f0000000000-7f0000100000 r--p 00000000 fd:00 1234  /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        if origin != "none":
+            maps += f"7f1000000000-7f1000200000 r-xp 00000000 fd:00 4321  {path}{deleted}\n"
+        mountinfo = "1 0 0:50 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w\n"
+        if origin == "host":
+            mountinfo += f"2 1 259:1 {path} {path} ro,nosuid,nodev,relatime - ext4 /dev/nvme0n1p1 rw\n"
+        hosts = tuple(str(h) for h in getattr(lib, "host_libraries", ()))
+        return maps, mountinfo, hosts
+
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         self.enter("nvmlDeviceGetCount", None)
         return self.gpu_count()
