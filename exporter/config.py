@@ -243,7 +243,7 @@ def _backend(name: str, text: str) -> str:
                 path = str(scenarios.path(path))
             except KeyError as exc:
                 raise ValueError(f"{name}={text!r}: {exc.args[0]}; or give a file path") from None
-        elif not os.path.isfile(path):
+        elif not os.path.lexists(path):  # a FIFO or a directory: load_scenario says what it is
             raise ValueError(
                 f"{name}={text!r}: scenario file {path!r} does not exist "
                 f"(shipped scenarios by name: {', '.join(scenarios.names())})"
@@ -293,10 +293,10 @@ def _web_config(name: str, text: str) -> str:
     if not path:
         return ""
     from exporter.supervisor.http.webconfig import WebConfigError
-    from exporter.supervisor.http.webtls import load_with_context  # reads the file and every file it names
+    from exporter.supervisor.http.webtls import load_bounded  # reads the file and every file it names
 
     try:
-        load_with_context(path)
+        load_bounded(path)  # without blocking on a FIFO, within a deadline; any failure is a WebConfigError
     except WebConfigError as exc:  # one line per problem of the file, each naming the setting
         raise ConfigError([f"{name}={text!r}: {problem}" for problem in exc.problems]) from None
     return os.path.abspath(path)

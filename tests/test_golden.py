@@ -37,6 +37,7 @@ import pytest
 from goldens import DOCS, GOLDEN, GOLDENS, Doc, Family
 
 from exporter.app import build_supervisor
+from exporter.common import fileio
 from exporter.common.breadcrumb import Breadcrumb
 from exporter.common.snapshot import InitFailed, decode_message
 from exporter.config import Config
@@ -105,8 +106,8 @@ def _supervisor_side_faults(sup: Supervisor, fixture: dict[str, Any]) -> None:
         sup.state.count_error("lifecycle", "starting a worker")
     edge = _extension(sup, HttpEdge)  # a web config in force, a few refusals
     edge.open, edge.max_connections = 3, 1024
-    edge.dropped.update({"header_timeout": 1, "tls_handshake": 2})
-    edge.denied.update({"unauthorized": 4})
+    edge.dropped.update({"header_timeout": 1, "tls_handshake": 2, "evicted": 5})
+    edge.denied.update({"unauthorized": 4, "failed_logins": 1})
     edge.watcher = SimpleNamespace(last_reload_ok=False, last_reload_time=1_699_999_000.0)
     sup.state.worker.pid = 4242  # the worker's process_* series
     # A kernel-log Xid 13 naming its process, which the worker mapped to a pod.
@@ -203,11 +204,14 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
                 _supervisor_side_pods(sup, fixture)
             if name == "h200x2-mig":
                 _supervisor_side_mig_pods(sup, fixture)
+            # file reads are counted per process: the faults golden shows one refused web config reload
+            file_failures = {("web_config", "not_regular"): 1} if name == "faults" else {}
             state.verdicts.update(state)  # after the supervisor-side state added above
             with (
                 mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION),
                 mock.patch.object(procmetrics, "read", _fixed_process_stats),
                 mock.patch.object(state, "sample_age", lambda: 0.25),  # rendered a moment after the last sample
+                mock.patch.dict(fileio.FAILURES, file_failures, clear=True),
             ):
                 exposition.render(state)  # the first rendering counts what it had to drop
                 rendered = exposition.render(state)

@@ -93,6 +93,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             _C + "gpuid",
             _C + "breadcrumb",
             _C + "logs",
+            _C + "fileio",
             _C + "nativelib",
             _C + "metric",
             _C + "nvml",

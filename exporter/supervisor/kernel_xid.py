@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from exporter.common import plausibility
+from exporter.common import fileio, plausibility
 from exporter.common.collectors import identity
 from exporter.common.logs import log_once
 from exporter.common.metric import GpuKey, MetricDef, single
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 KMSG_POLL_S = 2.0
+POLL_DEADLINE_S = 10.0  # a poll reads at most 4 MiB: longer than this is a hung mount
 PENDING_MAX = 1000
 
 KERNEL_LOG_UP = MetricDef(
@@ -89,6 +90,7 @@ class KernelXid(Extension):
             os.path.join(os.path.dirname(config.state_file), "kmsg-cursor.json") if config.state_file else None
         )
         self.reader = KmsgReader(config.kmsg_path, cursor)
+        self.io = fileio.Runner("nvgpu-kernel-log", deadline_s=None)  # polls are waited for, never abandoned
         self.dedupe = XidDeduplicator()
         self.up: bool | None = None
         self.pending: list[KernelXidEvent] = []  # events waiting for a bus id -> UUID mapping
@@ -110,6 +112,30 @@ class KernelXid(Extension):
 
     def self_families(self) -> Iterable[Metric]:
         return [single(KERNEL_LOG_UP, None if self.up is None else int(self.up))]
+
+    async def _poll(self, host: Host) -> list[KernelXidEvent]:
+        """One poll of the reader on the kernel log's own daemon thread (never the loop's default
+        executor, which a shutdown would wait for). A poll that has not answered within
+        :data:`POLL_DEADLINE_S` (a text log or cursor on a hung mount) turns ``nvgpu_kernel_log_up``
+        0 and is logged once; the reader is not thread-safe, so no other poll starts until it
+        answers."""
+        future = self.io.submit(self.reader.poll)
+        wrapped = asyncio.wrap_future(future)
+        try:
+            return await asyncio.wait_for(asyncio.shield(wrapped), POLL_DEADLINE_S)
+        except asyncio.TimeoutError:
+            fileio.count_failure("kernel_log", fileio.TimedOut())
+            self.up = False
+            host.changed()
+            log_once(
+                log,
+                logging.WARNING,
+                ("kmsg-stuck", self.reader.path),
+                "kernel_xid: reading %s (or its cursor) did not answer within %g s (a hung mount?); waiting for it",
+                self.reader.path,
+                POLL_DEADLINE_S,
+            )
+            return await wrapped
 
     def gpu_families(self, snapshot: Snapshot) -> Iterable[Metric]:
         """Kernel-log Xids stamped in the future, per GPU, in the readings' drop family."""
@@ -178,7 +204,7 @@ class KernelXid(Extension):
 
         while True:
             try:
-                events = await asyncio.to_thread(self.reader.poll)
+                events = await self._poll(host)
             except KernelLogUnavailable as exc:
                 self.up = False
                 detail = f"kernel log unreadable: {exc}"

@@ -29,21 +29,35 @@ with the boot id (``/proc/sys/kernel/random/boot_id``): CLOCK_MONOTONIC is one c
 process of a boot, so after a container restart the monotonic instants decide exactly. After a
 reboot only the wall times are left: a quarantine then lasts until ``until`` but at most the TTL
 from the moment it is loaded, and a crash counts at most ``window`` old, never from the future.
+
+Nothing here blocks the supervisor: the file is opened without blocking and must be a regular file
+(:mod:`exporter.common.fileio`; a FIFO at that path would otherwise hang the start and the
+``quarantine`` command), and it is read and written on a thread of its own within a deadline (a
+state file on a hung mount costs its persistence, not the process). A path that holds something
+other than a regular file (a FIFO, a directory, a device node such as ``/dev/null``) is refused:
+``--check-config`` says so, and the running exporter keeps its quarantines in memory and never
+replaces that node with a file. To keep quarantines in memory only, set ``NVGPU_STATE_FILE=''``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import json
 import logging
 import math
 import os
 import shlex
+import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
+
+from exporter.common import fileio
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 2  # 2: monotonic instants and the boot id beside the wall times (1 is read too)
@@ -51,6 +65,7 @@ READABLE_VERSIONS = (1, 2)
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 MAX_TTL_S = 10 * 365 * 86400.0  # NVGPU_QUARANTINE_TTL_SECONDS is bounded by this (config.py)
 MAX_FILE_BYTES = 1 << 20
+IO_DEADLINE_S = 5.0  # reading or writing the state file (a hung mount: the thread is abandoned)
 HISTORY_MAX = 1000  # crashes kept in the window; more than this is a crash loop already quarantined
 
 
@@ -108,9 +123,8 @@ class Crash(NamedTuple):
 def read_boot_id(path: str = BOOT_ID_PATH) -> str:
     """This boot's id ("" where the kernel does not say: then monotonic instants are never reused)."""
     try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read(64).strip()
-    except OSError:
+        return fileio.read_bytes(path, 64).decode("ascii", "replace").strip()
+    except (OSError, fileio.FileRefused):  # absent, not a regular file, too long
         return ""
 
 
@@ -170,24 +184,36 @@ class QuarantineStore:
         self.dropped: list[str] = []  # entries of the file that were not valid
         self._save_warned = False
         self.on_error = on_error  # the quarantine stays in memory either way
+        self.refused: str | None = None  # the path is not a regular file: never read or replaced
+        self._io = fileio.Runner("nvgpu-state-file", IO_DEADLINE_S)
+        self._generation = 0  # of the last save asked for
+        self._written = 0  # of the last save that reached the file
+        self._write_lock = threading.Lock()
         self._load()
 
     # -- file ------------------------------------------------------------------------------------
 
     def _load(self) -> None:
-        if not self.path or not os.path.exists(self.path):
+        if not self.path:
             return
         try:
-            with open(self.path, "rb") as fh:
-                raw = fh.read(MAX_FILE_BYTES + 1)
-            if len(raw) > MAX_FILE_BYTES:
-                raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+            raw = fileio.read_file(self.path, MAX_FILE_BYTES, deadline_s=IO_DEADLINE_S, runner=self._io)
             data = json.loads(raw.decode("utf-8"), parse_constant=lambda c: float("nan"))
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
             if data.get("version") not in READABLE_VERSIONS:
                 raise ValueError(f"version {data.get('version')!r}, expected one of {READABLE_VERSIONS}")
-        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
+        except fileio.FileRefused as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):  # not there (yet): the start-up check says why
+                return
+            if exc.reason == "not_regular":
+                self.refused = exc.detail
+            fileio.count_failure("state_file", exc)
+            log.error("state file %s unreadable (%s); starting with no quarantine", self.path, exc.detail)
+            self.load_error = exc.detail
+            return
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
+            fileio.count_failure("state_file", exc)
             log.error("state file %s unreadable (%s); starting with no quarantine", self.path, exc)
             self.load_error = str(exc)
             return
@@ -256,9 +282,15 @@ class QuarantineStore:
             self.dropped.append(f"quarantine {feature!r}: {exc}")
             return None
 
-    def save(self) -> None:
-        """Write the state atomically; errors are logged once, not raised."""
-        if not self.path:
+    def save(self, wait: bool | None = None) -> None:
+        """Write the state atomically on the state file's own thread; errors are logged once, not
+        raised.
+
+        Args:
+            wait: wait for the write (at most :data:`IO_DEADLINE_S`); None (the default) waits
+                unless called on a running event loop, which is never held up by the file.
+        """
+        if not self.path or self.refused is not None:
             return
         data: dict[str, Any] = {
             "version": STATE_VERSION,
@@ -266,25 +298,59 @@ class QuarantineStore:
             "history": [list(h) for h in self.history],
             "quarantine": {k: {**asdict(v), "until_mono": self.until_mono[k]} for k, v in self.active.items()},
         }
+        self._generation += 1
+        if wait is None:
+            wait = not _on_event_loop()
+        future = self._io.submit(self._write, data, self._generation)
+        if not wait:
+            return
+        try:
+            future.result(timeout=IO_DEADLINE_S)
+        except Exception:  # noqa: BLE001 - a timeout: the write goes on (or not) on its own thread
+            self._io.give_up(future)
+            self._warn_once(f"no answer within {IO_DEADLINE_S:g} s (a hung mount?)")
+
+    def _warn_once(self, why: object) -> None:
+        if not self._save_warned:
+            log.warning("cannot write state file %s (%s); quarantine will not survive a restart", self.path, why)
+            self._save_warned = True
+
+    def _write(self, data: dict[str, Any], generation: int) -> None:
+        """On the state file's thread: write ``data`` unless a later save already reached the file."""
         tmp = None
         try:
+            try:
+                st = os.lstat(self.path)
+            except FileNotFoundError:
+                pass
+            else:
+                if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                    refused = f"is {fileio.describe_stat(st)}, not a regular file"
+                    self.refused = refused
+                    fileio.count_failure("state_file", fileio.FileRefused(self.path, "not_regular", refused))
+                    self._warn_once(
+                        f"{refused}: it is not replaced; set NVGPU_STATE_FILE='' to keep quarantines in memory"
+                    )
+                    return
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".state-", dir=directory)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(data, fh)
-            os.replace(tmp, self.path)
+            with self._write_lock:
+                if generation < self._written:
+                    return  # a thread stuck on a hung mount came back after a newer save
+                os.replace(tmp, self.path)
+                self._written = generation
             tmp = None
         except (OSError, ValueError) as exc:
-            if not self._save_warned:
-                log.warning("cannot write state file %s (%s); quarantine will not survive a restart", self.path, exc)
-                self._save_warned = True
+            self._warn_once(exc)
         except Exception:  # noqa: BLE001 - our own bug: the quarantine holds in memory, counted
             if self.on_error is not None:
                 self.on_error("state", "writing the state file")
-            elif not self._save_warned:
-                log.exception("cannot write state file %s; quarantine will not survive a restart", self.path)
-                self._save_warned = True
+            else:
+                self._warn_once("unexpected error")
+                log.exception("cannot write state file %s", self.path)
         finally:
             if tmp is not None:
                 with contextlib.suppress(OSError):
@@ -353,6 +419,14 @@ class QuarantineStore:
         """feature -> human detail of each active quarantine."""
         self.expire()
         return {f: q.detail() for f, q in self.active.items()}
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def clear_command(path: str, feature: str) -> str:

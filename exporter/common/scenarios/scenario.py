@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+from exporter.common import fileio
 from exporter.common.scenarios import spec
 from exporter.common.scenarios.spec import SpecError, check_error, fail, is_int, is_number
 
@@ -139,13 +140,14 @@ def _reject_constant(name: str) -> Any:
 
 
 def _read(path: str) -> Any:
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ScenarioError(f"scenario {path}: cannot read: {exc.strerror or exc}") from exc
-    if len(raw) > MAX_BYTES:
-        raise ScenarioError(f"scenario {path}: larger than {MAX_BYTES >> 20} MiB; a scenario is a few KiB to a few MiB")
+    try:  # without blocking on a FIFO, a regular file only, within a deadline (a hung mount)
+        raw = fileio.read_file(path, MAX_BYTES)
+    except fileio.FileRefused as exc:
+        if exc.reason == "too_large":
+            raise ScenarioError(
+                f"scenario {path}: larger than {MAX_BYTES >> 20} MiB; a scenario is a few KiB to a few MiB"
+            ) from None
+        raise ScenarioError(f"scenario {path}: cannot read: {exc.detail}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
