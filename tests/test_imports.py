@@ -64,7 +64,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             "exporter.config",
             "exporter.checks",
         ),
-        "worker side": (_W + "sampler", _W + "gpuslot", _W + "nvml_events"),
+        "worker side": (_W + "sampler", _W + "gpuslot", _W + "enumeration", _W + "nvml_events"),
     },
     {
         "contract and collectors": (
@@ -91,8 +91,10 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             _C + "protocol",
             _C + "decode",
             _C + "workerconfig",
+            _C + "gpuid",
             _C + "breadcrumb",
             _C + "logs",
+            _C + "fileio",
             _C + "nativelib",
             _C + "metric",
             _C + "nvml",

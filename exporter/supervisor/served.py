@@ -178,11 +178,10 @@ class ServedState:
         self.worker = WorkerStatus()
         self.nvml = NvmlStatus()
         self.native: NativeLibrary | None = None  # the worker's native library check, last reported
-        self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s)
+        self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s, expected=config.expected_gpus)
         self.xids = XidLedger()
         self.verdicts = VerdictEngine()  # every GPU's verdict, updated on each change (exporter.supervisor.verdicts)
         self.pid_lookups: list[int] = []  # Xid PIDs the worker is to map to pods
-        self.gpu_index: dict[str, str] = {}  # uuid -> index, remembered across workers
         self._calls_done = 0
         self._errors_done: collections.Counter[tuple[str, str]] = collections.Counter()
         self._calls_now = 0
@@ -267,15 +266,21 @@ class ServedState:
         self.xids.events_enabled.update(snap.events_enabled)
         self._calls_now = snap.calls
         self._errors_now = collections.Counter(snap.errors)
-        for g in snap.gpus:
-            if g.uuid:
-                self.gpu_index[g.uuid] = str(g.index)
         for ext in self.active_extensions():
             try:
                 ext.on_snapshot(snap)
             except Exception:  # noqa: BLE001 - one extension's bug must not cost the snapshot
                 self.count_error(ext.component, "handing it a snapshot")
-        return list(self.health.on_snapshot(snap))
+        hung = self.health.on_snapshot(snap)
+        for g in snap.gpus:
+            if g.state == "removed":  # the GPU left the node: its Xid and event series go with it
+                self.xids.forget(g.uuid or g.key)
+        return hung
+
+    @property
+    def gpu_index(self) -> dict[str, str]:
+        """UUID (PCI bus id without one) -> the ``gpu`` label of each GPU known now."""
+        return {r.uuid or r.key: str(r.index) for r in self.health.gpus.values()}
 
     def worker_started(self, pid: int) -> None:
         """A new worker process: fold the last worker's call and error totals into the history."""
@@ -312,6 +317,10 @@ class ServedState:
         if time.monotonic() - self.last_mono > self.config.stale_s:
             return None
         return self.last
+
+    def sample_age(self) -> float | None:
+        """Seconds since the last snapshot arrived (monotonic), None before the first."""
+        return None if self.last_mono is None else max(0.0, time.monotonic() - self.last_mono)
 
     def reading_age(self, g: GpuSample) -> float | None:
         """Seconds since GPU ``g``'s readings were taken, None if it has none; measured from the

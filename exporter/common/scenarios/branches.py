@@ -82,3 +82,8 @@ BRANCHES: dict[str, Branch] = {
 def field_known(branch: Branch | None, field_id: int) -> bool:
     """Whether the branch's header defines ``field_id`` (every id is known without a branch)."""
     return branch is None or (field_id < branch.field_id_end and field_id not in branch.unknown_fields)
+
+
+def missing(branch: Branch | None) -> frozenset[str]:
+    """The pynvml function names the branch's library lacks (none without a branch)."""
+    return frozenset() if branch is None else branch.missing

@@ -37,7 +37,7 @@ class FabricCalls(FakeCore):
         major version>"`` overrides it for one version.
         """
         fn = "nvmlDeviceGetGpuFabricInfoV"
-        self.enter(fn, getattr(handle, "index", None))
+        self.enter(fn, getattr(handle, "gpu", None))
         gpu = self.gpu_of(handle)
         struct = getattr(info, "_obj", info)
         major = int(struct.version) >> 24
