@@ -244,7 +244,9 @@ def _series_lines(golden: dict[str, Family]) -> list[str]:
                 continue
             labels = {**labels, "job": "nvgpu-exporter", "instance": "10.0.0.1:19400"}
             body = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-            lines.append(f"      - series: '{sample_name}{{{body}}}'\n        values: '{value:g}x30'")
+            # the node's clock agrees with promtool's (which starts at 0), as a healthy node's does
+            values = "0+60x30" if sample_name == "nvgpu_last_sample_timestamp_seconds" else f"{value:g}x30"
+            lines.append(f"      - series: '{sample_name}{{{body}}}'\n        values: '{values}'")
     return lines
 
 
