@@ -276,3 +276,37 @@ def test_the_alert_rules_on_each_scenario(scenario: str, tmp_path: Path) -> None
         fired = _promtool(tmp_path / f"{alert}.yaml", series, {alert: "[]"})
         said = fired.stdout + fired.stderr
         assert fired.returncode != 0 and f"alertname: {alert}" in said, f"{alert} does not fire on {scenario}"
+
+
+# -- DCGM-compat rules without GPM ---------------------------------------------------------------------
+
+# GPUs per scenario and whether GPM answers there (docs/migrating-from-dcgm.md, "Profiling"): without
+# GPM (Ampere, Ada) the DCGM_FI_PROF_* names have no series and the device names still do.
+PROFILING = {"a100x2-r535": (2, False), "l40sx2-r550": (2, False), "h100x2-r550": (2, True)}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+@pytest.mark.parametrize("scenario", sorted(PROFILING))
+def test_the_dcgm_compat_profiling_names_fall_back_without_gpm(scenario: str, tmp_path: Path) -> None:
+    gpus, gpm = PROFILING[scenario]
+    on = state(GOLDENS[scenario], "gpm")
+    assert on == (("default", 1.0) if gpm else ("unsupported", 0.0)), on  # the reason is served
+    checks = {
+        "count(DCGM_FI_DEV_GPU_UTIL)": gpus,
+        "count(DCGM_FI_PROF_SM_ACTIVE) or vector(0)": gpus if gpm else 0,
+        "count(DCGM_FI_PROF_GR_ENGINE_ACTIVE) or vector(0)": gpus if gpm else 0,
+        "count(DCGM_FI_PROF_DRAM_ACTIVE) or vector(0)": gpus if gpm else 0,
+    }
+    tests = "\n".join(
+        f"      - expr: '{expr}'\n        eval_time: 5m\n        exp_samples:\n          - labels: '{{}}'\n"
+        f"            value: {want}"
+        for expr, want in checks.items()
+    )
+    path = tmp_path / "dcgm.yaml"
+    path.write_text(
+        f"rule_files:\n  - {ROOT / 'deploy' / 'prometheus' / 'dcgm-compat' / 'rules.yaml'}\nevaluation_interval: 1m\n"
+        "tests:\n  - interval: 1m\n    input_series:\n" + "\n".join(_series_lines(GOLDENS[scenario])) + "\n"
+        "    promql_expr_test:\n" + tests + "\n"
+    )
+    done = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
