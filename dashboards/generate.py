@@ -584,18 +584,37 @@ def gpu_fleet() -> dict[str, Any]:
         )
         .with_panel(
             timeseries_panel(
-                "Average power from the energy counter",
-                "rate() of nvgpu_energy_consumption_joules_total: the mean power between samples, which the "
-                "instantaneous power reading can miss.",
-                [(f"rate(nvgpu_energy_consumption_joules_total{{{GPU}}}[$__rate_interval])", GPU_LEGEND)],
+                "Average power from the energy counter, by scope",
+                "rate() of the energy counter: the mean power between samples, which the instantaneous power "
+                "reading can miss. Its scope is in the legend: the GPU on discrete boards "
+                "(nvgpu_energy_consumption_joules_total, compare with the GPU's power draw), the whole Grace "
+                "module on GH200 / GB200 (nvgpu_module_energy_consumption_joules_total, compare with the module "
+                "power under Power by scope, not with the GPU's).",
+                [
+                    (f"rate(nvgpu_energy_consumption_joules_total{{{GPU}}}[$__rate_interval])", GPU_LEGEND + " gpu"),
+                    (
+                        f"rate(nvgpu_module_energy_consumption_joules_total{{{GPU}}}[$__rate_interval])",
+                        GPU_LEGEND + " module",
+                    ),
+                ],
                 "watt",
             )
         )
         .with_panel(
             bargauge_panel(
-                "Energy in the time range",
-                "increase() of nvgpu_energy_consumption_joules_total over the dashboard's time range, in kWh.",
-                [(f"increase(nvgpu_energy_consumption_joules_total{{{GPU}}}[$__range]) / 3600000", GPU_LEGEND)],
+                "Energy in the time range, by scope",
+                "increase() of the energy counter over the dashboard's time range, in kWh: the GPU's on discrete "
+                "boards, the whole module's on Grace modules (the legend says which).",
+                [
+                    (
+                        f"increase(nvgpu_energy_consumption_joules_total{{{GPU}}}[$__range]) / 3600000",
+                        GPU_LEGEND + " gpu",
+                    ),
+                    (
+                        f"increase(nvgpu_module_energy_consumption_joules_total{{{GPU}}}[$__range]) / 3600000",
+                        GPU_LEGEND + " module",
+                    ),
+                ],
                 "kwatth",
                 ALWAYS_BLUE,
             )
@@ -614,21 +633,37 @@ def gpu_fleet() -> dict[str, Any]:
         )
         .with_panel(
             timeseries_panel(
+                "Thermal margin",
+                "Degrees below the GPU's own slowdown threshold (nvgpu_temperature_margin_celsius) and below the "
+                "HBM's maximum (nvgpu_memory_temperature_margin_celsius): what the alerts read, the same on every "
+                "board whatever its thresholds. Under 5 degrees the clocks are about to be held down.",
+                [
+                    (f"nvgpu_temperature_margin_celsius{{{GPU}}}", GPU_LEGEND + " to slowdown"),
+                    (f"nvgpu_memory_temperature_margin_celsius{{{GPU}}}", GPU_LEGEND + " memory to max"),
+                ],
+                "celsius",
+                min_val=None,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
                 "Power by scope",
                 "Each scope is its own metric family (never a label the exporter mixes): the GPU alone "
                 "(nvgpu_power_usage_watts), its HBM (nvgpu_memory_power_usage_watts, where NVML reports it) and "
-                "the whole Grace module (nvgpu_module_power_usage_watts, Grace Hopper / Blackwell only). The "
-                "scope label here is the dashboard's. The energy counter's scope is not reported by NVML.",
+                "the whole Grace module (nvgpu_module_power_usage_watts and its limit "
+                "nvgpu_module_power_limit_watts, Grace Hopper / Blackwell only). The scope label here is the "
+                "dashboard's.",
                 [
                     (
                         f'label_replace(nvgpu_power_usage_watts{{{GPU}}}, "scope", "gpu", "", "")'
                         f' or label_replace(nvgpu_memory_power_usage_watts{{{GPU}}}, "scope", "memory", "", "")'
                         f' or label_replace(nvgpu_module_power_usage_watts{{{GPU}}}, "scope", "module", "", "")',
                         GPU_LEGEND + " {{scope}}",
-                    )
+                    ),
+                    (f"nvgpu_module_power_limit_watts{{{GPU}}}", GPU_LEGEND + " module limit"),
                 ],
                 "watt",
-                w=24,
+                w=12,
             )
         )
     )
@@ -1684,11 +1719,13 @@ def exporter_health() -> dict[str, Any]:
         )
         .with_panel(
             table_panel(
-                "Process list API in use",
-                "nvgpu_process_api_info: how many exporters read each process list with which NVML function, and "
-                "why an older struct version (unsupported: the driver lacks the newer symbol; records_invalid: its "
-                "records failed validation and the older struct read clean).",
-                [(f"count by (list, function, fallback) (nvgpu_process_api_info{{{HEALTH}}})", None)],
+                "NVML API variants in use",
+                "nvgpu_nvml_api_info: how many exporters answer each versioned call (memory, temperature, fabric, "
+                "clock event reasons, process lists) with which NVML function and struct version, and why not the "
+                "newest (function_not_found: the driver or binding lacks it; argument_version_mismatch: a driver "
+                "older than the struct; records_invalid: the newer process struct's records failed validation and "
+                "the older one read clean). Chosen once per worker.",
+                [(f"count by (call, function, version, fallback) (nvgpu_nvml_api_info{{{HEALTH}}})", None)],
                 rename={"Value": "exporters"},
             )
         )

@@ -624,8 +624,9 @@ def feat_power(g, b):
     if g in ("hopper_gh200", "blackwell_gb200"):
         calls["field 185 scope 1 (module)"] = "supported (reported)"
         src += ["hardware-sampling-5", "k8s-test-infra-676", "zeus-172"]
+        calls["field 190 scope 1 (module limit)"] = "supported (reported)"
         notes.append(
-            "module scope answers only with a Grace CPU ('x86 or non-NVIDIA ARM is not supported', header); on GH200 the energy counter covers the whole module (zeus PR #172): scope of nvmlDeviceGetTotalEnergyConsumption on GB200 unknown, no public source"
+            "module scope answers only with a Grace CPU ('x86 or non-NVIDIA ARM is not supported', header); on GH200 the energy counter covers the whole module (zeus PR #172), so the exporter files it under nvgpu_module_energy_consumption_joules_total where the module power answers: its scope on GB200 has no public source and is taken to be the same"
         )
     else:
         calls["field 185 scope 1 (module)"] = "NOT_SUPPORTED"
@@ -694,10 +695,23 @@ def feat_temperature(g, b):
         calls["field 82 NVML_FI_DEV_MEMORY_TEMP"] = "supported"
         conf = "documented"
         src += ["nvmex-1"] if g == "ampere_ga100" else []
+    calls["nvmlDeviceGetTemperatureThreshold"] = "supported"
+    calls["nvmlDeviceGetMarginTemperature"] = "supported" if ORDER[b] >= ORDER["R570"] else "FUNCTION_NOT_FOUND"
+    note += "; margins: nvmlDeviceGetMarginTemperature (R570+), else the slowdown threshold minus the temperature"
+    src += ["gpud-margin"]
     if is_measured(g, b):
         conf = "measured"
         src += MEAS
-    return cell("supported", calls, uses + ["field 82"], fb, src, note.strip("; "), conf, is_measured(g, b))
+    return cell(
+        "supported",
+        calls,
+        uses + ["field 82", "nvmlDeviceGetTemperatureThreshold"],
+        fb,
+        src,
+        note.strip("; "),
+        conf,
+        is_measured(g, b),
+    )
 
 
 def feat_fan(g, b):
@@ -870,16 +884,16 @@ def feat_nvlink(g, b):
         calls = {
             "nvmlDeviceGetNvLinkState": "supported",
             "fields 161-163 NVML_FI_DEV_NVLINK_ERROR_DL_*": "NOT_SUPPORTED (documented: 'unsupported for Blackwell+')",
-            "nvmlDeviceGetNvLinkErrorCounter": "unknown (the plan assumes NOT_SUPPORTED on the fake; no public source for real GB200/B200)",
-            "fields 201-222, 235-250 NVML_FI_DEV_NVLINK_COUNT_*": "supported (not read by the exporter today)",
+            "nvmlDeviceGetNvLinkErrorCounter": "unknown (no public source for real GB200/B200; the fake answers NOT_SUPPORTED)",
+            "fields 206-221 NVML_FI_DEV_NVLINK_COUNT_*": "supported",
         }
         return cell(
-            "unsupported",
+            "supported",
             calls,
-            ["nvmlDeviceGetNvLinkState"],
-            "fields 161-163 -> NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_* (213-215), EFFECTIVE_ERRORS 219, SYMBOL_ERRORS 221, FEC history 235-250 (not implemented yet)",
-            src + ["nre-302", "dcgm-exporter-581", "marin-9086", "nvml-api-fields"],
-            "today the feature reads only link state and errors nowhere: it must report unsupported for the error counters, not success; 18 links, indices 18-35 INVALID_ARGUMENT",
+            ["nvmlDeviceGetNvLinkState", "fields 206-221 NVML_FI_DEV_NVLINK_COUNT_*"],
+            "fields 161-163 unsupported -> NVML_FI_DEV_NVLINK_COUNT_* per link in a field-value call of their own: 215 LINK_RECOVERY_EVENTS as error_type recovery (Hopper's meaning), 214, 219, 221 as recovery_failed, effective, symbol (206-212 with details); no NVLink5 field means replay or flit/data CRC",
+            src + ["nre-302", "dcgm-exporter-581", "marin-9086", "dcgm-265", "nvml-api-fields"],
+            "18 links, indices 18-35 INVALID_ARGUMENT; a GPU whose links answer no error counter at all has the feature unsupported (link state alone is not NVLink monitoring)",
             "documented",
         )
     calls = {
@@ -932,18 +946,17 @@ def feat_nvlink_throughput(g, b):
     note = "cumulative KiB counters; scope 0xFFFFFFFF = all links"
     conf = "measured" if is_measured(g, b) else "documented"
     if g in ("blackwell", "blackwell_gb200"):
-        calls["fields 138/139"] = "unknown"
+        calls["fields 138/139 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX"] = "unknown"
         calls["fields 202/204 NVML_FI_DEV_NVLINK_COUNT_XMIT/RCV_BYTES"] = "supported (header: 'in NVLink5')"
-        note = "whether 138/139 still answer on NVLink5 is unknown, no public source; 202/204 (per link, bytes) are the NVLink5 counters"
-        conf = "unknown"
+        note = "whether 138/139 still answer on NVLink5 is unknown, no public source; where every 138/139 entry is unsupported the exporter sums 202/204 (per link, bytes)"
         return cell(
-            "unknown",
+            "supported",
             calls,
-            ["field 91"],
-            "138/139 -> 202/204 per link (not implemented)",
+            ["field 91 NVML_FI_DEV_NVLINK_LINK_COUNT"],
+            "138/139 unsupported -> 202/204 per link, summed",
             src + ["nvml-api-fields"],
             note,
-            conf,
+            "documented",
         )
     if is_measured(g, b):
         note += "; measured: deltas equal the bytes copied over NVLink (ratio 1.0000)"
@@ -971,7 +984,7 @@ def feat_fabric(g, b):
     else:
         v = {"nvmlDeviceGetGpuFabricInfoV": "FUNCTION_NOT_FOUND", "nvmlDeviceGetGpuFabricInfo v1": "supported"}
         uses = ["nvmlDeviceGetGpuFabricInfo v1"]
-    fb = "V v3 -> V v2 (R550-R575) -> nvmlDeviceGetGpuFabricInfo v1 (R535); the exporter today stops at V v2 and knows only the struct names of nvidia-ml-py 13.580+"
+    fb = "V v3 -> V v2 (R550-R575) -> nvmlDeviceGetGpuFabricInfo v1 (R535), in struct layouts of the exporter's own (the bindings' v1 up to 13.610 and 12.550/12.560 v2 are wrong); chosen once per worker, nvgpu_nvml_api_info{call=\"fabric\"}"
     if not fabric_gpu:
         v = {
             k: "NOT_SUPPORTED (state NOT_SUPPORTED)" if "FUNCTION_NOT_FOUND" not in val else val for k, val in v.items()
@@ -1167,6 +1180,14 @@ def feat_nonnvml(kind):
     return f
 
 
+def feat_c2c(g, b):
+    return planned_c2c(g, b)
+
+
+def feat_confidential_computing(g, b):
+    return planned_cc(g, b)
+
+
 FEATURE_RULES = {
     "identity": feat_identity,
     "mig": feat_mig,
@@ -1182,9 +1203,11 @@ FEATURE_RULES = {
     "remapped_rows": feat_remapped_rows,
     "nvlink": feat_nvlink,
     "nvlink_throughput": feat_nvlink_throughput,
+    "c2c": feat_c2c,
     "nvlink_links": feat_nonnvml("nvlink_links"),
     "details": feat_nonnvml("details"),
     "fabric": feat_fabric,
+    "confidential_computing": feat_confidential_computing,
     "gpm": feat_gpm,
     "gpm_pipes": lambda g, b: feat_gpm(g, b, pipes=True),
     "processes": feat_processes,
@@ -1195,7 +1218,7 @@ FEATURE_RULES = {
 }
 
 
-# ------------------------------------------------------------- planned (not read today)
+# --------------------------------------------- capabilities added inside the features for the newer generations
 def planned_nvlink5(g, b):
     if g not in ("blackwell", "blackwell_gb200"):
         return cell(
@@ -1354,7 +1377,7 @@ def planned_cc(g, b):
         "supported" if conf != "unknown" else "unknown",
         calls,
         ["nvmlSystemGetConfComputeState", "nvmlSystemGetConfComputeGpusReadyState"],
-        None,
+        "none needed: the exporter reads nvmlSystemGetConfComputeState and nvmlSystemGetConfComputeGpusReadyState (every header from 12.2); the settings call (R550+) and a per-GPU ready state (no such symbol) are not called",
         hb(b),
         note,
         conf,
@@ -1417,11 +1440,11 @@ def planned_module_power(g, b):
     )
 
 
-PLANNED = {
+# capability -> its rule; each lives inside a feature (nvlink, fabric, temperature, power): c2c and
+# confidential_computing became features of their own (FEATURE_RULES)
+CAPABILITIES = {
     "nvlink5_counters": planned_nvlink5,
     "fabric_health": planned_fabric_health,
-    "c2c": planned_c2c,
-    "confidential_computing": planned_cc,
     "temperature_thresholds": planned_temp_thresholds,
     "module_power": planned_module_power,
 }
@@ -1596,7 +1619,7 @@ def build(feature_names):
                             c["confidence"] = "documented"
                 cells[f][g][b] = c
     planned = {}
-    for p, rule in PLANNED.items():
+    for p, rule in CAPABILITIES.items():
         planned[p] = {}
         for g in GENS:
             planned[p][g] = {}
@@ -1638,11 +1661,11 @@ def main():
     unknown = used - set(SOURCES)
     assert not unknown, unknown
     doc = {
-        "schema": 1,
+        "schema": 2,
         "date": "2026-12-01",
         "description": "Capability table of nvgpu-exporter (docs/capabilities.md): per feature (guards/features.py FEATURES), GPU generation and driver branch, "
-        "the NVML calls and fields used, what they answer there, the fallback, and the source of every cell. 'planned' holds the calls the planned work "
-        "points 2-4 will add.",
+        "the NVML calls and fields used, what they answer there, the fallback, and the source of every cell. 'capabilities' holds the capabilities inside "
+        "features added for the newer generations (NVLink5 counters, fabric health, temperature thresholds, module power), with the same shape.",
         "statuses": {
             "supported": "the feature gives values with the calls listed",
             "partial": "some of the feature's calls or series answer, others do not",
@@ -1661,7 +1684,7 @@ def main():
         "generations": GENERATIONS,
         "sources": {k: SOURCES[k] for k in sorted(used)},
         "features": normalize(cells),
-        "planned": normalize(planned),
+        "capabilities": normalize(planned),
     }
     json.dumps(doc, indent=1, sort_keys=False, ensure_ascii=False)
     # one cell per line: collapse the innermost objects
@@ -1675,7 +1698,7 @@ def main():
             isinstance(obj, dict)
             and path
             and (
-                path[0] in ("features", "planned")
+                path[0] in ("features", "capabilities")
                 and len(path) == 5
                 and path[2] == "cells"
                 or path[0] in ("sources",)

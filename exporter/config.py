@@ -371,7 +371,8 @@ SETTINGS: tuple[Setting, ...] = (
         "nvml",
         _backend,
         "'nvml' (the real library) or 'fake:<scenario>': a shipped name (h200x1, h200x2, h200x8, h200x2-mig, "
-        "h200x2-nvlink-crash, h200x2-xid79) or a scenario file",
+        "h200x2-nvlink-crash, h200x2-xid79, a100x2-r535, l40sx2-r550, h100x2-r550, gh200x1-r570, b200x2-r570, "
+        "gb200x2-r580) or a scenario file",
     ),
     Setting(
         "state_file",

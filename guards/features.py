@@ -158,12 +158,16 @@ FEATURES: Mapping[str, Feature] = _registry(
         default=True,
         description=(
             "GPU temperature (TemperatureV on 570+, legacy call before) and HBM temperature "
-            "(field NVML_FI_DEV_MEMORY_TEMP, 82)"
+            "(field NVML_FI_DEV_MEMORY_TEMP, 82); the margins to the slowdown and memory-maximum "
+            "thresholds (nvmlDeviceGetMarginTemperature on 570+, nvmlDeviceGetTemperatureThreshold), "
+            "the thresholds themselves with details"
         ),
         nvml_functions=(
             "nvmlDeviceGetTemperatureV",
             "nvmlDeviceGetTemperature",
             "nvmlDeviceGetFieldValues",
+            "nvmlDeviceGetTemperatureThreshold",
+            "nvmlDeviceGetMarginTemperature",
         ),
     ),
     Feature(
@@ -181,6 +185,7 @@ FEATURES: Mapping[str, Feature] = _registry(
             "nvmlDeviceGetMaxClockInfo",
             "nvmlDeviceGetPerformanceState",
             "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
         ),
     ),
     Feature(
@@ -231,7 +236,8 @@ FEATURES: Mapping[str, Feature] = _registry(
             "NVLink links up and error counters (replay, recovery, CRC flit/data) per GPU: the DL replay, "
             "recovery and CRC fields (161-163) per link in one field-value call every sample, "
             "nvmlDeviceGetNvLinkErrorCounter where the driver lacks them and for data CRC (every 30 s); "
-            "per-link series only for links with replay, recovery or flit-CRC errors (nvlink_links: all)"
+            "per-link series only for links with replay, recovery or flit-CRC errors (nvlink_links: all); "
+            "NVLink5 (Blackwell) error counters NVML_FI_DEV_NVLINK_COUNT_* in a field-value call of their own"
         ),
         nvml_functions=("nvmlDeviceGetNvLinkState", "nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkErrorCounter"),
     ),
@@ -240,9 +246,19 @@ FEATURES: Mapping[str, Feature] = _registry(
         default=True,
         description=(
             "NVLink TX/RX data bytes per GPU via field values NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX "
-            "(138/139, scope 0xFFFFFFFF = all links; per link with nvlink_links) and the link count "
+            "(138/139, scope 0xFFFFFFFF = all links; per link with nvlink_links; NVLink5 byte counters 202/204 "
+            "where those are unsupported) and the link count "
             "NVML_FI_DEV_NVLINK_LINK_COUNT (91); the query that crashed with glibc heap corruption on H20 / "
             "driver 580 (docs/design.md)"
+        ),
+        nvml_functions=("nvmlDeviceGetFieldValues",),
+    ),
+    Feature(
+        name="c2c",
+        default=True,
+        description=(
+            "NVLink-C2C between the GPU and its Grace CPU (GH200, GB200): links present and up, CRC and "
+            "replay error counters (fields 170, 171, 231-233); absent on GPUs without C2C"
         ),
         nvml_functions=("nvmlDeviceGetFieldValues",),
     ),
@@ -272,10 +288,26 @@ FEATURES: Mapping[str, Feature] = _registry(
         name="fabric",
         default=True,
         description=(
-            "NVLink fabric registration state and status (nvmlDeviceGetGpuFabricInfoV, 550+): NVSwitch "
-            "systems whose Fabric Manager has not completed; absent on GPUs without a fabric"
+            "NVLink fabric registration state and status, health (mask and summary) and the NVLink domain "
+            "(clique id, cluster UUID): nvmlDeviceGetGpuFabricInfoV v3, v2 (550+), else the v1 call (535); "
+            "NVSwitch systems whose Fabric Manager has not completed or whose fabric runs degraded; absent "
+            "on GPUs without a fabric"
         ),
-        nvml_functions=("nvmlDeviceGetGpuFabricInfoV",),
+        nvml_functions=("nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"),
+    ),
+    Feature(
+        name="confidential_computing",
+        default=True,
+        description=(
+            "confidential computing: the system's CC mode and whether its GPUs accept work "
+            "(nvmlSystemGetConfComputeState, nvmlSystemGetConfComputeGpusReadyState: a state, not an "
+            "error) and, with CC on, each GPU's protected memory; unsupported on systems without CC"
+        ),
+        nvml_functions=(
+            "nvmlSystemGetConfComputeState",
+            "nvmlSystemGetConfComputeGpusReadyState",
+            "nvmlDeviceGetConfComputeProtectedMemoryUsage",
+        ),
     ),
     Feature(
         name="gpm",

@@ -482,7 +482,7 @@ def check_process_struct(binding_version: str, driver_version: str) -> list[str]
         f"process struct mismatch: driver {driver_version} writes 32-byte process records through "
         f"nvmlDeviceGet*RunningProcesses_v3 while nvidia-ml-py {binding_version} reads 24-byte ones, so pid "
         "and memory scramble from the second record on (drivers 535.43 up to 535.104.05); the exporter "
-        "drops implausible records and reads _v2 instead (nvgpu_process_api_info); "
+        "drops implausible records and reads _v2 instead (nvgpu_nvml_api_info); "
         "upgrade the driver to 535.104.05 or later"
     ]
 

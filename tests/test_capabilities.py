@@ -2,8 +2,8 @@
 
 Every feature of guards/features.py has a cell per GPU generation and driver branch; every cell
 says what each NVML call answers there and names its sources; only the H200 / R580 cells are
-measured, and those cite a measurement. The same holds for the ``planned`` capabilities (the calls
-the planned work adds).
+measured, and those cite a measurement. The same holds for the ``capabilities`` added inside features for the
+newer generations (NVLink5 counters, fabric health, temperature thresholds, module power).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _cells(table: dict[str, Any], section: str) -> list[tuple[str, str, str, dic
 
 
 def test_table_names_the_five_branches_and_the_generations(table: dict[str, Any]) -> None:
-    assert table["schema"] == 1
+    assert table["schema"] == 2
     assert tuple(table["branches"]) == BRANCHES
     architectures = {gen["architecture"] for gen in table["generations"].values()}
     assert {"Ampere", "Ada Lovelace", "Hopper", "Blackwell"} <= architectures
@@ -66,7 +66,7 @@ def test_table_names_the_five_branches_and_the_generations(table: dict[str, Any]
 
 def test_every_feature_has_a_cell_per_generation_and_branch(table: dict[str, Any]) -> None:
     assert set(table["features"]) == set(FEATURES)
-    for section in ("features", "planned"):
+    for section in ("features", "capabilities"):
         for name, entry in table[section].items():
             assert set(entry["cells"]) == set(table["generations"]), (section, name)
             for gen, branches in entry["cells"].items():
@@ -75,7 +75,7 @@ def test_every_feature_has_a_cell_per_generation_and_branch(table: dict[str, Any
 
 def test_cells_use_the_declared_statuses_answers_and_calls(table: dict[str, Any]) -> None:
     confidences = set(table["confidence"])
-    for section in ("features", "planned"):
+    for section in ("features", "capabilities"):
         for name, gen, branch, cell in _cells(table, section):
             where = (section, name, gen, branch)
             assert cell["status"] in table["statuses"], where
@@ -90,7 +90,7 @@ def test_cells_use_the_declared_statuses_answers_and_calls(table: dict[str, Any]
 
 def test_every_cell_that_is_not_measured_names_a_source(table: dict[str, Any]) -> None:
     sources = table["sources"]
-    for section in ("features", "planned"):
+    for section in ("features", "capabilities"):
         for name, gen, branch, cell in _cells(table, section):
             where = (section, name, gen, branch)
             assert cell["sources"], where
@@ -111,7 +111,8 @@ def test_sources_point_somewhere_real(table: dict[str, Any]) -> None:
 
 def test_only_the_h200_on_r580_is_measured_and_says_so(table: dict[str, Any]) -> None:
     sources = table["sources"]
-    measured = [(s, n, g, b) for s in ("features", "planned") for n, g, b, c in _cells(table, s) if c.get("measured")]
+    sections = ("features", "capabilities")
+    measured = [(s, n, g, b) for s in sections for n, g, b, c in _cells(table, s) if c.get("measured")]
     assert measured, "the H200 / R580 measurements are marked"
     for section, name, gen, branch in measured:
         cell = table[section][name]["cells"][gen][branch]
@@ -132,7 +133,7 @@ def test_a_supported_cell_with_a_missing_call_names_its_fallback(table: dict[str
 def test_branches_that_do_not_drive_a_gpu_are_not_applicable_everywhere(table: dict[str, Any]) -> None:
     for gen in ("blackwell", "blackwell_gb200", "blackwell_rtx"):
         for branch in ("R535", "R550"):
-            for section in ("features", "planned"):
+            for section in ("features", "capabilities"):
                 for name, entry in table[section].items():
                     assert entry["cells"][gen][branch]["status"] == "not_applicable", (section, name, gen, branch)
 
@@ -146,8 +147,9 @@ def test_the_documented_fallbacks_are_in_the_table(table: dict[str, Any]) -> Non
     assert fabric["R535"]["answers"]["nvmlDeviceGetGpuFabricInfoV"] == "FUNCTION_NOT_FOUND"
     assert fabric["R550"]["answers"]["nvmlDeviceGetGpuFabricInfoV v3"] == "ARGUMENT_VERSION_MISMATCH"
     nvlink = features["nvlink"]["cells"]["blackwell_gb200"]["R580"]
-    assert nvlink["status"] == "unsupported"
+    assert nvlink["status"] == "supported"  # through the NVLink5 counters
     assert nvlink["answers"]["field 161-163"] == "NOT_SUPPORTED"
+    assert "NVML_FI_DEV_NVLINK_COUNT_" in table["features"]["nvlink"]["cells"]["blackwell_gb200"]["R580"]["fallback"]
     assert features["gpm"]["cells"]["ada"]["R580"]["status"] == "unsupported"
 
 

@@ -208,7 +208,7 @@ def test_the_health_dashboard_covers_the_issue(dashboards: dict[str, dict[str, A
         "nvgpu_build_info",
         "nvgpu_module_info",
         "increase(nvgpu_process_records_dropped_total",
-        "nvgpu_process_api_info",
+        "nvgpu_nvml_api_info",
         "nvgpu_pod_attribution_source_up",
     ]:
         assert needle in exprs, needle

@@ -95,7 +95,7 @@ def test_known_issue_rules_for_gpm_and_pod_attribution_are_obeyed_everywhere(tmp
         # their series are absent; the processes collector still counts, without per-pod sums
         assert not [n for n in s.names() if n.startswith("nvgpu_gpm_")]
         assert not [n for n in s.names() if n.startswith("nvgpu_pod_")]  # the extension renders nothing
-        assert not s.find("nvgpu_process_api_info", list="utilization")
+        assert not s.find("nvgpu_nvml_api_info", call="process_utilization")
         assert s.value("nvgpu_compute_processes_memory_used_bytes", gpu="0") == 1 << 30
         records = list(exp.log_records())
         assert any("feature gpm is off: known issue on this node" in r.get("msg", "") for r in records)

@@ -54,6 +54,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
                     "pods",
                     "exposition",
                     "selfmetrics",
+                    "apis",
                     "procmetrics",
                     "statuspage",
                 )

@@ -47,7 +47,12 @@ GPU_FAMILIES: dict[str, set[str]] = {
         "nvgpu_power_limit_watts",
         "nvgpu_energy_consumption_joules_total",
     },
-    "temperature": {"nvgpu_gpu_temperature_celsius", "nvgpu_memory_temperature_celsius"},
+    "temperature": {
+        "nvgpu_gpu_temperature_celsius",
+        "nvgpu_memory_temperature_celsius",
+        "nvgpu_temperature_margin_celsius",
+        "nvgpu_memory_temperature_margin_celsius",
+    },
     "clocks": {"nvgpu_clock_hertz", "nvgpu_clock_max_hertz"},
     "throttle_time": {"nvgpu_clock_event_reason_seconds_total"},
     "pcie": {"nvgpu_pcie_link_generation", "nvgpu_pcie_link_width", "nvgpu_pcie_replay_errors_total"},
@@ -65,6 +70,7 @@ GPU_FAMILIES: dict[str, set[str]] = {
     "nvlink": {"nvgpu_nvlink_links_up", "nvgpu_nvlink_errors_total"},
     "nvlink_throughput": {"nvgpu_nvlink_transmit_bytes_total", "nvgpu_nvlink_receive_bytes_total"},
     "fabric": {"nvgpu_fabric_state", "nvgpu_fabric_status"},
+    "confidential_computing": set(),  # CC off: one node-level series, nothing per GPU
     "gpm": {
         "nvgpu_gpm_graphics_activity_ratio",
         "nvgpu_gpm_sm_activity_ratio",

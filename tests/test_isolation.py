@@ -188,12 +188,89 @@ def test_unsupported_is_reprobed_after_mig_goes_off(tmp_path: Path, how: str) ->
         assert s.value("nvgpu_gpu_feature_unsupported", gpu="0", feature="utilization") == 1.0
         assert not s.find("nvgpu_gpu_utilization_ratio") and not s.find("nvgpu_remapped_rows_pending")
         back = exp.wait_for(
-            lambda s: s.find("nvgpu_gpu_utilization_ratio", gpu="1") and s.find("nvgpu_remapped_rows_pending", gpu="1"),
+            lambda s: all(  # each GPU re-probes on its own clock: both back, maybe a sample apart
+                s.find("nvgpu_gpu_utilization_ratio", gpu=g) and s.find("nvgpu_remapped_rows_pending", gpu=g)
+                for g in ("0", "1")
+            ),
             timeout=12,
             what="utilization and remapped rows back",
         )
         assert not back.find("nvgpu_gpu_feature_unsupported", feature="utilization")
         assert back.value("nvgpu_feature_enabled", feature="utilization", reason="default") == 1.0
+        assert exp.terminate() == 0
+
+
+# What a vGPU guest (or an H200's missing fan) answers NOT_SUPPORTED: ten features with no call that
+# answers (NVIDIA's vGPU user guide lists ECC, NVLink, fabric, PCIe replay, clock-event durations,
+# row remapping and GPM among what a guest's NVML does not report; the H200 has no fan).
+VGPU_UNSUPPORTED = (
+    "fan",
+    "mig",
+    "pcie",
+    "ecc",
+    "remapped_rows",
+    "nvlink",
+    "nvlink_throughput",
+    "fabric",
+    "gpm",
+    "throttle_time",
+)
+
+
+def vgpu_guest() -> dict[str, Any]:
+    scenario = load_scenario("h200x1")
+    gpu = scenario["gpus"][0]
+    values = gpu["values"]
+    for fn in list(values):
+        name = fn.split(":")[0]
+        if name.startswith(
+            ("nvmlDeviceGetPcie", "nvmlDeviceGetCurrPcie", "nvmlDeviceGetMaxPcie", "nvmlGpm")
+        ) or name in (
+            "nvmlDeviceGetEccMode",
+            "nvmlDeviceGetTotalEccErrors",
+            "nvmlDeviceGetRemappedRows",
+            "nvmlDeviceGetMigMode",
+        ):
+            del values[fn]  # a call without a value answers NOT_SUPPORTED
+    gpu["fields"] = {k: v for k, v in gpu["fields"].items() if k.split(":")[0] in ("82", "185")}
+    return scenario
+
+
+def test_reprobes_ask_in_the_background_and_do_not_flip(tmp_path: Path) -> None:
+    """A vGPU guest with ten unsupported features (the H200's fan among them), re-probed every
+    second, sampled every 0.25 s, watched over five re-probe periods: every scrape shows all ten off
+    as unsupported and none of their series; each is logged unsupported once, none "answers
+    again". Then the fan answers (t = 8 s): one log line, and its series in every scrape after."""
+    scenario = vgpu_guest()
+    values = scenario["gpus"][0]["values"]
+    values["nvmlDeviceGetNumFans"] = {"sequence": [{"until_s": 8.0, "value": {"error": "NOT_SUPPORTED"}}, {"value": 1}]}
+    values["nvmlDeviceGetFanSpeed_v2:0"] = 40
+    env = {"NVGPU_REPROBE_SECONDS": "1"}
+    with Exporter(write_scenario(tmp_path, scenario), tmp_path, env=env, interval=0.25) as exp:
+        first = exp.wait_for(lambda s: s.value("nvgpu_feature_enabled", feature="gpm", reason="unsupported") == 0.0)
+        start = first.value("nvgpu_last_sample_timestamp_seconds")
+        seen: set[float] = set()
+        while (exp.scrape().value("nvgpu_last_sample_timestamp_seconds") or 0) < start + 5.0:
+            s = exp.scrape()
+            seen.add(s.value("nvgpu_last_sample_timestamp_seconds") or 0)
+            for feature in VGPU_UNSUPPORTED:
+                assert s.value("nvgpu_feature_enabled", feature=feature, reason="unsupported") == 0.0, feature
+            assert not s.find("nvgpu_fan_speed_ratio") and not s.find("nvgpu_ecc_mode")
+            assert not s.find("nvgpu_pcie_link_generation") and not s.find("nvgpu_gpm_sm_activity_ratio")
+            assert s.find("nvgpu_power_usage_watts")  # what the guest does answer stays
+            time.sleep(0.1)  # the point: many scrapes across the re-probe periods
+        assert len(seen) >= 12, f"only {len(seen)} samples seen"
+        records = list(exp.log_records())
+        assert not [r for r in records if "answers again" in r.get("msg", "")]
+        for feature in VGPU_UNSUPPORTED:
+            said = [r for r in records if r.get("msg", "").startswith(f"feature {feature} is unsupported on every GPU")]
+            assert len(said) == 1, (feature, said)
+        exp.wait_for(lambda s: s.value("nvgpu_fan_speed_ratio", gpu="0", fan="0") == 0.4, timeout=10, what="fan back")
+        back = exp.wait_samples(8)
+        assert back.value("nvgpu_feature_enabled", feature="fan", reason="default") == 1.0
+        assert back.value("nvgpu_fan_speed_ratio", gpu="0", fan="0") == 0.4
+        again = [r for r in exp.log_records() if "answers again" in r.get("msg", "")]
+        assert len(again) == 1 and again[0]["msg"].startswith("feature fan answers again on GPU 0"), again
         assert exp.terminate() == 0
 
 

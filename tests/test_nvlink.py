@@ -41,12 +41,13 @@ def test_batched_every_sample_data_crc_by_call_every_30_s(tmp_path: Path) -> Non
     dev = device(tmp_path, nvlink_gpu(), clock)
     r = nvlink.read(dev)
     assert r == nvlink.Reading(LINKS, {"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 19}, {}, {})
-    assert calls(dev, "nvmlDeviceGetFieldValues") == 1  # 4 links x 3 fields in one call
+    # 4 links x 3 fields in one call; the NVLink5 fields in a call of their own, once (NOT_SUPPORTED on Hopper)
+    assert calls(dev, "nvmlDeviceGetFieldValues") == 2
     assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == LINKS  # data CRC only: the fields serve the rest
     for t in (5.0, 10.0, 30.0):
         clock.t = t
         assert nvlink.read(dev) == r  # data CRC's last values in between
-    assert calls(dev, "nvmlDeviceGetFieldValues") == 4
+    assert calls(dev, "nvmlDeviceGetFieldValues") == 5
     assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == LINKS
     clock.t = 31.0
     nvlink.read(dev)
@@ -118,7 +119,7 @@ def test_per_call_where_the_driver_lacks_the_fields(tmp_path: Path, fields: dict
     assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == 4 * LINKS
     clock.t = 5.0
     assert nvlink.read(dev) == r
-    assert calls(dev, "nvmlDeviceGetFieldValues") == 1  # every entry unsupported: not asked again
+    assert calls(dev, "nvmlDeviceGetFieldValues") == 2  # every entry unsupported (and NVLink5's): not asked again
     assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == 4 * LINKS
 
 
@@ -196,3 +197,87 @@ def test_bytes_of_every_link_with_nvlink_links(tmp_path: Path) -> None:
     fams = render("nvlink_throughput", [(dev, r)])
     assert len(fams["nvgpu_nvlink_link_transmit_bytes_total"]) == LINKS
     assert fams["nvgpu_nvlink_transmit_bytes_total"] == {KEY: 800 * 1024.0}
+
+
+# -- NVLink5 (Blackwell): NVML_FI_DEV_NVLINK_COUNT_* ----------------------------------------------
+
+
+def blackwell_gpu(recovery: Any = 0, **extra_fields: Any) -> dict[str, Any]:
+    """4 NVLink5 links (a B200/GB200 has 18): fields 161-163, the per-call counters and 138/139 answer
+    NOT_SUPPORTED; the NVLink5 error fields per link, link 2 counting ``recovery`` recovery events."""
+    fields: dict[str, Any] = {"91": LINKS}
+    for link in range(LINKS):
+        for fid in (206, 207, 208, 209, 210, 211, 212, 214, 219):
+            fields[f"{fid}:{link}"] = 0
+        fields[f"215:{link}"] = recovery if link == 2 else 0
+        fields[f"221:{link}"] = 40 + link  # symbol errors: corrected, every link has some
+        fields[f"202:{link}"] = {"ramp": 0, "per_s": 1 << 20}
+        fields[f"204:{link}"] = {"ramp": 0, "per_s": 1 << 19}
+    fields.update(extra_fields)
+    values: dict[str, Any] = {"nvmlDeviceGetNvLinkState": 1}  # no per-call error counter value: NOT_SUPPORTED
+    return {"values": values, "fields": fields, "nvlink_link_count": LINKS}
+
+
+def test_nvlink5_counters_under_the_same_families(tmp_path: Path) -> None:
+    """Recovery events (215) are Hopper's ``recovery``; failed recoveries, effective and symbol errors
+    are NVLink5's own error types; the replay and CRC types, which have no NVLink5 field, are absent."""
+    clock = Clock(T0)
+    dev = device(tmp_path, blackwell_gpu(recovery=505), clock)
+    r = nvlink.read(dev)
+    assert r is not None
+    assert r.errors == {"recovery": 505, "recovery_failed": 0, "effective": 0, "symbol": 40 + 41 + 42 + 43}
+    assert r.link_up == {2: 1}  # the link counting recoveries shows its own series
+    assert r.link_errors == {"2/recovery": 505, "2/recovery_failed": 0, "2/effective": 0, "2/symbol": 42}
+    assert "nvlink" in dev.feature_ok
+    fams = render("nvlink", [(dev, r)])
+    assert set(fams["nvgpu_nvlink_errors_total"]) == {
+        (*KEY, "recovery"),
+        (*KEY, "recovery_failed"),
+        (*KEY, "effective"),
+        (*KEY, "symbol"),
+    }
+    assert fams["nvgpu_nvlink_link_errors_total"][(*KEY, "2", "recovery")] == 505.0
+    # the legacy fields answered NOT_SUPPORTED once: one field-value call per sample from now on
+    before = calls(dev, "nvmlDeviceGetFieldValues")
+    clock.t = 2.0
+    nvlink.read(dev)
+    assert calls(dev, "nvmlDeviceGetFieldValues") == before + 1
+
+
+def test_nvlink5_packet_errors_with_details(tmp_path: Path) -> None:
+    dev = device(tmp_path, blackwell_gpu(**{"208:1": 3}), Clock(T0), DETAILS)
+    r = nvlink.read(dev)
+    assert r is not None and r.errors["receive"] == 3 and r.errors["malformed_packet"] == 0
+    assert set(r.errors) == set(nvlink.NVLINK5_FIELDS)
+
+
+def test_links_without_any_error_counter_are_unsupported_not_healthy(tmp_path: Path) -> None:
+    """The issue's GB200: link states answer, every error counter (legacy fields, per-call, NVLink5)
+    answers NOT_SUPPORTED. No reading: the feature is unsupported on the GPU, not a success with no
+    error series; it is asked again only at a re-probe."""
+    gpu = blackwell_gpu()
+    gpu["fields"] = {"91": LINKS}
+    clock = Clock(T0)
+    dev = device(tmp_path, gpu, clock)
+    assert nvlink.read(dev) is None
+    assert "nvlink" in dev.feature_unsupported and "nvlink" not in dev.feature_ok
+    before = fake_of(dev).call_counts()
+    clock.t = 40.0
+    assert nvlink.read(dev) is None
+    assert fake_of(dev).call_counts() == before
+    dev.forget()
+    assert nvlink.read(dev) is None
+    assert fake_of(dev).call_counts()["nvmlDeviceGetNvLinkState"] > before["nvmlDeviceGetNvLinkState"]
+
+
+def test_nvlink5_bytes_where_the_data_fields_are_unsupported(tmp_path: Path) -> None:
+    """Fields 138/139 NOT_SUPPORTED on the NVLink5 GPU: the byte counters 202/204 per link, summed,
+    in bytes, kept in whole KiB as the reading counts."""
+    clock = Clock(T0)
+    dev = device(tmp_path, blackwell_gpu(), clock)
+    clock.t = 10.0
+    r = nvlink_throughput.read(dev)
+    assert r is not None
+    assert r.tx_kib == LINKS * 10 * (1 << 20) // 1024 and r.rx_kib == LINKS * 10 * (1 << 19) // 1024
+    fams = render("nvlink_throughput", [(dev, r)])
+    assert fams["nvgpu_nvlink_transmit_bytes_total"] == {KEY: float(LINKS * 10 * (1 << 20))}

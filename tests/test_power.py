@@ -22,7 +22,7 @@ def gh200() -> dict[str, Any]:
             "nvmlDeviceGetEnforcedPowerLimit": 900_000,
             "nvmlDeviceGetTotalEnergyConsumption": {"ramp": 0, "per_s": 650_000},
         },
-        "fields": {"185:0": 300_000, "185:1": 650_000, "185:2": 60_000},
+        "fields": {"185:0": 300_000, "185:1": 650_000, "185:2": 60_000, "190:1": 1_000_000},
     }
 
 
@@ -35,9 +35,25 @@ def test_each_scope_is_its_own_family(tmp_path: Path) -> None:
     assert fams["nvgpu_power_usage_watts"] == {key: 300.0}
     assert fams["nvgpu_module_power_usage_watts"] == {key: 650.0}
     assert fams["nvgpu_memory_power_usage_watts"] == {key: 60.0}
-    assert fams["nvgpu_energy_consumption_joules_total"] == {key: 6500.0}  # 10 s at 650 W: the module's rate
-    assert "does not report its scope" in power.ENERGY.help and "module" in power.ENERGY.help
+    assert fams["nvgpu_power_limit_watts"] == {key: 900.0}
+    assert fams["nvgpu_module_power_limit_watts"] == {key: 1000.0}
+    # the energy counter of a Grace module covers the module: its own family, next to the module power
+    assert fams["nvgpu_module_energy_consumption_joules_total"] == {key: 6500.0}  # 10 s at 650 W
+    assert "nvgpu_energy_consumption_joules_total" not in fams
+    assert "module" in power.MODULE_ENERGY.help and "zeus#172" in power.MODULE_ENERGY.help
     assert "scope GPU" in power.USAGE.help
+
+
+def test_the_energy_scope_is_decided_once_per_reprobe_and_not_by_a_transient_miss(tmp_path: Path) -> None:
+    spec = gh200()
+    spec["fields"]["185:1"] = {"sequence": [{"until_s": 5, "value": {"error": "UNKNOWN"}}, {"value": 650_000}]}
+    clock = Clock(1.0)
+    dev = device(tmp_path, spec, clock)
+    first = power.read(dev)
+    assert first is not None and first.module_usage_mw is None and first.energy_mj is None  # scope not known yet
+    clock.t = 6.0
+    later = power.read(dev)
+    assert later is not None and later.energy_is_module  # the module power answered: a Grace module
 
 
 def test_h200_has_memory_power_and_no_module_scope(tmp_path: Path) -> None:
@@ -52,8 +68,9 @@ def test_h200_has_memory_power_and_no_module_scope(tmp_path: Path) -> None:
     assert r is not None and r.memory_usage_mw == 38_874 and r.module_usage_mw is None
     assert ("field", 185, 1) in dev.unsupported
     fams = render("power", [(dev, r)])
-    assert "nvgpu_module_power_usage_watts" not in fams
+    assert "nvgpu_module_power_usage_watts" not in fams and "nvgpu_module_energy_consumption_joules_total" not in fams
     assert fams["nvgpu_memory_power_usage_watts"] == {("0", dev.uuid): 38.874}
+    assert ("0", dev.uuid) in fams["nvgpu_energy_consumption_joules_total"]  # a discrete board: the GPU's
     assert (
         fake_of(dev).call_counts()["nvmlDeviceGetFieldValues"] == 3
     )  # one call per sample, memory only after the first

@@ -81,8 +81,9 @@ def test_misread_and_swapped_records_are_dropped_counted_named_and_logged_once(t
         # GPU 1: nothing plausible, nothing exported as a process
         assert s.value("nvgpu_compute_processes", gpu="1") == 0
         assert s.value("nvgpu_compute_processes_memory_used_bytes", gpu="1") == 0
-        assert s.value("nvgpu_process_api_info", list="compute", function=V2, fallback="records_invalid") == 1
-        assert s.value("nvgpu_process_api_info", list="compute", function=V3, fallback="") == 1
+        api = "nvgpu_nvml_api_info"
+        assert s.value(api, call="compute_processes", function=V2, fallback="records_invalid") == 1
+        assert s.value(api, call="compute_processes", function=V3, fallback="") == 1
         assert (s.value("nvgpu_selfcheck_failures", process="worker") or 0) >= 1
         exp.wait_samples(3)  # more samples of the same records: still one warning per GPU
         records = list(exp.log_records())
@@ -108,7 +109,7 @@ def test_per_process_series_are_off_by_default(tmp_path: Path) -> None:
         assert not [x for x in s.samples if x.name.startswith("nvgpu_process_") and "api_info" not in x.name]
         assert s.value("nvgpu_feature_enabled", feature="process_usage", reason="default") == 0
         # nothing asked for utilization: no per-process series, no pod could be found
-        assert not s.find("nvgpu_process_api_info", list="utilization")
+        assert not s.find("nvgpu_nvml_api_info", call="process_utilization")
         assert exp.terminate() == 0
 
 

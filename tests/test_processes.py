@@ -25,7 +25,7 @@ from exporter.common.logs import _once_keys
 from exporter.common.metric import GpuKey
 from exporter.common.workerconfig import CollectorOptions, ProcessOptions
 from exporter.worker.nvml.backend import FakeBackend
-from exporter.worker.nvml.client import DeviceClient, NvmlClient
+from exporter.worker.nvml.client import ApiChoices, DeviceClient, NvmlClient
 
 UUID = "GPU-820f4b2d-da15-c9b7-3ba6-c396976ca722"
 TOTAL = 150_754_820_096
@@ -128,7 +128,8 @@ def test_swapped_records_without_a_clean_alternative_are_dropped_and_counted(
 def test_missing_v3_symbol_uses_v2_and_says_why(tmp_path: Path) -> None:
     gpu = Gpu(tmp_path, {V2: TRUTH[:1]}, missing_functions=[V3])
     r = gpu.read()
-    assert r.count == 1 and r.functions["compute"] == V2 and r.fallbacks == {"compute": "unsupported"}
+    assert r.count == 1 and r.functions["compute"] == V2 and r.fallbacks == {"compute": "function_not_found"}
+    assert gpu.dev.state_of(ApiChoices).calls["compute_processes"] == (V2, "", "function_not_found")
 
 
 def test_memory_above_the_gpu_total_is_dropped(tmp_path: Path) -> None:
@@ -289,9 +290,7 @@ def test_families_render_every_series_with_its_labels(tmp_path: Path) -> None:
     dropped = fams["nvgpu_process_records_dropped"].samples
     # the pid-0 record, and the utilization sample the fake derives from it
     assert [(s.labels["reason"], s.value) for s in dropped] == [("pid_zero", 2.0)]
-    api = {(s.labels["list"], s.labels["function"]) for s in fams["nvgpu_process_api_info"].samples}
-    assert ("compute", V3) in api and ("utilization", UTIL) in api
-    assert "gpu" not in fams["nvgpu_process_api_info"].samples[0].labels
+    assert "nvgpu_process_api_info" not in fams  # which variant answered: nvgpu_nvml_api_info (test_apis.py)
 
 
 @pytest.mark.usefixtures("fresh_log_once")

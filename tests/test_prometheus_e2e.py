@@ -2,9 +2,10 @@
 
 Debian's ``prometheus`` scrapes the real exporter (supervisor + worker on the fake backend) through
 a file-based service discovery target, every second. The scenario is h200x2 (two NVLink-connected
-H200s whose values change over time) with the fault states some panels exist to show: GPU 1 busy
-with nothing on it (the stuck-context signature), Xids from NVML events and the kernel log, a
-worker segfault that quarantines a feature, and pods from a fake kubelet (a real gRPC server).
+H200s whose values change over time, plus an H200 in MIG mode and a GH200) with the fault states
+some panels exist to show: GPU 1 busy with nothing on it (the stuck-context signature), Xids from
+NVML events and the kernel log, a worker segfault that quarantines a feature, and pods from a fake
+kubelet (a real gRPC server).
 
 After at least three scrapes every panel query must parse and return data, every variable query
 must list values, and every rule expression must parse; Prometheus must evaluate the rule file
@@ -47,6 +48,7 @@ RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 UUID0 = "GPU-ef65bf38-0ae6-479b-9ebc-46c6463961e6"
 UUID1 = "GPU-094221fd-19f9-1561-7ef8-949bb0d57826"
 UUID2 = "GPU-2a7c4e10-5b3d-4f6e-8a9b-0c1d2e3f4a5b"  # a third GPU, in MIG mode
+UUID3 = "GPU-6d1e0b2c-7a4f-4c3e-9b8a-1f2e3d4c5b6a"  # a fourth, on a Grace module (GH200)
 QUARANTINED = "pcie"  # the feature the scenario crashes in; no panel needs its metrics
 TRAINER_PID = 4242
 TRAINER = Container("ml", "trainer-0", "main")  # the kubelet's pod on GPU 0, as /proc names it
@@ -116,6 +118,11 @@ def _scenario() -> dict[str, Any]:
     mig_gpu = load_scenario("h200x2-mig")["gpus"][0]
     mig_gpu.update(uuid=UUID2, serial="1654524012999", pci_bus_id="00000000:00:08.0", minor_number=2)
     data["gpus"].append(mig_gpu)
+    # GPU 3 is the shipped GH200 (a Grace module): module power, its limit, the energy counter in the
+    # module's family, NVLink-C2C, so the panels that show them by scope have data.
+    grace = load_scenario("gh200x1-r570")["gpus"][0]
+    grace.update(uuid=UUID3, serial="1654524013333", pci_bus_id="00000000:00:09.0", minor_number=3)
+    data["gpus"].append(grace)
     # Xid 43 through NVML events, after the restarted worker registered (scenario time).
     data["events"] = [{"at_s": 6, "gpu": 1, "event_type": "XidCriticalError", "data": 43}]
     # The worker segfaults in the PCIe replay counter query until the feature is quarantined.
@@ -331,7 +338,7 @@ def test_variable_queries_list_values(stack: Stack) -> None:
             empty.append(f"{v.dashboard} / ${v.variable}: {v.expr} -> {answer}")
     assert not empty, "\n".join(empty)
     gpus = stack.query(next(v.expr for v in variables if v.variable == "gpu"))["data"]["result"]
-    assert {r["metric"]["uuid"] for r in gpus} == {UUID0, UUID1, UUID2}
+    assert {r["metric"]["uuid"] for r in gpus} == {UUID0, UUID1, UUID2, UUID3}
 
 
 def test_fault_states_reach_prometheus(stack: Stack) -> None:

@@ -45,7 +45,15 @@ def snapshot() -> Snapshot:
         duration_s=0.01,
         system=SystemInfo("580.159.04", "13.580.159.04", "13.0", "13.610.43"),
         gpus=(
-            GpuSample(0, "GPU-a", "up", READINGS, 1_700_000_000.5, unsupported=("fan",)),
+            GpuSample(
+                0,
+                "GPU-a",
+                "up",
+                READINGS,
+                1_700_000_000.5,
+                unsupported=("fan",),
+                apis=(("memory", "nvmlDeviceGetMemoryInfo", "1", "function_not_found"),),
+            ),
             GpuSample(
                 1,
                 "GPU-b",

@@ -15,7 +15,7 @@ from exporter.supervisor.stuck import StuckDetector
 GIB = 1 << 30
 
 
-def snap(ts: float, *, util: int, procs: int, used: int | None, sm: float | None) -> Snapshot:
+def snap(ts: float, *, util: int, procs: int, used: int | None, sm: float | None, v1: bool = False) -> Snapshot:
     readings: dict[str, object] = {
         "utilization": utilization.Reading(util, 0, 0, 0),
         "processes": processes.Reading(procs, 0 if procs == 0 else GIB),
@@ -28,6 +28,7 @@ def snap(ts: float, *, util: int, procs: int, used: int | None, sm: float | None
             reserved_bytes=0,
             bar1_total_bytes=0,
             bar1_used_bytes=0,
+            includes_reserved=v1,
         )
     if sm is not None:
         readings["gpm"] = gpm.Reading({gpm.SM_UTIL: sm, gpm.GRAPHICS_UTIL: float(util)}, {})
@@ -85,6 +86,14 @@ def test_signature(conditions: dict[str, object], holding: bool) -> None:
 
 def test_not_evaluable_without_gpm_or_memory() -> None:
     assert run(util=100, procs=0, used=None, sm=None) == (False, False)
+
+
+def test_not_evaluable_on_memory_info_v1_without_gpm() -> None:
+    """An Ampere GPU (no GPM) whose driver or binding has only memory info v1: ``used`` counts the
+    driver's reservation, so "nothing in memory" cannot be told; no series, not a signature that
+    can never fire."""
+    assert run(util=100, procs=0, used=600 << 20, sm=None, v1=True) == (False, False)
+    assert run(util=100, procs=0, used=600 << 20, sm=0.0, v1=True) == (True, True)  # GPM still decides
 
 
 def test_gpm_reading_arriving_later_keeps_the_signature() -> None:

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Generate the H200 fake-NVML scenarios (h200x1.json, h200x2.json, h200x8.json,
-h200x2-mig.json) in exporter/common/scenarios/.
+h200x2-mig.json) and one per other GPU generation and driver branch (a100x2-r535.json,
+l40sx2-r550.json, h100x2-r550.json, gh200x1-r570.json, b200x2-r570.json, gb200x2-r580.json: see
+"other generations" below) in exporter/common/scenarios/.
 
 They ship inside the package (so ``--nvml-backend fake:h200x2`` works after any install and in the
 image); the files next to this script are links to them, kept for paths in older notes.
@@ -60,6 +62,10 @@ CLOCK_SM_CAPPED = 1515  # probe 1gpu: SM 345 MHz idle, 1515 loaded
 CLOCK_MEM = 3201  # clock_mem; nvidia-smi Clocks/Max Clocks Memory 3201
 CLOCK_VIDEO = 765  # nvidia-smi Clocks Video 765 (load value not measured)
 CLOCK_VIDEO_MAX = 1545  # nvidia-smi Max Clocks Video 1545
+# nvmlDeviceGetTemperatureThreshold (docs/capabilities.md, measured on H200 / 580.159.04): shutdown 95,
+# slowdown 89, GPU max 87 C; the memory maximum (type 2) was not measured: 95 C is synthetic.
+TEMPERATURE_THRESHOLDS = {0: 95, 1: 89, 2: 95, 3: 87}
+MARGIN_IDLE = 50  # nvmlDeviceGetMarginTemperature on the idle H200, measured; loaded values follow the temperature
 REASON_IDLE = 0x1  # clocks_event_reasons idle = 1
 REASON_SW_POWER_CAP = 0x4  # probe 1gpu under load
 SUPPORTED_EVENT_TYPES = 0xFF9F  # supported_event_types 65439
@@ -192,6 +198,8 @@ def gpu(
         "nvmlDeviceGetTotalEnergyConsumption": {"ramp": energy_mj, "per_s": energy_per_s},
         "nvmlDeviceGetTemperatureV:0": cycle(temp_idle, temp_idle + 18, temp_idle + 27, temp_idle + 10),
         "nvmlDeviceGetTemperature:0": cycle(temp_idle, temp_idle + 18, temp_idle + 27, temp_idle + 10),
+        **{f"nvmlDeviceGetTemperatureThreshold:{t}": c for t, c in TEMPERATURE_THRESHOLDS.items()},
+        "nvmlDeviceGetMarginTemperature": cycle(MARGIN_IDLE, MARGIN_IDLE - 18, MARGIN_IDLE - 27, MARGIN_IDLE - 10),
         "nvmlDeviceGetNumFans": NOT_SUPPORTED,
         "nvmlDeviceGetFanSpeed": NOT_SUPPORTED,
         "nvmlDeviceGetFanSpeed_v2": NOT_SUPPORTED,
@@ -294,6 +302,11 @@ def issue14(values, fields, power, mem_power, nvlink_tx_kib_s, nvlink_rx_kib_s, 
         values["nvmlGpmMetricsGet:61"] = nvlink_tx_kib_s * NVLINK_LINKS / 1024
 
 
+# Confidential computing: not probed on the H200 (nvidia-smi -q: "Conf Compute Protected Memory Usage"
+# 0 MiB, CC off); the system state is synthetic: no CC environment, the feature and devtools off.
+CC_OFF = {"environment": 0, "ccFeature": 0, "devToolsMode": 0}
+
+
 def scenario(description, gpus):
     return {
         "description": description,
@@ -301,6 +314,7 @@ def scenario(description, gpus):
         "nvml_version": NVML_VERSION,
         "cuda_driver_version": CUDA_DRIVER_VERSION,
         "missing_functions": [],
+        "system_values": {"nvmlSystemGetConfComputeState": CC_OFF},
         "gpus": gpus,
         "faults": [],
         "events": [],
@@ -319,7 +333,9 @@ COMMON_DESC = (
     " 1980 MHz, 652 W, reasons 0; the 652 W is synthetic) -> loaded power-capped (util 94/22,"
     " SM/graphics 1515 MHz, 693 W, reasons 0x4 SwPowerCap, as measured under load in"
     " probe 1gpu) -> idle cooling; GPU temperature idle/+18/+27/+10 C, HBM"
-    " idle/+4/+8/+5 C (temperatures under load are synthetic). Energy is a ramp from the measured"
+    " idle/+4/+8/+5 C (temperatures under load are synthetic); temperature thresholds shutdown 95,"
+    " slowdown 89, GPU max 87 C as measured (memory max 95 C synthetic), margin temperature 50 idle"
+    " as measured, following the GPU temperature under load (synthetic). Energy is a ramp from the measured"
     " counter at the cycle's mean power (mW = mJ/s). Memory/video clocks stay at 3201/765 MHz."
     " Events register OK, none are delivered."
     " Runs of 2026-11-30: memory power (field 185 scope 2) idle"
@@ -330,7 +346,9 @@ COMMON_DESC = (
     " MIG mode [0, 0]; GPM supported, metric values per phase from run gpm (idle) and"
     " run gpm-load (loaded: graphics 93.6 %, SM 89.8 %, occupancy 16.2 %, tensor and HMMA 82.7 %,"
     " DRAM bandwidth 21.2 %, PCIe TX 6.5 / RX 18.8 MiB/s; IMMA, DMMA, DFMA, FP64, FP32, FP16 0);"
-    " GPM NVLink rates equal the field 138/139 ramps."
+    " GPM NVLink rates equal the field 138/139 ramps. Confidential computing off (system state"
+    " environment 0, ccFeature 0: synthetic, not probed; nvidia-smi -q shows 0 MiB protected memory);"
+    " NVLink-C2C absent (fields 170-172 NOT_SUPPORTED: nvidia-smi -q 'GPU C2C Mode: Disabled')."
     " Graphics process lists are empty (measured); MPS"
     " lists empty (not probed: no MPS daemon); per-process utilization answers NOT_FOUND while"
     " idle (measured) and, where a process runs, 94/22 % for it while loaded (the device's"
@@ -638,11 +656,454 @@ def h200x2_mig():
     return doc
 
 
+# --- other generations and driver branches (docs/capabilities.md, "Scenario recipes") -----------------
+# None of these GPUs was measured here: every value comes from docs/capabilities.md (nvml.h of each
+# branch, NVIDIA's documents, public reports; its JSON cites each) or, where no source gives one, is
+# picked and says so in the scenario's description ("synthetic"). The load model, process lists and
+# call shapes are the H200's (gpu() above), changed where the generation differs. The fake answers
+# as a driver of the scenario's branch (driver_branch: exporter/common/scenarios/branches.py).
+
+BRANCH_CUDA = {"R535": 12020, "R550": 12040, "R570": 12080, "R580": 13000, "R590": 13010}
+EVENTS_WITHOUT_RECOVERY = SUPPORTED_EVENT_TYPES & ~0xC000  # no GpuUnavailable/GpuRecoveryAction (R570+)
+
+
+def synthetic_identity(model, i, bus):
+    """A UUID, serial and PCI bus id in NVML's forms for GPU ``i`` of ``model``: SYNTHETIC."""
+    h = hashlib.sha256(f"nvgpu-exporter synthetic {model} {i}".encode()).hexdigest()
+    return {
+        "uuid": f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}",
+        "serial": str(1_320_000_000_000 + int(h[32:40], 16) % 1_000_000_000),
+        "pci_bus_id": f"00000000:{bus}:00.0",
+        "minor_number": i,
+    }
+
+
+def domain_uuid(name):
+    """A fabric cluster UUID (the NVLink domain), SYNTHETIC."""
+    h = hashlib.sha256(f"nvgpu-exporter synthetic NVLink domain {name}".encode()).hexdigest()
+    return f"{h[0:8]}-{h[8:12]}-4{h[13:16]}-8{h[17:20]}-{h[20:32]}"
+
+
+def branch_scenario(description, branch, driver, gpus, *, system=None, events=()):
+    major = 13 if branch in ("R580", "R590") else 12
+    return {
+        "description": description,
+        "driver_version": driver,
+        "nvml_version": f"{major}.{driver}",
+        "cuda_driver_version": BRANCH_CUDA[branch],
+        "driver_branch": branch,
+        "missing_functions": [],
+        "system_values": system if system is not None else {"nvmlSystemGetConfComputeState": CC_OFF},
+        "gpus": gpus,
+        "faults": [],
+        "events": list(events),
+    }
+
+
+def base_gpu(ident, *, nvlink=True, idle_mw, power_limit_mw, energy_mj=1_000_000):
+    """The H200 builder's GPU with another identity (values patched by each generation below)."""
+    g = gpu(
+        ident,
+        temp_idle=34,
+        mem_temp_idle=36,
+        power_idle_mw=idle_mw,
+        sm_idle=345,
+        energy_mj=energy_mj,
+        pcie_replay=0,
+        mem_used_load=MEM_USED_LOAD_TRAINING,
+        processes_loaded=[],
+        nvlink_tx_kib_s=1000 if nvlink else None,
+        nvlink_rx_kib_s=1000 if nvlink else None,
+        fabric=None,
+    )
+    g["values"]["nvmlDeviceGetEnforcedPowerLimit"] = power_limit_mw
+    return g
+
+
+def set_memory(g, total, reserved, used_load):
+    mem = [0, used_load, used_load, 0]
+    g["values"]["nvmlDeviceGetMemoryInfo"] = cycle(
+        *({"total": total, "reserved": reserved, "free": total - reserved - u, "used": u} for u in mem)
+    )
+
+
+def set_power(g, idle_mw, load_mw, memory_scope=True):
+    """GPU power (1 s average, field 185 scope 0 too) idle / boosting / capped / cooling, energy at the mean."""
+    power = [idle_mw, load_mw - 40_000, load_mw, idle_mw + 8_000]
+    g["values"]["nvmlDeviceGetPowerUsage"] = cycle(*power)
+    g["fields"]["185:0"] = cycle(*power)
+    g["values"]["nvmlDeviceGetTotalEnergyConsumption"] = {"ramp": 1_000_000, "per_s": sum(power) // 4}
+    if not memory_scope:
+        g["fields"].pop("185:2", None)
+
+
+def set_module_power(g, idle_mw, load_mw, limit_mw):
+    """Grace module scope (185 and 190 with scope 1); the energy counter then counts the module."""
+    module = [idle_mw, load_mw - 60_000, load_mw, idle_mw + 20_000]
+    g["fields"]["185:1"] = cycle(*module)
+    g["fields"]["190:1"] = limit_mw
+    g["values"]["nvmlDeviceGetTotalEnergyConsumption"] = {"ramp": 2_000_000, "per_s": sum(module) // 4}
+
+
+def set_temperatures(g, idle, thresholds, *, hbm=True, margin=True):
+    """GPU temperature idle/+18/+27/+10; thresholds {type: C}; margin = slowdown - temperature (the
+    H200's margin was 50 at 35 C idle with slowdown 89, a few degrees less than this: synthetic)."""
+    temps = [idle, idle + 18, idle + 27, idle + 10]
+    g["values"]["nvmlDeviceGetTemperatureV:0"] = cycle(*temps)
+    g["values"]["nvmlDeviceGetTemperature:0"] = cycle(*temps)
+    for t in range(4):
+        g["values"].pop(f"nvmlDeviceGetTemperatureThreshold:{t}", None)
+    for t, c in thresholds.items():
+        g["values"][f"nvmlDeviceGetTemperatureThreshold:{t}"] = c
+    if margin:
+        g["values"]["nvmlDeviceGetMarginTemperature"] = cycle(*(thresholds[1] - 4 - c for c in temps))
+    else:
+        g["values"].pop("nvmlDeviceGetMarginTemperature", None)
+    if hbm:
+        g["fields"]["82"] = cycle(idle + 2, idle + 6, idle + 10, idle + 7)
+    else:
+        g["fields"]["82"] = NOT_SUPPORTED
+
+
+def set_clocks(g, sm_idle, sm_max, mem):
+    sm = cycle(sm_idle, sm_max, sm_max - 300, sm_idle)
+    for c in (0, 1):
+        g["values"][f"nvmlDeviceGetClockInfo:{c}"] = sm
+        g["values"][f"nvmlDeviceGetMaxClockInfo:{c}"] = sm_max
+    g["values"]["nvmlDeviceGetClockInfo:2"] = mem
+    g["values"]["nvmlDeviceGetMaxClockInfo:2"] = mem
+
+
+def no_gpm(g):
+    """Pre-Hopper: nvmlGpmQueryDeviceSupport says not supported (isSupportedDevice 0)."""
+    for key in [k for k in g["values"] if k.startswith("nvmlGpm")]:
+        del g["values"][key]
+    g["values"]["nvmlGpmQueryDeviceSupport"] = {"isSupportedDevice": 0}
+
+
+def no_nvlink(g):
+    for key in [k for k in g["values"] if k.startswith("nvmlDeviceGetNvLink")]:
+        del g["values"][key]
+    for key in [k for k in g["fields"] if k.split(":")[0] in ("91", "138", "139", "161", "162", "163")]:
+        del g["fields"][key]
+    g["values"]["nvmlDeviceGetNvLinkState"] = NOT_SUPPORTED
+    g["values"]["nvmlDeviceGetNvLinkErrorCounter"] = NOT_SUPPORTED
+    g["fields"]["91"] = NOT_SUPPORTED
+    g["values"]["nvmlGpmMetricsGet:60"] = NOT_SUPPORTED
+    g["values"]["nvmlGpmMetricsGet:61"] = NOT_SUPPORTED
+    g["nvlink_link_count"] = NVLINK_MAX_LINKS
+
+
+def set_nvlink_links(g, links):
+    """Fewer links than the H200's 18 (A100: 12 NVLink3 links)."""
+    for key in [k for k in g["values"] if k.startswith("nvmlDeviceGetNvLinkState:")]:
+        if int(key.split(":")[1]) >= links:
+            del g["values"][key]
+    for key in list(g["fields"]):
+        fid, _, scope = key.partition(":")
+        if scope and scope != str(UINT_MAX) and int(scope) >= links:
+            del g["fields"][key]
+    for fid in ("138", "139"):
+        per_link = g["fields"][f"{fid}:0"]
+        g["fields"][f"{fid}:{UINT_MAX}"] = {"ramp": 0, "per_s": per_link["per_s"] * links}
+    g["fields"]["91"] = links
+    g["nvlink_link_count"] = links
+
+
+def nvlink5(g, *, degrading_link=None, recovery_start=505):
+    """NVLink5: 161-163 and the per-call counters NOT_SUPPORTED (documented for 161-163, "unsupported
+    for Blackwell+"; no source for the per-call counter: NOT_SUPPORTED is the recipe's pick), 138/139
+    NOT_SUPPORTED (no source either way: the recipe's choice, so the 202/204 byte counters serve), the
+    NVML_FI_DEV_NVLINK_COUNT_* fields per link. ``degrading_link``: link recovery events growing from
+    ``recovery_start`` by 3 in 21 minutes (the marin-community/marin#9086 report); symbol errors
+    (corrected) a few per hour on every link; the rest 0 (synthetic)."""
+    for key in [k for k in g["values"] if k.startswith("nvmlDeviceGetNvLinkErrorCounter")]:
+        del g["values"][key]
+    g["values"]["nvmlDeviceGetNvLinkErrorCounter"] = NOT_SUPPORTED
+    for key in [k for k in g["fields"] if k.split(":")[0] in ("138", "139", "161", "162", "163")]:
+        del g["fields"][key]
+    for link in range(NVLINK_LINKS):
+        for fid in (206, 207, 208, 209, 210, 211, 212, 214, 219):
+            g["fields"][f"{fid}:{link}"] = 0
+        if link == degrading_link:
+            g["fields"][f"215:{link}"] = {"ramp": recovery_start, "per_s": 3 / (21 * 60)}
+        else:
+            g["fields"][f"215:{link}"] = 0
+        g["fields"][f"221:{link}"] = {"ramp": 100 + 7 * link, "per_s": 0.001}
+        g["fields"][f"202:{link}"] = {"ramp": 0, "per_s": 1000 * 1024}
+        g["fields"][f"204:{link}"] = {"ramp": 0, "per_s": 1000 * 1024}
+
+
+def set_c2c(g, links=1, errors=True):
+    """NVLink-C2C to the Grace CPU: values unknown (no public measurement): SYNTHETIC; the error fields
+    231-233 from R575 (absent on an R570 driver by its branch)."""
+    g["fields"]["170"] = links
+    for link in range(links):
+        g["fields"][f"171:{link}"] = 1
+        if errors:
+            g["fields"][f"231:{link}"] = 0
+            g["fields"][f"232:{link}"] = 0
+            g["fields"][f"233:{link}"] = 0
+
+
+def fabric_of(clique, domain, mask, summary=None):
+    f = {"state": 3, "status": 0, "cliqueId": clique, "clusterUuid": domain, "healthMask": mask}
+    if summary is not None:
+        f["healthSummary"] = summary
+    return f
+
+
+FABRIC_ALL_FALSE = 2 | 2 << 2 | 2 << 4 | 2 << 6  # every health condition reported, none holding
+FABRIC_CONFIGURATION_NONE = 1 << 8  # the configuration check: "none" (correct), R580+
+FABRIC_DEGRADED_BW = (FABRIC_ALL_FALSE & ~0x3) | 1  # DEGRADED_BW true, the rest false
+
+
+def a100x2_r535():
+    model = "A100-SXM4-80GB"
+    gpus = []
+    for i, bus in enumerate(("07", "0F")):
+        g = base_gpu(synthetic_identity(model, i, bus), idle_mw=58_000, power_limit_mw=400_000)
+        g["name"], g["architecture"] = "NVIDIA A100-SXM4-80GB", 7
+        set_memory(g, 85_899_345_920, 576_716_800, MEM_USED_LOAD_TRAINING // 2)
+        set_power(g, 58_000, 392_000, memory_scope=False)
+        g["fields"]["185:0"] = NOT_SUPPORTED  # field 185: "supported on Ampere (except GA100)"
+        set_temperatures(g, 32, {0: 92, 1: 89, 2: 95, 3: 87}, margin=False)
+        set_clocks(g, 210, 1410, 1593)
+        g["values"]["nvmlDeviceGetMaxPcieLinkGeneration"] = g["values"]["nvmlDeviceGetCurrPcieLinkGeneration"] = 4
+        set_nvlink_links(g, 12)
+        g["values"]["nvmlDeviceGetGpuFabricInfoV"] = NOT_SUPPORTED  # "for Hopper or newer"; R535: v1 only
+        no_gpm(g)
+        g["values"]["nvmlDeviceGetSupportedEventTypes"] = EVENTS_WITHOUT_RECOVERY
+        gpus.append(g)
+    desc = (
+        "Two A100-SXM4-80GB (ampere_ga100) on an R535 driver, as docs/capabilities.md's recipe says"
+        " (examples/scenarios/generate.py a100x2_r535); NOT MEASURED. driver_branch R535: no"
+        " nvmlDeviceGetGpuFabricInfoV (the v1 call answers NOT_SUPPORTED: fabric info is for Hopper or"
+        " newer), no nvmlDeviceGetTemperatureV (the legacy call answers) and no margin call, field ids"
+        " from 197 unknown (INVALID_ARGUMENT: no recovery action, no 269-271, no NVLink5). Documented:"
+        " architecture 7, 12 NVLink3 links with fields 161-163 per link, field 185 NOT_SUPPORTED at"
+        " every scope (GA100), GPM not supported, PCIe gen 4, 400 W limit and 1410 MHz SM boost (the"
+        " A100 datasheet), events without GpuUnavailable/GpuRecoveryAction. SYNTHETIC (picked):"
+        " identities (sha256-derived UUIDs, serials, bus ids 07/0F), memory total 85899345920 B and"
+        " reserved 576716800 B, memory clock 1593 MHz, idle 58 W and 392 W loaded, temperature"
+        " thresholds shutdown 92 / slowdown 89 / GPU max 87 / memory max 95 C, temperatures, NVLink"
+        " traffic and data-CRC counts (the H200's), everything in the H200 load model; no confidential"
+        " computing (nvmlSystemGetConfComputeState NOT_SUPPORTED: CC is Hopper hardware)."
+    )
+    return branch_scenario(desc, "R535", "535.247.01", gpus, system={})
+
+
+def l40sx2_r550():
+    model = "L40S"
+    gpus = []
+    for i, bus in enumerate(("41", "61")):
+        g = base_gpu(synthetic_identity(model, i, bus), nvlink=False, idle_mw=36_000, power_limit_mw=350_000)
+        g["name"], g["architecture"] = "NVIDIA L40S", 8
+        set_memory(g, 48_305_799_168, 603_979_776, 24 << 30)
+        set_power(g, 36_000, 345_000, memory_scope=False)
+        g["fields"]["185:2"] = NOT_SUPPORTED
+        set_temperatures(g, 30, {0: 93, 1: 90, 3: 88}, hbm=False, margin=False)
+        set_clocks(g, 210, 2520, 9001)
+        g["values"]["nvmlDeviceGetMaxPcieLinkGeneration"] = g["values"]["nvmlDeviceGetCurrPcieLinkGeneration"] = 4
+        no_nvlink(g)
+        del g["values"]["nvmlDeviceGetMigMode"]  # no MIG on Ada: NOT_SUPPORTED
+        g["values"]["nvmlDeviceGetRemappedRows"] = NOT_SUPPORTED
+        g["values"]["nvmlDeviceGetEncoderUtilization"] = cycle([0, 100_000], [35, 100_000], [35, 100_000], [0, 100_000])
+        no_gpm(g)
+        g["values"]["nvmlDeviceGetSupportedEventTypes"] = EVENTS_WITHOUT_RECOVERY
+        gpus.append(g)
+    desc = (
+        "Two L40S (ada) on an R550 driver, from docs/capabilities.md's recipe (examples/scenarios/"
+        "generate.py l40sx2_r550); NOT MEASURED. driver_branch R550: no nvmlDeviceGetTemperatureV (the"
+        " legacy call answers), no margin call, field ids from 200 unknown. Documented or inferred (the"
+        " capability table): architecture 8, no MIG, no NVLink (every NVLink call and field 91"
+        " NOT_SUPPORTED), no fabric, no GPM, GDDR6 so no memory temperature (field 82) and no memory"
+        " maximum, a passive board without fans, 350 W limit and 2520 MHz boost (the L40S datasheet),"
+        " PCIe gen 4, encoder in use while loaded. SYNTHETIC (picked): identities, memory total"
+        " 48305799168 B, reserved 603979776 B, 24 GiB used while loaded, ECC on, row remapping"
+        " NOT_SUPPORTED, field 185 at the memory scope NOT_SUPPORTED, temperature thresholds shutdown"
+        " 93 / slowdown 90 / GPU max 88 C, idle 36 W and 345 W loaded, the H200 load model; no"
+        " confidential computing (not CC-capable)."
+    )
+    return branch_scenario(desc, "R550", "550.163.01", gpus, system={})
+
+
+def h100x2_r550():
+    model = "H100 80GB HBM3"
+    domain = domain_uuid("hgx-h100")
+    gpus = []
+    for i, bus in enumerate(("18", "2A")):
+        g = base_gpu(synthetic_identity(model, i, bus), idle_mw=72_000, power_limit_mw=700_000)
+        g["name"], g["architecture"] = "NVIDIA H100 80GB HBM3", 9
+        set_memory(g, 85_520_809_984, 552_599_552, MEM_USED_LOAD_TRAINING // 2)
+        set_power(g, 72_000, 690_000)
+        set_temperatures(g, 33, {0: 92, 1: 89, 2: 95, 3: 87}, margin=False)
+        g["values"]["nvmlDeviceGetGpuFabricInfoV"] = fabric_of(1, domain, FABRIC_ALL_FALSE)
+        g["values"]["nvmlDeviceGetConfComputeProtectedMemoryUsage"] = {
+            "total": 85_520_809_984 - 552_599_552,
+            "used": 0,
+            "free": 85_520_809_984 - 552_599_552,
+        }
+        g["values"]["nvmlDeviceGetSupportedEventTypes"] = EVENTS_WITHOUT_RECOVERY
+        gpus.append(g)
+    cc_on = {"environment": 2, "ccFeature": 1, "devToolsMode": 0}
+    ready = {"sequence": [{"until_s": 30, "value": 0}, {"value": 1}]}
+    system = {"nvmlSystemGetConfComputeState": cc_on, "nvmlSystemGetConfComputeGpusReadyState": ready}
+    desc = (
+        "Two H100 80GB HBM3 (hopper) of an HGX board on an R550 driver, from docs/capabilities.md's"
+        " recipe (examples/scenarios/generate.py h100x2_r550); NOT MEASURED: the H200's measured"
+        " values (h200x2) where the two boards agree. driver_branch R550: fabric info v3 answers"
+        " ARGUMENT_VERSION_MISMATCH, so v2 (no health summary); no nvmlDeviceGetTemperatureV, no"
+        " margin call, no nvmlDeviceGetGpuInstanceProfileInfoById; field ids from 200 unknown (no"
+        " recovery action field). Documented: the name string (leptonai/gpud), architecture 9, 18"
+        " NVLink4 links (fields 161-163 per link), GPM, MIG, 700 W limit (the H100 SXM datasheet)."
+        " Fabric registered (state 3, status 0) in clique 1 of a cluster whose UUID is SYNTHETIC, the"
+        " health mask decodable with every condition false. Confidential computing on, production,"
+        " and the GPUs ready to accept work only from t = 30 s (an attestation that takes 30 s:"
+        " SYNTHETIC), protected memory the whole framebuffer. SYNTHETIC (picked): identities, memory"
+        " total 85520809984 B, reserved 552599552 B, idle 72 W and 690 W loaded, temperature thresholds"
+        " shutdown 92 / slowdown 89 / GPU max 87 / memory max 95 C, temperatures, the H200 load model."
+    )
+    return branch_scenario(desc, "R550", "550.163.01", gpus, system=system)
+
+
+def gh200x1_r570():
+    g = base_gpu(synthetic_identity("GH200 480GB", 0, "09"), nvlink=False, idle_mw=95_000, power_limit_mw=900_000)
+    g["name"], g["architecture"] = "NVIDIA GH200 480GB", 9
+    set_memory(g, 102_005_473_280, 658_505_728, 64 << 30)
+    set_power(g, 95_000, 620_000)
+    set_module_power(g, 260_000, 880_000, 1_000_000)
+    set_temperatures(g, 31, {0: 92, 1: 89, 2: 95, 3: 87})
+    g["fields"]["230"] = 0
+    set_c2c(g, links=1)
+    g["values"]["nvmlDeviceGetSupportedEventTypes"] = SUPPORTED_EVENT_TYPES
+    desc = (
+        "One GH200 480GB (hopper_gh200: a Hopper GPU joined to a Grace CPU by NVLink-C2C) on an R570"
+        " driver, from docs/capabilities.md's recipe (examples/scenarios/generate.py gh200x1_r570); NOT"
+        " MEASURED. driver_branch R570: fabric info v2 only, field ids from 269 and the C2C error"
+        " fields 231-234 unknown (R575+). Documented: architecture 9, module power through field 185"
+        " with the module scope (SC-SGS/hardware_sampling#5) and a module limit apart from the GPU's"
+        " (field 190 scope 1; NVIDIA/k8s-test-infra#676), the energy counter counting the whole module"
+        " (ml-energy/zeus#172: it ramps at the module's mean power here), temperature V and margin,"
+        " field 230 (recovery action 0), GPM, MIG. A single-node board: no NVLink and no fabric"
+        " (picked). SYNTHETIC (picked): identity, memory total 102005473280 B, reserved 658505728 B,"
+        " one C2C link up with no errors (no public GH200 values), GPU power 95 W idle / 620 W loaded,"
+        " module 260 / 880 W, module limit 1000 W, GPU limit 900 W, PCIe gen 5 x16 (what NVML answers"
+        " on a C2C-attached GPU is unknown), temperature thresholds as the H100's, confidential"
+        " computing off."
+    )
+    return branch_scenario(desc, "R570", "570.172.08", [g])
+
+
+def blackwell_gpu(model, name, i, bus, *, domain, clique, fabric_mask, summary, degrading_link=None):
+    g = base_gpu(synthetic_identity(model, i, bus), idle_mw=140_000, power_limit_mw=1_000_000)
+    g["name"], g["architecture"] = name, 10
+    set_memory(g, 192_265_846_784, 1_073_741_824, 160 << 30)
+    set_power(g, 140_000, 980_000)
+    set_temperatures(g, 30, {0: 97, 1: 92, 2: 95, 3: 90})
+    set_clocks(g, 345, 1965, 3996)
+    g["values"]["nvmlDeviceGetMaxPcieLinkGeneration"] = g["values"]["nvmlDeviceGetCurrPcieLinkGeneration"] = 6
+    nvlink5(g, degrading_link=degrading_link)
+    g["values"]["nvmlDeviceGetGpuFabricInfoV"] = fabric_of(clique, domain, fabric_mask, summary)
+    g["values"]["nvmlDeviceGetSupportedEventTypes"] = SUPPORTED_EVENT_TYPES
+    return g
+
+
+def b200x2_r570():
+    domain = domain_uuid("hgx-b200")
+    gpus = [
+        blackwell_gpu(
+            "B200",
+            "NVIDIA B200",
+            i,
+            bus,
+            domain=domain,
+            clique=1,
+            fabric_mask=FABRIC_ALL_FALSE,
+            summary=None,
+            degrading_link=7 if i == 0 else None,
+        )
+        for i, bus in enumerate(("1B", "43"))
+    ]
+    desc = (
+        "Two B200 (blackwell) of an HGX board on an R570 driver, from docs/capabilities.md's recipe"
+        " (examples/scenarios/generate.py b200x2_r570); NOT MEASURED. driver_branch R570: fabric info v2"
+        " (registered in clique 1, health mask with every condition false, no summary), field ids from"
+        " 269 unknown. Documented: architecture 10, 18 NVLink5 links whose legacy error fields 161-163"
+        " answer NOT_SUPPORTED (nvml.h 12.8+: 'unsupported for Blackwell+'), the NVLink5 counters"
+        " NVML_FI_DEV_NVLINK_COUNT_* per link; link 7 of GPU 0 counts link recovery events from 505,"
+        " growing by 3 in 21 minutes (the marin-community/marin#9086 report of a link that failed with"
+        " Xid 149 five days later), symbol errors on every link; temperature V and margin, field 230,"
+        " events with GpuUnavailable/GpuRecoveryAction, GPM, MIG, 1000 W limit (B200 datasheet)."
+        " SYNTHETIC or picked: nvmlDeviceGetNvLinkErrorCounter and fields 138/139 NOT_SUPPORTED (no"
+        " public source either way; the NVLink5 byte counters 202/204 carry the traffic), identities,"
+        " the cluster UUID, memory total 192265846784 B and reserved 1 GiB, clocks 1965/3996 MHz, PCIe"
+        " gen 6, idle 140 W and 980 W loaded, temperature thresholds shutdown 97 / slowdown 92 / GPU max"
+        " 90 / memory max 95 C, confidential computing off, the H200 load model."
+    )
+    return branch_scenario(desc, "R570", "570.172.08", gpus)
+
+
+def gb200x2_r580():
+    domain = domain_uuid("gb200-nvl72-rack-1")
+    gpus = []
+    for i, bus in enumerate(("01", "02")):
+        g = blackwell_gpu(
+            "GB200",
+            "NVIDIA GB200",
+            i,
+            bus,
+            domain=domain,
+            clique=32766,
+            fabric_mask=(FABRIC_DEGRADED_BW if i == 1 else FABRIC_ALL_FALSE) | FABRIC_CONFIGURATION_NONE,
+            summary=3 if i == 1 else 1,
+            degrading_link=7 if i == 0 else None,
+        )
+        set_module_power(g, 420_000, 1_650_000, 2_700_000)
+        set_c2c(g, links=1)
+        recovery = {"sequence": [{"until_s": 41, "value": 0}, {"value": 1}]} if i == 0 else 0
+        g["fields"]["230"] = recovery
+        gpus.append(g)
+    events = [
+        {"at_s": 40, "gpu": 0, "event_type": "XidCriticalError", "data": 149},
+        {"at_s": 40.5, "gpu": 1, "event_type": "XidCriticalError", "data": 145},
+        {"at_s": 41, "gpu": 0, "event_type": "XidCriticalError", "data": 154},
+    ]
+    desc = (
+        "Two GPUs of one GB200 superchip (blackwell_gb200: two Blackwell GPUs and a Grace CPU) of an"
+        " NVL72 rack on an R580 driver, from docs/capabilities.md's recipe (examples/scenarios/"
+        "generate.py gb200x2_r580); NOT MEASURED. As b200x2-r570 for NVLink5 (link 7 of GPU 0"
+        " degrading from 505 recovery events), plus: fabric info v3 in the rack's NVLink domain (clique"
+        " 32766 and a cluster UUID shared by both GPUs: SYNTHETIC), GPU 0 healthy (summary 1), GPU 1"
+        " with degraded bandwidth (health mask DEGRADED_BW true, the other conditions false, summary 3"
+        " LIMITED_CAPACITY: the recipe's degraded variant), the configuration check 'none'; the name"
+        " string (NVIDIA/dcgm-exporter#581); module power and module limit with the module scope and"
+        " the energy counter counting the module (taken to be as on GH200: no public source for"
+        " GB200); NVLink-C2C with its error fields (R575+). At t = 40 s GPU 0 logs Xid 149 (NETIR"
+        " link down) and GPU 1, its peer, Xid 145 (the downstream pattern of the marin report); at"
+        " t = 41 s GPU 0 logs Xid 154 and its recovery action (field 230) moves from 0 to 1 (GPU"
+        " reset). SYNTHETIC (picked): identities, module power 420 W idle / 1650 W loaded, module"
+        " limit 2700 W, one C2C link, the rest as b200x2-r570."
+    )
+    return branch_scenario(desc, "R580", "580.95.05", gpus, events=events)
+
+
+GENERATIONS = {
+    "a100x2-r535.json": a100x2_r535,
+    "l40sx2-r550.json": l40sx2_r550,
+    "h100x2-r550.json": h100x2_r550,
+    "gh200x1-r570.json": gh200x1_r570,
+    "b200x2-r570.json": b200x2_r570,
+    "gb200x2-r580.json": gb200x2_r580,
+}
+
+
 SCENARIOS = {
     "h200x1.json": h200x1,
     "h200x2.json": h200x2,
     "h200x8.json": h200x8,
     "h200x2-mig.json": h200x2_mig,
+    **GENERATIONS,
 }
 
 

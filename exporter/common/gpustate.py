@@ -77,6 +77,11 @@ class GpuStates:
             found = store[kind] = kind()
         return cast(S, found)
 
+    def peek(self, kind: type[S]) -> S | None:
+        """This GPU's ``kind`` if it was made, else None (nothing is made: for a reader on another
+        thread than the GPU's)."""
+        return cast("S | None", self._stores[kind.LIFETIME].get(kind))
+
     def holds(self, lifetime: Lifetime) -> bool:
         """Whether any state of ``lifetime`` was made (and not forgotten since)."""
         return bool(self._stores[lifetime])

@@ -78,6 +78,8 @@ class GpuSample:
         error: for a GPU that is not up, the NVML return code name that made it so
             (``NO_PERMISSION`` for a handle lookup the container's device cgroup refused,
             ``GPU_IS_LOST`` …); "" when up or not an NVML answer.
+        apis: which variant answers each versioned call on this GPU, chosen once per worker:
+            (call, NVML function, struct version or "", fallback or ""), sorted by call.
     """
 
     index: int
@@ -91,6 +93,7 @@ class GpuSample:
     function: str = ""
     dropped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     error: str = ""
+    apis: tuple[tuple[str, str, str, str], ...] = ()
     bus_id: str = ""
 
     @property
@@ -157,6 +160,7 @@ class Snapshot:
                     "bus_id": g.bus_id,
                     "dropped": {f: dict(r) for f, r in g.dropped.items()},
                     "error": g.error,
+                    "apis": [list(a) for a in g.apis],
                 }
                 for g in self.gpus
             ],
@@ -310,6 +314,7 @@ def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
         bus_id=decode_value(str, raw.get("bus_id", ""), f"{where}.bus_id"),
         dropped=decode_value(dict[str, dict[str, int]], raw.get("dropped", {}), f"{where}.dropped"),
         error=decode_value(str, raw.get("error", ""), f"{where}.error"),
+        apis=decode_value(tuple[tuple[str, str, str, str], ...], raw.get("apis", []), f"{where}.apis"),
     )
 
 

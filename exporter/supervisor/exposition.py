@@ -28,7 +28,7 @@ from prometheus_client.openmetrics import exposition as om_format
 from exporter.common import collectors, plausibility
 from exporter.common.logs import log_once
 from exporter.common.metric import GpuKey, MetricDef
-from exporter.supervisor import selfmetrics
+from exporter.supervisor import apis, selfmetrics
 
 if TYPE_CHECKING:
     from exporter.common.snapshot import Snapshot
@@ -208,6 +208,7 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
                 failed.add(feature)
         bag.add(plausibility.families([(GpuKey(str(g.index), g.uuid), g.dropped) for g in snap.gpus if g.key in fresh]))
     live = [g.uuid for g in state.fresh_gpus() if g.up]
+    bag.add(apis.families(g for g in state.fresh_gpus() if g.up))
     bag.add(state.xids.families(live, state.gpu_index, now=state.verdicts.clock()))
     for ext in state.active_extensions():
         if snap is not None:

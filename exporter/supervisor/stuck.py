@@ -14,7 +14,10 @@ nothing actually running:
   resident and "active", GPM says whether any SM did work. It holds whatever memory the dead
   context still pins, and it tells a real job apart even where the exporter sees no processes
   (no hostPID) and the job uses little memory;
-- elsewhere: framebuffer memory used (v2: excluding driver-reserved memory) <= ``memory_bytes``.
+- elsewhere (Ampere, Ada: no GPM): framebuffer memory used (v2: excluding driver-reserved memory)
+  <= ``memory_bytes``. Where only memory info v1 answers (its ``used`` counts the driver's
+  reservation, hundreds of MB on an idle GPU) "empty" cannot be told, and the signature is not
+  evaluated: no series rather than one that can never fire.
 
 When the conditions hold continuously for ``after_s`` seconds, ``nvgpu_stuck_context_suspected``
 is 1 and ``nvgpu_stuck_context_since_timestamp_seconds`` says when they began. How long they held is
@@ -132,8 +135,8 @@ class StuckDetector(Extension):
         sm = profile.activity_percent.get(gpm.SM_UTIL) if profile else None
         if sm is not None:
             return sm / 100.0 <= self.sm_activity
-        if mem is None or mem.used_bytes is None:
-            return None
+        if mem is None or mem.used_bytes is None or mem.includes_reserved:
+            return None  # v1 memory counts the driver's reservation as used: "empty" cannot be told
         return mem.used_bytes <= self.memory_bytes
 
     def suspected(self, uuid: str) -> bool:

@@ -20,6 +20,14 @@ attached again gets a new device client: only its ``Lifetime.WORKER`` states car
 A slot is one GPU, keyed by its UUID (:func:`exporter.common.gpuid.gpu_key`); its NVML index is only
 where the last enumeration found it (:attr:`GpuSlot.index`, the ``gpu`` label), and moves when a GPU
 before it leaves or arrives (:mod:`exporter.worker.enumeration`).
+
+Re-probes ask, they do not flip. A re-probe pass also runs the collectors of the features the worker
+switched off as unsupported on every GPU (``reask``), so their calls are asked again in the
+background; what the pass found is kept as the GPU's :class:`SupportView`, taken on its own thread
+when the pass ends (the main thread never reads the device client's sets in the middle of a pass,
+just after a re-probe forgot them). A feature this GPU lacked stays lacking until one of its calls
+really answers: a re-asked call that answers NOT_SUPPORTED again, or fails for a reason that only
+omits the sample, changes nothing, and nothing is logged.
 """
 
 from __future__ import annotations
@@ -39,11 +47,56 @@ from exporter.common.gpustate import GpuStates, Lifetime
 from exporter.common.nvml import errors
 from exporter.common.snapshot import GpuSample
 from exporter.worker import implausible
-from exporter.worker.nvml.client import DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
+from exporter.worker.nvml.client import ApiChoices, DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
 
 log = logging.getLogger("exporter.worker")
 
 _FAILED = object()  # a collector raised: no reading, feature failed
+
+
+@dataclass(frozen=True)
+class SupportView:
+    """What a GPU supports, as its last finished pass left it.
+
+    Attributes:
+        ok: features with at least one answering call since the last re-probe.
+        unsupported: features that lack every call on this GPU (so far).
+        calls: feature -> the calls it lacks (``"field 185"`` for a field id), for log lines.
+        answers: feature -> the unsupported answers' names (``NOT_SUPPORTED``, ``FUNCTION_NOT_FOUND``).
+    """
+
+    ok: frozenset[str] = frozenset()
+    unsupported: frozenset[str] = frozenset()
+    calls: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    answers: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def lacks(self, feature: str) -> bool:
+        """The feature has no answering call on this GPU."""
+        return feature in self.unsupported and feature not in self.ok
+
+    @classmethod
+    def after(cls, before: SupportView | None, dev: DeviceClient) -> SupportView:
+        """The view after a pass: the device client's answers, where a feature lacked before stays
+        lacking until one of its calls answers (a re-asked call that fails for another reason, or a
+        collector that did not run, changes nothing)."""
+        unsupported = set(dev.feature_unsupported)
+        if before is not None:
+            unsupported |= before.unsupported - dev.feature_ok
+        calls: dict[str, set[str]] = {}
+        answers: dict[str, set[str]] = {}
+        for key, (feature, why) in dev.unsupported.items():
+            calls.setdefault(feature, set()).add(str(key[0]) if key[0] != "field" else f"field {key[1]}")
+            answers.setdefault(feature, set()).add(why)
+        for feature in unsupported - set(calls):  # carried over from before: keep what it said then
+            if before is not None and feature in before.calls:
+                calls[feature] = set(before.calls[feature])
+                answers[feature] = set(before.answers.get(feature, ()))
+        return cls(
+            frozenset(dev.feature_ok),
+            frozenset(unsupported),
+            {f: tuple(sorted(c)) for f, c in calls.items()},
+            {f: frozenset(a) for f, a in answers.items()},
+        )
 
 
 @dataclass
@@ -58,6 +111,7 @@ class GpuPass:
         lost_error: the NVML code name of that answer.
         sampled_mono: ``time.monotonic()`` when the pass started (the readings' age is measured on it).
         dropped: feature -> reason -> values dropped as implausible since the worker started.
+        support: what the GPU supports once the pass ended (None when it was lost).
     """
 
     readings: dict[str, object] = field(default_factory=dict)
@@ -67,6 +121,7 @@ class GpuPass:
     lost_error: str = ""
     sampled_mono: float = 0.0
     dropped: dict[str, dict[str, int]] = field(default_factory=dict)
+    support: SupportView | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +175,7 @@ class GpuSlot:
         self.reprobe_s = reprobe_s
         self.handle = handle
         self.dev: DeviceClient | None = None
+        self.support: SupportView | None = None  # from the last finished pass of this device client
         self.last: LastReadings | None = None
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu{self.position}")
         self.future: concurrent.futures.Future[Any] | None = None
@@ -172,10 +228,14 @@ class GpuSlot:
             self.handle = handle
         self._submit(self._attach)
 
-    def start_sample(self, features: Collection[str], enabled: frozenset[str] = frozenset()) -> None:
+    def start_sample(
+        self, features: Collection[str], enabled: frozenset[str] = frozenset(), reask: Collection[str] = ()
+    ) -> None:
         """Sample the enabled collector ``features`` on its thread; ``enabled``: every feature on in
-        this worker (collectors or not), which the collectors read their switches from."""
-        self._submit(self._sample, tuple(features), enabled or frozenset(features))
+        this worker (collectors or not), which the collectors read their switches from; ``reask``:
+        the collector features that are off as unsupported on every GPU, read only in a re-probe
+        pass (their calls asked again; a reading only where one of them answered)."""
+        self._submit(self._sample, tuple(features), enabled or frozenset(features), frozenset(reask))
 
     def _submit(self, fn: Any, *args: Any) -> None:
         self.started_mono = time.monotonic()
@@ -217,14 +277,13 @@ class GpuSlot:
         the snapshot cannot make them look older or younger than they are."""
         last = self.last
         unsupported: tuple[str, ...] = ()
-        if self.dev is not None:
-            unsupported = tuple(
-                f
-                for f in collectors.COLLECTORS
-                if f in enabled and f in self.dev.feature_unsupported - self.dev.feature_ok
-            )
+        if self.dev is not None and self.support is not None:
+            view = self.support
+            unsupported = tuple(f for f in collectors.COLLECTORS if f in enabled and view.lacks(f))
         feature, function = self.hung_in if self.state == "hung" else ("", "")
         state = "removed" if self.removed else self.state
+        choices = self._states.peek(ApiChoices) if self._states is not None else None
+        apis = dict(choices.calls) if choices is not None else {}
         return GpuSample(
             self.index,
             self.uuid,
@@ -237,6 +296,7 @@ class GpuSlot:
             function,
             last.dropped if last else {},
             error="" if self.state == "up" else self.error,
+            apis=tuple((call, *chosen) for call, chosen in sorted(apis.items())),
             bus_id=self.bus_id,
         )
 
@@ -283,16 +343,18 @@ class GpuSlot:
         self.uuid = uuid
         states = self._states = GpuStates() if self._states is None else self._states.reattached()
         self.dev = DeviceClient(self.client, self.index, self.uuid or self.key, handle, states)
+        self.support = None  # the new device client's view comes with its first pass
         self.state, self.detail, self.error = "up", "", ""
         return True
 
-    def _sample(self, features: tuple[str, ...], enabled: frozenset[str]) -> GpuPass:
+    def _sample(self, features: tuple[str, ...], enabled: frozenset[str], reask: frozenset[str]) -> GpuPass:
         dev = self.dev
         assert dev is not None
         dev.enabled = enabled
-        self._maybe_reprobe(dev)
+        reprobed = self._maybe_reprobe(dev)
         out = GpuPass(sampled_mono=time.monotonic())
-        for feature in features:
+        wanted = set(features) | (reask if reprobed else set())
+        for feature in (f for f in collectors.COLLECTORS if f in wanted):
             collector = collectors.COLLECTORS[feature]
             f0 = time.perf_counter()
             errors_before = self._feature_errors(feature)
@@ -304,22 +366,27 @@ class GpuSlot:
                 out.lost = str(exc)
                 out.lost_error = exc.failure.name
                 return out
+            if feature not in features and feature not in dev.feature_ok:
+                continue  # re-asked in the background and still no answer: nothing to report
             if reading is not None and reading is not _FAILED:
                 out.readings[feature] = reading
             out.seconds[feature] = time.perf_counter() - f0
             out.ok[feature] = reading is not _FAILED and self._feature_errors(feature) == errors_before
         out.dropped = implausible.report(dev)
+        out.support = SupportView.after(self.support, dev)
         return out
 
-    def _maybe_reprobe(self, dev: DeviceClient) -> None:
+    def _maybe_reprobe(self, dev: DeviceClient) -> bool:
+        """Forget what a re-probe asks again when one is due; True if it was."""
         now = time.monotonic()
         if not self._reprobe_now and not dev.reprobe_requested and now < self.next_reprobe:
-            return
+            return False
         self._reprobe_now = dev.reprobe_requested = False
         self.next_reprobe = now + self.reprobe_s
         if dev.unsupported or dev.states.holds(Lifetime.PROBE):
             log.debug("%s: asking unsupported calls and static readings again", self.label())
         dev.forget()
+        return True
 
     def _read(self, dev: DeviceClient, feature: str, collector: Collector) -> object:
         """The collector's reading, its implausible values dropped (:mod:`exporter.worker.implausible`);
@@ -338,8 +405,12 @@ class GpuSlot:
 
     # -- applied by the main thread -------------------------------------------------------------
 
-    def apply(self, result: GpuPass) -> None:
-        """Take a finished pass: the GPU's last readings, or lost."""
+    def apply(self, result: GpuPass) -> frozenset[str]:
+        """Take a finished pass: the GPU's last readings, or lost.
+
+        Returns:
+            The features this GPU lacked before the pass and has an answering call for now.
+        """
         if result.lost:
             log.error(
                 "%s lost: %s; its series are dropped until it comes back",
@@ -347,14 +418,18 @@ class GpuSlot:
                 result.lost,
                 extra={"uuid": self.uuid, "gpu": self.index},
             )
-            self.state, self.detail, self.dev = "lost", result.lost, None
+            self.state, self.detail, self.dev, self.support = "lost", result.lost, None, None
             self.error = result.lost_error
-            return
+            return frozenset()
         ident = result.readings.get("identity")
         bus = getattr(ident, "pci_bus_id", None)
         if isinstance(bus, str) and bus:
             self.bus_id = bus
         self.last = LastReadings(result.readings, result.sampled_mono, result.dropped)
+        before, self.support = self.support, result.support
+        if before is None or result.support is None:
+            return frozenset()
+        return frozenset(f for f in before.unsupported if before.lacks(f) and f in result.support.ok)
 
     def close(self) -> None:
         """Let the thread end once idle (a hung one stays until its call returns)."""

@@ -18,7 +18,7 @@ import logging
 import queue
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from exporter.common import collectors, logs
@@ -82,6 +82,7 @@ class Sampler:
         self.events_enabled: dict[str, bool] = {}  # written by the event thread
         self.commands: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()  # from the supervisor
         self._last_calls = (0, 0)
+        self._returned: dict[str, list[GpuSlot]] = {}  # feature -> GPUs where it answered again this tick
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -199,11 +200,12 @@ class Sampler:
         # Switches are read from the resolved states (env, quarantine, known issues), not from
         # "unsupported": a collector's series set stays the same for the worker's life.
         switches = frozenset(f for f, st in self.resolved.items() if st.enabled)
+        reask = _off_as_unsupported(self.states)  # asked again in each GPU's re-probe pass
         for slot in self.slots.values():
             if slot.busy or slot.removed:
                 continue
             if slot.state == "up":
-                slot.start_sample(features, switches)
+                slot.start_sample(features, switches, reask)
             elif slot.state == "lost":
                 slot.start_attach()
         waiting = [s.future for s in self.slots.values() if s.future is not None]
@@ -238,7 +240,8 @@ class Sampler:
                 continue
             result = slot.harvest()
             if isinstance(result, GpuPass):
-                slot.apply(result)
+                for feature in slot.apply(result):
+                    self._returned.setdefault(feature, []).append(slot)
                 passes[slot.key] = result
                 if result.lost:
                     self.rediscovery.ask(f"{slot.label()} lost")
@@ -278,33 +281,31 @@ class Sampler:
                 slot.request_reprobe()
 
     def _mark_unsupported(self) -> None:
-        """A feature that no attached GPU supports is off (reason ``unsupported``) until a re-probe
-        finds one that does; every other feature is in its resolved state."""
-        devices = [s.dev for s in self.slots.values() if s.dev is not None and s.state == "up"]
+        """A feature that no attached GPU supports is off (reason ``unsupported``) until a GPU really
+        answers one of its calls (re-asked in re-probes), with one log line; every other feature is
+        in its resolved state. Decided from each GPU's last :class:`~exporter.worker.gpuslot.SupportView`."""
+        returned, self._returned = self._returned, {}
+        views = [(s, s.support) for s in self.slots.values() if s.state == "up" and s.support is not None]
         for feature in collectors.COLLECTORS:
             resolved = self.resolved.get(feature)
-            if resolved is None or not resolved.enabled or not devices:
+            if resolved is None or not resolved.enabled or not views:
                 continue
-            unsupported = all(feature in d.feature_unsupported and feature not in d.feature_ok for d in devices)
             current = self.states[feature]
-            if not unsupported:
-                if current.reason is gf.Reason.UNSUPPORTED:
-                    log.info("feature %s answers again on a GPU: back on", feature)
+            if current.reason is gf.Reason.UNSUPPORTED:
+                answering = [s for s, v in views if feature in v.ok]
+                if answering:
+                    _log_back(feature, answering, everywhere_off=True)
+                    self.states[feature] = resolved
+                continue
+            if not all(v.lacks(feature) for _, v in views):
+                if feature in returned:
+                    _log_back(feature, returned[feature], everywhere_off=False)
                 self.states[feature] = resolved
                 continue
-            if current.reason is gf.Reason.UNSUPPORTED:
-                continue
-            missing = sorted(
-                {
-                    str(k[0]) if k[0] != "field" else f"field {k[1]}"
-                    for d in devices
-                    for k, (f, _) in d.unsupported.items()
-                    if f == feature
-                }
-            )
+            missing = sorted({c for _, v in views for c in v.calls.get(feature, ())})
             detail = f"no GPU supports it ({', '.join(missing)})"
             self.states[feature] = gf.FeatureState(feature, False, gf.Reason.UNSUPPORTED, detail)
-            answers = {why for d in devices for (f, why) in d.unsupported.values() if f == feature}
+            answers = {a for _, v in views for a in v.answers.get(feature, ())}
             _log_unsupported(feature, detail, answers)
 
     def calls(self) -> tuple[int, int]:
@@ -351,17 +352,33 @@ class Sampler:
 def _log_unsupported(feature: str, detail: str, answers: set[str]) -> None:
     """The hardware saying no (no fan on an H200, no NVLink on a single GPU) is not a fault: INFO,
     once (the supervisor keeps it once across workers too). A missing symbol or a refused
-    permission is worth a WARNING: a newer binding or driver, or the container's device access,
-    would change it."""
+    permission, with no call answering that the hardware lacks it, is worth a WARNING: a newer
+    binding or driver, or the container's device access, would change it. (An R535 driver lacks the
+    newer fabric call while the older one says the A100 has no fabric: INFO.)"""
     logs.log_once(
         log,
-        logging.WARNING if answers & _NOT_HARDWARE else logging.INFO,
+        logging.WARNING if answers and answers <= _NOT_HARDWARE else logging.INFO,
         ("unsupported-feature", feature, detail),
         "feature %s is unsupported on every GPU (%s): off until a re-probe finds it",
         feature,
         detail,
         extra={"feature": feature},
     )
+
+
+def _off_as_unsupported(states: Mapping[str, gf.FeatureState]) -> list[str]:
+    """The collector features off only because no GPU answered their calls."""
+    return [f for f in collectors.COLLECTORS if f in states and states[f].reason is gf.Reason.UNSUPPORTED]
+
+
+def _log_back(feature: str, slots: list[GpuSlot], everywhere_off: bool) -> None:
+    """One line when a re-probe finds a feature answering again: on every GPU where it was off
+    (``everywhere_off``: the feature is switched back on) or on one GPU of several."""
+    gpus = ", ".join(f"{s.index} ({s.uuid})" for s in slots)
+    if everywhere_off:
+        log.info("feature %s answers again on GPU %s: back on", feature, gpus, extra={"feature": feature})
+    else:
+        log.info("feature %s answers again on GPU %s", feature, gpus, extra={"feature": feature})
 
 
 _NOT_HARDWARE = {"FUNCTION_NOT_FOUND", "ARGUMENT_VERSION_MISMATCH", "NO_PERMISSION"}  # binding, driver, container

@@ -35,6 +35,10 @@ Goldens:
   split into two compute instances and two 1g.18gb GPU instances, GPU 1 with MIG off. The test adds
   the kubelet's holders: MIG devices by UUID and in the pre-R470 form, one MIG UUID no GPU has, an
   index-strategy id, and a whole GPU.
+- ``a100x2-r535``, ``l40sx2-r550``, ``h100x2-r550``, ``gh200x1-r570``, ``b200x2-r570``,
+  ``gb200x2-r580``: the shipped scenarios of other generations and driver branches as they are,
+  default settings (``tests/test_series_budget.py`` counts them too; ``tests/test_generations.py``
+  checks them against docs/capabilities.json).
 - ``gh200``: a Grace Hopper module (h200x1 with GPU power 300 W, module power 650 W, energy rising at
   650 W): the power scopes in separate families; ``gpm_pipes`` switched on.
 
@@ -200,6 +204,21 @@ def _h200x2_mig() -> tuple[dict[str, Any], dict[str, str]]:
     return json.loads((SCENARIOS / "h200x2-mig.json").read_text()), {}
 
 
+# The shipped scenarios of other GPU generations and driver branches (docs/scenarios.md, "Other
+# generations"), each as it is with default settings: a golden per generation.
+GENERATION_SCENARIOS = ("a100x2-r535", "l40sx2-r550", "h100x2-r550", "gh200x1-r570", "b200x2-r570", "gb200x2-r580")
+
+
+def _shipped(name: str) -> Callable[[], tuple[dict[str, Any], dict[str, str]]]:
+    def load() -> tuple[dict[str, Any], dict[str, str]]:
+        scenario = json.loads((SCENARIOS / f"{name}.json").read_text())
+        # the golden is scenario time 0: events later in the scenario (GB200's Xids) never arrive there
+        scenario["events"] = [e for e in scenario.get("events", []) if e["at_s"] <= 0]
+        return scenario, {}
+
+    return load
+
+
 GOLDENS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, str]]]] = {
     "h200x1": _h200x1,
     "h200x2": _h200x2,
@@ -209,6 +228,7 @@ GOLDENS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, str]]]] = {
     "gh200": _gh200,
     "processes": _processes,
     "h200x2-mig": _h200x2_mig,
+    **{name: _shipped(name) for name in GENERATION_SCENARIOS},
 }
 SNAPSHOTS = {
     "h200x1": 1,
@@ -219,6 +239,7 @@ SNAPSHOTS = {
     "gh200": 1,
     "processes": 1,
     "h200x2-mig": 1,
+    **dict.fromkeys(GENERATION_SCENARIOS, 1),
 }
 # Per golden: Config fields for the node around the worker (fake /proc and container logs).
 HOSTS: dict[str, Callable[[Path], dict[str, Any]]] = {"processes": _processes_host}

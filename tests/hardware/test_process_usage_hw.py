@@ -234,7 +234,7 @@ def test_per_process_memory_and_sm_attribution(tmp_path: Path) -> None:
             result["nvidia_smi_compute_apps"] = _smi_apps()
             result["exporter"] = {
                 "build_info": [s.labels for s in scrape.find("nvgpu_build_info")],
-                "process_api": [s.labels for s in scrape.find("nvgpu_process_api_info")],
+                "process_api": [s.labels for s in scrape.find("nvgpu_nvml_api_info")],
                 "dropped": [(s.labels, s.value) for s in scrape.find("nvgpu_process_records_dropped_total")],
             }
             out = os.environ.get("NVGPU_HW_OUT")

@@ -18,7 +18,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from exporter.common.collectors import (
+    c2c,
     clocks,
+    confidential_computing,
     ecc,
     fabric,
     fan,
@@ -54,7 +56,9 @@ _ORDER: tuple[Collector, ...] = (
     remapped_rows,
     nvlink,
     nvlink_throughput,
+    c2c,
     fabric,
+    confidential_computing,
     gpm,
     gpm_pipes,
     processes,

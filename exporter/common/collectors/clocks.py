@@ -3,7 +3,9 @@
 Sources: nvmlDeviceGetClockInfo / nvmlDeviceGetMaxClockInfo (MHz; NVML_CLOCK_GRAPHICS 0, SM 1,
 MEM 2, VIDEO 3; the max is static and costs ~1.4 ms serialised, so it is read once per worker life),
 nvmlDeviceGetPerformanceState (P0..P15, 32 = unknown), nvmlDeviceGetCurrentClocksEventReasons
-(bitmask, 535+ drivers; bits from nvml.h ``nvmlClocksEventReason*``).
+(bitmask, 535+ drivers; bits from nvml.h ``nvmlClocksEventReason*``), falling back once per worker to
+the older spelling nvmlDeviceGetCurrentClocksThrottleReasons (the same bits; DEPRECATED in the 13.0
+header) where the binding lacks the new name (``nvgpu_nvml_api_info{call="clock_event_reasons"}``).
 
 Default series (within the default budget of 60 per GPU): the SM and memory clocks and the SM maximum
 (what a share-of-maximum panel needs; dcgm-exporter's default set has the same two clocks). With
@@ -118,7 +120,11 @@ def read(dev: DeviceClient) -> Reading | None:
     pstate = reasons = None
     if details:
         pstate = dev.get(FEATURE, "nvmlDeviceGetPerformanceState")
-        reasons = dev.get(FEATURE, "nvmlDeviceGetCurrentClocksEventReasons")
+        reasons = dev.first(
+            FEATURE,
+            [("nvmlDeviceGetCurrentClocksEventReasons", ()), ("nvmlDeviceGetCurrentClocksThrottleReasons", ())],
+            call="clock_event_reasons",
+        )
     if pstate is not None and int(pstate) == PSTATE_UNKNOWN:
         pstate = None
     r = Reading(

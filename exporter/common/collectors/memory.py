@@ -1,9 +1,13 @@
 """Framebuffer and BAR1 memory in bytes.
 
-Sources: nvmlDeviceGetMemoryInfo with ``version=nvmlMemory_v2`` (``used`` excludes the driver's
-``reserved`` memory, as nvidia-smi shows it; idle H200: v1 used 644,939,776 = v2 reserved, v2 used
-0, measured on 580.159.04), falling back to v1 (``used`` includes reserved; no reserved series) when v2 is
-not there; nvmlDeviceGetBAR1MemoryInfo.
+Sources: nvmlDeviceGetMemoryInfo with ``version=nvmlMemory_v2`` (C ``nvmlDeviceGetMemoryInfo_v2``,
+in every header from CUDA 12.2 / R535; ``used`` excludes the driver's ``reserved`` memory, as
+nvidia-smi shows it; idle H200: v1 used 644,939,776 = v2 reserved, v2 used 0, measured on
+580.159.04), falling back to v1 when v2 is not there (a binding or driver without it): then
+``used`` includes the reserved memory and there is no reserved series, the documented difference
+(the reading says so in ``includes_reserved``: the stuck-context signature does not judge "empty"
+by it). The choice is made once per worker and shown in ``nvgpu_nvml_api_info{call="memory"}``;
+nvmlDeviceGetBAR1MemoryInfo.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.common.metric import GpuKey, MetricDef
-from exporter.common.plausibility import U64_MAX_VALUE, Check, PartsAtMost, Range
+from exporter.common.plausibility import U64_MAX_VALUE, Check, Exempt, PartsAtMost, Range
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -55,6 +59,10 @@ class Reading:
     reserved_bytes: int | None
     bar1_total_bytes: int | None
     bar1_used_bytes: int | None
+    includes_reserved: bool = False  # v1: used counts the driver-reserved memory
+
+
+V2_KEY = ("nvmlDeviceGetMemoryInfo", ("version", NVML_MEMORY_V2))  # the device client's cache key of v2
 
 
 # v2: used + free + reserved = total, byte for byte (idle H200: 0 + 150,109,880,320 + 644,939,776 =
@@ -72,16 +80,23 @@ CHECKS: tuple[Check, ...] = (
     ),
     PartsAtMost("used_bytes", "free_bytes", "reserved_bytes", total="total_bytes"),
     PartsAtMost("bar1_used_bytes", total="bar1_total_bytes"),
+    Exempt("includes_reserved", why="a flag: which memory info version answered"),
 )
 
 
 def read(dev: DeviceClient) -> Reading | None:
     mem = None
-    if ("nvmlDeviceGetMemoryInfo", ("version", NVML_MEMORY_V2)) not in dev.unsupported:
+    if V2_KEY not in dev.unsupported:
         mem = dev.get(FEATURE, "nvmlDeviceGetMemoryInfo", version=NVML_MEMORY_V2)
     reserved = getattr(mem, "reserved", None) if mem is not None else None
-    if mem is None:
+    v1 = mem is None
+    if mem is not None:
+        dev.chose("memory", "nvmlDeviceGetMemoryInfo_v2", "2")
+    else:
         mem = dev.get(FEATURE, "nvmlDeviceGetMemoryInfo")
+        why = dev.unsupported.get(V2_KEY)
+        if mem is not None and why is not None:  # v2 unsupported, not merely failing this sample
+            dev.chose("memory", "nvmlDeviceGetMemoryInfo", "1", why[1].lower())
     details = DETAILS in dev.enabled
     bar1 = dev.get(FEATURE, "nvmlDeviceGetBAR1MemoryInfo") if details else None
     if mem is None and bar1 is None:
@@ -93,6 +108,7 @@ def read(dev: DeviceClient) -> Reading | None:
         reserved_bytes=int(reserved) if reserved is not None else None,
         bar1_total_bytes=int(bar1.bar1Total) if bar1 is not None else None,
         bar1_used_bytes=int(bar1.bar1Used) if bar1 is not None else None,
+        includes_reserved=v1 and mem is not None,
     )
 
 

@@ -16,6 +16,33 @@ values as the per-call replay, recovery and flit-CRC counters; the all-lane tota
 GPU, on that GPU's own thread), and the per-call ones every :data:`SLOW_EVERY_S` seconds (data CRC:
 18 calls, about 16 ms per GPU every 30 s), their last values exported in between.
 
+Blackwell (NVLink5: B200, GB200, from the 12.6 header / R560): fields 161-163 answer NOT_SUPPORTED
+("unsupported for Blackwell+", nvml.h 12.8+), and so, the fake assumes, does the per-call counter
+(no public source says what it answers there). NVLink5 counts its errors in the
+``NVML_FI_DEV_NVLINK_COUNT_*`` fields, per link (scopeId = link), read in a field-value call of their
+own (DCGM answered N/A for them when asked together with other fields on GB200: NVIDIA/DCGM#265).
+They go under the same families as Hopper's where the meaning is the same, and under error types of
+their own where it is not (:data:`NVLINK5_FIELDS`):
+
+- ``recovery``: 215 ``LINK_RECOVERY_EVENTS`` (the link went from up into recovery, whatever the
+  result), the meaning of Hopper's DL recovery counter (162). The counter that predicted a public
+  GB200 link failure: 505 recovery events on one link, still growing, then Xid 149 link down five
+  days later (marin-community/marin#9086).
+- new error types, NVLink5 only: ``recovery_failed`` (214: recovery failed, link declared down),
+  ``effective`` (219: errors summed over each packet) and ``symbol`` (221: errors in received
+  symbols) by default; with ``details`` also ``malformed_packet`` (206), ``buffer_overrun`` (207),
+  ``receive`` (208), ``receive_remote`` (209, marked by an upstream error), ``receive_general``
+  (210, header mismatch), ``local_link_integrity`` (211) and ``transmit_discard`` (212).
+- Hopper's ``replay`` (retransmissions) and flit/data CRC counts have no NVLink5 field of the same
+  meaning: 219 and 221 count bit errors, not retransmitted flits, so they are not called ``replay``
+  or ``crc_*``.
+
+A link is shown on its own by default once it counts NVLink5 recoveries (``recovery`` or
+``recovery_failed``), as a Hopper link is once it counts replays, recoveries or flit CRCs. A GPU with
+links whose every error counter answers unsupported (legacy fields, per-call counters and NVLink5
+fields alike) has the feature ``unsupported``: link states alone are not NVLink monitoring, and a
+dashboard must not show such a GPU's links as healthy.
+
 The links are discovered once per worker life (and after a re-probe) by asking link 0, 1, … until
 the driver answers INVALID_ARGUMENT or NOT_SUPPORTED: ``NVML_NVLINK_MAX_LINKS`` is only an upper
 bound (18 up to nvidia-ml-py 13.595, 36 from 13.610) and indices past the real count answer
@@ -56,21 +83,42 @@ NEEDS: tuple[str, ...] = ()
 LINKS_SWITCH = "nvlink_links"  # every link's series
 MAX_LINKS = 36
 COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))
-ERROR_TYPES = tuple(name for name, _ in COUNTERS)
+_DL_TYPES = tuple(name for name, _ in COUNTERS)
 # Per-link field ids of the DL error counters (nvml.h; scopeId = link).
 FIELDS = {"replay": 161, "recovery": 162, "crc_flit": 163}
 _TYPE_OF_FIELD = {fid: name for name, fid in FIELDS.items()}
+# NVLink5 per-link error fields (nvml.h 12.6+, NVML_FI_DEV_NVLINK_COUNT_*): error type -> field id.
+NVLINK5_FIELDS = {
+    "recovery": 215,  # ..._LINK_RECOVERY_EVENTS: the meaning of Hopper's DL recovery
+    "recovery_failed": 214,  # ..._LINK_RECOVERY_FAILED_EVENTS
+    "effective": 219,  # ..._EFFECTIVE_ERRORS
+    "symbol": 221,  # ..._SYMBOL_ERRORS
+    "malformed_packet": 206,  # ..._MALFORMED_PACKET_ERRORS
+    "buffer_overrun": 207,  # ..._BUFFER_OVERRUN_ERRORS
+    "receive": 208,  # ..._RCV_ERRORS
+    "receive_remote": 209,  # ..._RCV_REMOTE_ERRORS
+    "receive_general": 210,  # ..._RCV_GENERAL_ERRORS
+    "local_link_integrity": 211,  # ..._LOCAL_LINK_INTEGRITY_ERRORS
+    "transmit_discard": 212,  # ..._XMIT_DISCARDS
+}
+NVLINK5_DEFAULT = ("recovery", "recovery_failed", "effective", "symbol")  # the rest with ``details``
+_TYPE_OF_NVLINK5 = {fid: name for name, fid in NVLINK5_FIELDS.items()}
+# Every error type, Hopper's first (the order of the series)
+ERROR_TYPES = _DL_TYPES + tuple(t for t in NVLINK5_FIELDS if t not in _DL_TYPES)
+DETAILS = "details"
 # The counters that make a link's own series appear by default (see the module docstring).
-SELECTING = ("replay", "recovery", "crc_flit")
+SELECTING = ("replay", "recovery", "crc_flit", "recovery_failed")
 SLOW_EVERY_S = 30.0
+NO_COUNTER = "nvmlDeviceGetNvLinkErrorCounter"  # the unsupported-cache key of "no error counter at all"
 
 LINKS_UP = MetricDef(
     "nvgpu_nvlink_links_up", "NVLink links whose state is active (nvmlDeviceGetNvLinkState over the links present)"
 )
 ERRORS = MetricDef(
     "nvgpu_nvlink_errors_total",
-    "NVLink data-link errors summed over the GPU's links (fields NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY/RECOVERY/CRC "
-    "161-163 per link; nvmlDeviceGetNvLinkErrorCounter for data CRC and where the fields are unsupported)",
+    "NVLink errors summed over the GPU's links (fields NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY/RECOVERY/CRC "
+    "161-163 per link; nvmlDeviceGetNvLinkErrorCounter for data CRC and where the fields are unsupported; "
+    "NVLink5: fields NVML_FI_DEV_NVLINK_COUNT_* 206-221, recovery = LINK_RECOVERY_EVENTS)",
     ("error_type",),
 )
 LINK_UP = MetricDef(
@@ -81,8 +129,9 @@ LINK_UP = MetricDef(
 )
 LINK_ERRORS = MetricDef(
     "nvgpu_nvlink_link_errors_total",
-    "NVLink data-link errors of one link (fields 161-163, nvmlDeviceGetNvLinkErrorCounter); every link with the "
-    "nvlink_links feature, else the links with replay, recovery or flit-CRC errors",
+    "NVLink errors of one link (fields 161-163, nvmlDeviceGetNvLinkErrorCounter; NVLink5: fields "
+    "NVML_FI_DEV_NVLINK_COUNT_*); every link with the nvlink_links feature, else the links with replay, "
+    "recovery, failed-recovery or flit-CRC errors",
     ("link", "error_type"),
 )
 METRICS = (
@@ -148,7 +197,8 @@ def links_of(dev: DeviceClient) -> list[int]:
 
 
 def read_counters(dev: DeviceClient, links: Sequence[int], counters: LinkCounters, now: float) -> None:
-    """Update ``counters``: the batched fields every call, per-call counters every SLOW_EVERY_S.
+    """Update ``counters``: the batched fields every call (Hopper's, then NVLink5's in a call of their
+    own), per-call counters every SLOW_EVERY_S.
 
     Raises:
         DeviceLost: the GPU is gone.
@@ -157,6 +207,10 @@ def read_counters(dev: DeviceClient, links: Sequence[int], counters: LinkCounter
     pairs = [(fid, link) for link in links for fid in FIELDS.values()]
     for (fid, link), value in dev.fields(FEATURE, pairs).items():
         counters.last[(link, _TYPE_OF_FIELD[fid])] = int(value)
+    wanted = NVLINK5_FIELDS if DETAILS in dev.enabled else {t: NVLINK5_FIELDS[t] for t in NVLINK5_DEFAULT}
+    nvlink5 = [(fid, link) for link in links for fid in wanted.values()]
+    for (fid, link), value in dev.fields(FEATURE, nvlink5).items():  # NOT_SUPPORTED before Blackwell: once
+        counters.last[(link, _TYPE_OF_NVLINK5[fid])] = int(value)
     if counters.slow_at is not None and now - counters.slow_at < SLOW_EVERY_S:
         return
     counters.slow_at = now
@@ -170,7 +224,22 @@ def read_counters(dev: DeviceClient, links: Sequence[int], counters: LinkCounter
                 counters.last[(link, name)] = int(value)
 
 
+def no_counter_answers(dev: DeviceClient, links: Sequence[int]) -> bool:
+    """Every error counter of every link answered unsupported: the legacy fields, the per-call
+    counters and the default NVLink5 fields."""
+    legacy = all(dev.field_unsupported(fid, link) for link in links for fid in FIELDS.values())
+    per_call = all(
+        ("nvmlDeviceGetNvLinkErrorCounter", link, counter) in dev.unsupported
+        for link in links
+        for _, counter in COUNTERS
+    )
+    nvlink5 = all(dev.field_unsupported(NVLINK5_FIELDS[t], link) for link in links for t in NVLINK5_DEFAULT)
+    return legacy and per_call and nvlink5
+
+
 def read(dev: DeviceClient) -> Reading | None:
+    if (NO_COUNTER,) in dev.unsupported:  # links without any error counter: unsupported until a re-probe
+        return None
     links = links_of(dev)
     if not links:
         return None
@@ -181,6 +250,9 @@ def read(dev: DeviceClient) -> Reading | None:
             up[link] = int(bool(state))
     counters = dev.state_of(LinkCounters)
     read_counters(dev, links, counters, dev.client.now())
+    if no_counter_answers(dev, links):
+        dev.nothing_to_read(FEATURE, NO_COUNTER, f"{len(links)} links but no NVLink error counter answers")
+        return None
     totals: dict[str, int] = {}
     for (link, name), value in counters.last.items():
         if link in links:

@@ -14,6 +14,12 @@ are read and summed, each link's last value kept so that a link that fails to an
 make the total look reset. With the ``nvlink_links`` feature on, every link's counters are read
 and exported, and the per-GPU totals are their sum. NVML_FI_DEV_NVLINK_LINK_COUNT (91) is read
 once per worker life (no links: nothing else is asked) and exported with the ``details`` feature.
+
+NVLink5 (Blackwell) counts bytes per link in ``NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES`` (202) and
+``…_RCV_BYTES`` (204), in bytes (nvml.h 12.6+: "total Tx/Rx bytes on the link"). Whether 138/139 still
+answer on NVLink5 has no public source; where every 138/139 entry answers unsupported, the per-link
+202/204 counters are read and summed the same way (their bytes kept in whole KiB, as the reading
+counts: a KiB's resolution on a counter that moves by gigabytes a second).
 """
 
 from __future__ import annotations
@@ -42,17 +48,22 @@ NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
 ALL_LINKS = 0xFFFFFFFF  # scopeId: the sum over every link (nvml.h, fields 138-141)
 TX, RX = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES = 202  # NVLink5, bytes per link
+NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES = 204
+TX5, RX5 = NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES, NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES
 
 LINKS = MetricDef("nvgpu_nvlink_links", "NVLink links present (field NVML_FI_DEV_NVLINK_LINK_COUNT)")
 TRANSMIT = MetricDef(
     "nvgpu_nvlink_transmit_bytes_total",
     "NVLink payload bytes transmitted over all the GPU's links (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, "
-    "scope 0xFFFFFFFF or summed per link, KiB x 1024)",
+    "scope 0xFFFFFFFF or summed per link, KiB x 1024; NVLink5 where that field is unsupported: "
+    "NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES per link, summed)",
 )
 RECEIVE = MetricDef(
     "nvgpu_nvlink_receive_bytes_total",
     "NVLink payload bytes received over all the GPU's links (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, "
-    "scope 0xFFFFFFFF or summed per link, KiB x 1024)",
+    "scope 0xFFFFFFFF or summed per link, KiB x 1024; NVLink5 where that field is unsupported: "
+    "NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES per link, summed)",
 )
 LINK_TRANSMIT = MetricDef(
     "nvgpu_nvlink_link_transmit_bytes_total",
@@ -105,7 +116,7 @@ class LastBytes(GpuState):
     """Each link's counters as last read (field id -> link -> KiB); kept across re-probes."""
 
     LIFETIME = Lifetime.DEVICE
-    last: dict[int, dict[int, int]] = field(default_factory=lambda: {TX: {}, RX: {}})
+    last: dict[int, dict[int, int]] = field(default_factory=lambda: {TX: {}, RX: {}, TX5: {}, RX5: {}})
 
 
 def _link_count(dev: DeviceClient) -> int | None:
@@ -119,13 +130,19 @@ def _link_count(dev: DeviceClient) -> int | None:
     return static.count
 
 
-def _per_link(dev: DeviceClient, count: int) -> tuple[dict[int, int], dict[int, int]]:
-    """Every link's counters, the last value kept for a link that does not answer this time."""
+def _per_link(dev: DeviceClient, count: int, tx: int = TX, rx: int = RX) -> tuple[dict[int, int], dict[int, int]]:
+    """Every link's counters (fields ``tx`` and ``rx``), the last value kept for a link that does not
+    answer this time."""
     last = dev.state_of(LastBytes).last
-    pairs = [(fid, link) for link in range(count) for fid in (TX, RX)]
+    pairs = [(fid, link) for link in range(count) for fid in (tx, rx)]
     for (fid, link), value in dev.fields(FEATURE, pairs).items():
         last[fid][link] = int(value)
-    return dict(last[TX]), dict(last[RX])
+    return dict(last[tx]), dict(last[rx])
+
+
+def _no_data_fields(dev: DeviceClient, count: int) -> bool:
+    """Every link's 138/139 answered unsupported (NVLink5 may not serve them)."""
+    return all(dev.field_unsupported(fid, link) for link in range(count) for fid in (TX, RX))
 
 
 def _all_links_scope(dev: DeviceClient) -> bool:
@@ -148,6 +165,9 @@ def read(dev: DeviceClient) -> Reading | None:
                 shown_count, None if tx_all is None else int(tx_all), None if rx_all is None else int(rx_all), {}, {}
             )
     tx, rx = _per_link(dev, count)
+    if not tx and not rx and _no_data_fields(dev, count):
+        tx, rx = _per_link(dev, count, TX5, RX5)  # bytes: kept in KiB as the reading counts
+        tx, rx = ({link: b // 1024 for link, b in d.items()} for d in (tx, rx))
     if not tx and not rx:
         return None
     per_link = LINKS_SWITCH in dev.enabled

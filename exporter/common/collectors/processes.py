@@ -19,8 +19,7 @@ Sources (worker side, per GPU and sample):
   (:mod:`exporter.worker.process_attribution`).
 
 What it exports (``families``): the compute process count and memory (validated records only),
-``nvgpu_process_records_dropped_total`` by reason, ``nvgpu_process_api_info`` (which struct
-version answered each list, and why an older one), and, with the ``process_usage`` feature on,
+``nvgpu_process_records_dropped_total`` by reason, and, with the ``process_usage`` feature on,
 per-process series: the ``NVGPU_PROCESS_SERIES_PER_GPU`` largest processes of each GPU (by
 memory, then SM utilization, then pid) have their own, the rest are summed under ``pid="other"``.
 Per-pod sums are carried in the reading for :mod:`exporter.supervisor.pods` (feature ``pod_attribution``).
@@ -80,13 +79,6 @@ DROPPED = MetricDef(
     "(nvmlDeviceGet*RunningProcesses, nvmlDeviceGetProcessUtilization)",
     ("reason",),
 )
-API_INFO = MetricDef(
-    "nvgpu_process_api_info",
-    "The NVML function that answered each process list (and utilization); fallback says why not the "
-    "newest struct version (unsupported, records_invalid); value is always 1",
-    ("list", "function", "fallback"),
-    per_gpu=False,
-)
 _PROCESS_LABELS = ("pid", "process", "namespace", "pod", "container")
 PROCESS_MEMORY = MetricDef(
     "nvgpu_process_memory_used_bytes",
@@ -119,7 +111,6 @@ METRICS = (
     COUNT,
     MEMORY_USED,
     DROPPED,
-    API_INFO,
     PROCESS_MEMORY,
     PROCESS_SM,
     PROCESS_MEMORY_UTILIZATION,
@@ -138,8 +129,10 @@ class Reading:
         dropped: reason -> records dropped by validation since the worker started.
         functions: list (``compute``, ``graphics``, ``mps``, ``utilization``) -> the NVML
             function that answered.
-        fallbacks: list -> why not the newest struct version (``unsupported``,
-            ``records_invalid``); absent when the newest answered.
+        fallbacks: list -> why not the newest struct version (the newest one's unsupported answer,
+            e.g. ``function_not_found``, or ``records_invalid``); absent when the newest answered.
+            Which variant answers each list is also in ``nvgpu_nvml_api_info``
+            (``{kind}_processes``, ``process_utilization``).
         processes: per-process feature only: pid -> :data:`Usage`, the largest
             ``series_per_gpu`` processes.
         labels: pid -> (process name, namespace, pod, container); empty strings when not visible.
@@ -313,12 +306,15 @@ def _read_list(dev: DeviceClient, st: State, host: HostView, kind: str, drops: C
                     drops.update(local)
                     drops.update(alt[1])
                     _log_mismatch(dev, st, kind, fn, bad, len(records) + sum(bad.values()), older)
+                    dev.chose(f"{kind}_processes", older, "", "records_invalid")
                     return _List(older, alt[0])
                 break
             _log_mismatch(dev, st, kind, fn, bad, len(records) + sum(bad.values()), None)
         drops.update(local)
         if fn != variants[0]:
-            st.fallbacks.setdefault(kind, "unsupported")
+            newest = dev.unsupported.get((variants[0],), (FEATURE, "unsupported"))[1]
+            st.fallbacks.setdefault(kind, newest.lower())
+        dev.chose(f"{kind}_processes", fn, "", st.fallbacks.get(kind, ""))
         return _List(fn, records)
     return None
 
@@ -502,6 +498,7 @@ def read(dev: DeviceClient) -> Reading | None:
     procs, utilization = _attributed(dev, st, host, merged, (per_process, per_pod), drops)
     if utilization:
         functions["utilization"] = UTILIZATION_FUNCTION
+        dev.chose("process_utilization", UTILIZATION_FUNCTION)
     st.dropped.update(drops)
     rows: dict[int, Usage] = {}
     labels: dict[int, tuple[str, str, str, str]] = {}
@@ -533,7 +530,7 @@ def _ratio(percent: int | None) -> float | None:
 
 
 def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
-    count, mem, dropped, api = COUNT.family(), MEMORY_USED.family(), DROPPED.family(), API_INFO.family()
+    count, mem, dropped = COUNT.family(), MEMORY_USED.family(), DROPPED.family()
     # per-process families, each with the position of its value in a Usage and whether it is a percentage
     per_process = [
         (PROCESS_MEMORY.family(), 0, False),
@@ -542,13 +539,11 @@ def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> I
         (PROCESS_ENCODER.family(), 3, True),
         (PROCESS_DECODER.family(), 4, True),
     ]
-    apis: set[tuple[str, str, str]] = set()
     for key, r in samples:
         count.add(key, r.count)
         mem.add(key, r.memory_used_bytes)
         for reason, n in sorted(r.dropped.items()):
             dropped.add(key, n, reason)
-        apis.update((lst, fn, r.fallbacks.get(lst, "")) for lst, fn in r.functions.items())
         rows: list[tuple[tuple[str, ...], Usage]] = [
             ((str(pid), *r.labels.get(pid, ("", "", "", ""))), usage) for pid, usage in sorted(r.processes.items())
         ]
@@ -559,11 +554,8 @@ def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> I
             for fam, position, percent in per_process:
                 value = usage[position]
                 fam.add(key, _ratio(value) if percent else value, *labels)
-    for lst, fn, fallback in sorted(apis):
-        api.add_labels([lst, fn, fallback], 1)
     yield from count.done()
     yield from mem.done()
     yield from dropped.done()
-    yield from api.done()
     for fam, _, _ in per_process:
         yield from fam.done()

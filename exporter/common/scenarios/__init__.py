@@ -5,6 +5,9 @@ no-GPU hint work after ``pip install .``, from a wheel and in the image, not onl
 ``h200x1``, ``h200x2`` and ``h200x8`` are generated from measured H200 data by
 ``examples/scenarios/generate.py``, and so is ``h200x2-mig`` (GPU 0 in MIG mode with four GPU
 instances); ``h200x2-nvlink-crash`` and ``h200x2-xid79`` add a crash and an Xid to ``h200x2``. The
+same generator builds one scenario per other GPU generation and driver branch from documented
+behaviour (``a100x2-r535``, ``l40sx2-r550``, ``h100x2-r550``, ``gh200x1-r570``, ``b200x2-r570``,
+``gb200x2-r580``; docs/capabilities.md, "Scenario recipes"). The
 format: ``docs/scenarios.md``. Standard library only (``Config`` resolves names before anything
 else is imported).
 """

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from exporter.common import fileio
-from exporter.common.scenarios import spec
+from exporter.common.scenarios import branches, spec
 from exporter.common.scenarios.spec import SpecError, check_error, fail, is_int, is_number
 
 EVENT_TYPES: dict[str, int] = {
@@ -42,6 +42,8 @@ _TOP_KEYS = {
     "cuda_driver_version",
     "native_library",
     "missing_functions",
+    "driver_branch",
+    "system_values",
     "gpus",
     "enumeration",
     "faults",
@@ -81,6 +83,7 @@ _FAULT_KEYS = {
 }
 _ACTIONS = {"error", "segfault", "abort", "hang", "delay", "exit"}
 _VALUE_KEY = re.compile(r"^nvml[A-Za-z0-9_]+(:[^:]+)?$")
+_SYSTEM_KEY = re.compile(r"^nvmlSystem[A-Za-z0-9_]+$")
 _FIELD_KEY = re.compile(r"^\d+(:\d+)?$")
 
 MAX_BYTES = 16 << 20  # the largest shipped scenario (8 GPUs) is 66 KB; memory is bounded by this
@@ -190,6 +193,17 @@ def _scenario(data: Any) -> dict[str, Any]:
     missing = data.get("missing_functions", [])
     if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
         fail("missing_functions", "a list of pynvml function names")
+    branch = data.get("driver_branch")
+    if branch is not None and branch not in branches.BRANCHES:
+        fail("driver_branch", f"one of {sorted(branches.BRANCHES)}")
+    system = data.get("system_values", {})
+    if not isinstance(system, dict):
+        fail("system_values", "an object: nvmlSystem* function name -> value")
+    out["system_values"] = {}
+    for name, value in system.items():
+        if not isinstance(name, str) or not _SYSTEM_KEY.match(name):
+            fail(f"system_values key {name!r}", "pynvml nvmlSystem* function names")
+        out["system_values"][name] = spec.parse(value, f"system_values[{name!r}]")
     out["gpus"] = _gpus(data.get("gpus"))
     out["enumeration"] = _enumeration(data.get("enumeration"), len(out["gpus"]))
     faults = data.get("faults", [])

@@ -12,6 +12,7 @@ new shape goes into its domain's class (or a new one listed here); a plain gette
 
 from __future__ import annotations
 
+from exporter.worker.fakenvml.confcompute import ConfComputeCalls
 from exporter.worker.fakenvml.events import EventCalls
 from exporter.worker.fakenvml.fabric import FabricCalls
 from exporter.worker.fakenvml.gpm import GpmCalls
@@ -20,7 +21,7 @@ from exporter.worker.fakenvml.processes import ProcessCalls
 __all__ = ["FakeNvml"]
 
 
-class FakeNvml(GpmCalls, FabricCalls, ProcessCalls, EventCalls):
+class FakeNvml(GpmCalls, FabricCalls, ProcessCalls, EventCalls, ConfComputeCalls):
     """pynvml look-alike answering from a scenario.
 
     Args:

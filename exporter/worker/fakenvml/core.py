@@ -19,7 +19,7 @@ from typing import Any
 import pynvml
 
 from exporter.common.nvml import errors
-from exporter.common.scenarios import scenario, spec
+from exporter.common.scenarios import branches, scenario, spec
 from exporter.worker.fakenvml.faults import Faults, crash_segfault
 
 # Per-link functions and field ids: a link index (argument or scopeId) at or past the GPU's
@@ -33,7 +33,14 @@ PER_LINK_FUNCTIONS = frozenset(
         "nvmlDeviceGetNvLinkCapability",
     }
 )
-PER_LINK_FIELDS = frozenset(set(range(32, 60)) | set(range(96, 120)) | {138, 139, 140, 141} | set(range(146, 167)))
+PER_LINK_FIELDS = frozenset(
+    set(range(32, 60))
+    | set(range(96, 120))
+    | {138, 139, 140, 141}
+    | set(range(146, 167))
+    | set(range(201, 226))  # NVML_FI_DEV_NVLINK_COUNT_*: "Link ID needs to be specified in the scopeId field"
+    | set(range(235, 251))  # ..._FEC_HISTORY_0-15, the same
+)
 ALL_LINKS = 0xFFFFFFFF  # the scopeId that sums a per-link field over every link
 
 DRIVER_VERSION = spec.Literal("580.159.04")  # what an unset driver_version answers
@@ -135,8 +142,9 @@ class FakeCore:
             self._scenario_clock = lambda: clock() - origin
         self.scenario = scenario.load_compiled(path)
         self._gpus: list[dict[str, Any]] = self.scenario["gpus"]
+        self.branch = branches.BRANCHES.get(self.scenario.get("driver_branch", ""))
         self._phases = Phases(self.scenario["enumeration"])
-        self._missing = set(self.scenario.get("missing_functions", []))
+        self._missing = set(self.scenario.get("missing_functions", [])) | branches.missing(self.branch)
         self._faults = Faults(self.scenario.get("faults", []), nvml_error)
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -214,6 +222,17 @@ class FakeCore:
             if key in values:
                 return self.resolve(values[key], self.now() if t is None else t)
         raise nvml_error(errors.NOT_SUPPORTED)
+
+    def system_value(self, fn: str) -> Any:
+        """The scenario's ``system_values`` answer for ``fn`` now; none: NOT_SUPPORTED."""
+        values = self.scenario.get("system_values", {})
+        if fn not in values:
+            raise nvml_error(errors.NOT_SUPPORTED)
+        return self.resolve(values[fn], self.now())
+
+    def missing(self, name: str) -> bool:
+        """Whether the scenario (or its driver branch) lacks ``name``."""
+        return name in self._missing
 
     def call_counts(self) -> dict[str, int]:
         """Calls per function name in this process (tests)."""
@@ -358,7 +377,9 @@ class FakeCore:
             value=SimpleNamespace(dVal=0.0, uiVal=0, ulVal=0, ullVal=0, sllVal=0, siVal=0, usVal=0),
         )
         spec_key = f"{fid}:{scope}" if f"{fid}:{scope}" in fields else str(fid)
-        if fid in PER_LINK_FIELDS and scope != ALL_LINKS and scope >= gpu.get("nvlink_link_count", 0):
+        if not branches.field_known(self.branch, fid):  # an id this branch's header does not define
+            entry.nvmlReturn = errors.INVALID_ARGUMENT
+        elif fid in PER_LINK_FIELDS and scope != ALL_LINKS and scope >= gpu.get("nvlink_link_count", 0):
             entry.nvmlReturn = errors.INVALID_ARGUMENT
         elif spec_key not in fields:
             entry.nvmlReturn = default

@@ -15,11 +15,12 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.common import plausibility
 from exporter.common.breadcrumb import SLOT_SAMPLER, BreadcrumbWriter
-from exporter.common.gpustate import GpuStates, S
+from exporter.common.gpustate import GpuState, GpuStates, Lifetime, S
 from exporter.common.logs import log_once
 from exporter.common.nvml import errors
 from exporter.common.nvml.errors import ErrorClass, NvmlFailure
@@ -55,6 +56,57 @@ class NvmlFatal(Exception):
         super().__init__(f"{function}: {failure.message}")
         self.failure = failure
         self.function = function
+
+
+@dataclass
+class ApiChoices(GpuState):
+    """Which NVML function (and struct version) answers each versioned call on this GPU, and why not
+    the newest: chosen once per worker (kept by UUID across re-probes and a GPU attached again, as the
+    binding and driver do not change under a running worker), shown in ``nvgpu_nvml_api_info``.
+
+    Attributes:
+        calls: call (``memory``, ``temperature``, ``fabric``, …) -> (NVML function, struct version or
+            "", fallback: why not the newest, "" when the newest answered).
+    """
+
+    LIFETIME = Lifetime.WORKER
+    calls: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+
+
+def fallback_reason(answer: str) -> str:
+    """The ``fallback`` label for a newer variant's unsupported answer: ``FUNCTION_NOT_FOUND`` ->
+    ``function_not_found``; a reason of our own (``records_invalid``) stays."""
+    return answer.lower()
+
+
+def record_choice(dev: DeviceClient, call: str, function: str, version: str = "", fallback: str = "") -> None:
+    """Record which variant answers ``call`` on ``dev``'s GPU (:class:`ApiChoices`); a fallback (an
+    older variant than the newest) is logged once per worker, call and variant.
+
+    Args:
+        dev: the GPU.
+        call: what is asked (``memory``, ``temperature``, ``fabric``, ``compute_processes``, …).
+        function: the NVML function that answered (its C name, ``nvmlDeviceGetMemoryInfo_v2``).
+        version: the struct version passed, "" for calls without one.
+        fallback: why not the newest variant (:func:`fallback_reason`), "" when it is the newest.
+    """
+    choices = dev.state_of(ApiChoices).calls
+    chosen = (function, version, fallback)
+    if choices.get(call) == chosen:
+        return
+    choices[call] = chosen
+    if fallback:
+        log_once(
+            log,
+            logging.INFO,
+            ("api-fallback", call, function, version),
+            "%s: using %s%s (the newer variant answered %s); chosen once for this worker",
+            call,
+            function,
+            f" v{version}" if version else "",
+            fallback.upper(),
+            extra={"call": call, "function": function, "version": version, "fallback": fallback},
+        )
 
 
 class NvmlClient:
@@ -155,7 +207,8 @@ class DeviceClient:
         index: NVML index (``gpu`` label).
         uuid: GPU UUID.
         handle: NVML device handle.
-        unsupported: (function, args) keys that answered an unsupported class; never called again.
+        unsupported: (function, args) keys that answered an unsupported class; not called again until
+            a re-probe (:meth:`forget`).
         enabled: every feature enabled in this worker, collectors or not, set by the sampler before
             each pass: a collector reads the series a switch adds (``details``, ``nvlink_links``)
             only when that switch is in here.
@@ -180,6 +233,8 @@ class DeviceClient:
         # before its next pass, as after a MIG configuration change event.
         self.reprobe_requested = False
         self.enabled: frozenset[str] = frozenset()
+
+    chose = record_choice  # dev.chose(call, function, version, fallback): which variant answers a call
 
     def state_of(self, kind: type[S]) -> S:
         """This GPU's state of ``kind`` (a :class:`~exporter.common.gpustate.GpuState` subclass a collector
@@ -219,7 +274,7 @@ class DeviceClient:
                 log,
                 logging.INFO,
                 ("unsupported", self.uuid, function),
-                "%s not supported on GPU %s (%s); its series are omitted and it is not called again",
+                "%s not supported on GPU %s (%s); its series are omitted and it is asked again only at re-probes",
                 function,
                 self.uuid,
                 failure.name,
@@ -371,23 +426,25 @@ class DeviceClient:
                 log,
                 logging.INFO,
                 ("unsupported", self.uuid, function),
-                "%s on GPU %s: %s; its series are omitted and it is not called again",
+                "%s on GPU %s: %s; its series are omitted and it is asked again only at re-probes",
                 function,
                 self.uuid,
                 why,
                 extra={"feature": feature, "function": function, "uuid": self.uuid},
             )
 
-    def first(self, feature: str, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> Any:
+    def first(self, feature: str, calls: Sequence[tuple[str, tuple[Any, ...]]], call: str = "") -> Any:
         """The first call in ``calls`` that is supported and answers; None if none does.
 
-        Used for versioned symbols (``_v3`` then ``_v2``; ``TemperatureV`` then ``Temperature``).
-        Once a variant answered unsupported it is skipped for the life of the worker.
+        Used for versioned symbols (``_v3`` then ``_v2``; ``TemperatureV`` then ``Temperature``); one
+        that answered unsupported is skipped until a re-probe. With ``call``: :func:`record_first`.
         """
         for function, args in calls:
             if (function, *args) in self.unsupported:
                 continue
             value = self.get(feature, function, *args)
+            if value is not None and call:
+                record_first(self, call, calls, function)
             if value is not None or (function, *args) not in self.unsupported:
                 return value
         return None
@@ -416,7 +473,7 @@ class DeviceClient:
             pair = (entry.field_id, entry.scope_id)
             if entry.code == errors.SUCCESS and entry.value is not None:
                 if plausibility.in_future(entry.timestamp_us, now_us):
-                    self._stamped_in_future(feature, entry, now_us)
+                    _stamped_in_future(self, feature, entry, now_us)
                     continue
                 out[pair] = entry.value
                 continue
@@ -436,14 +493,23 @@ class DeviceClient:
             self.feature_unsupported.add(feature)
         return out
 
-    def _stamped_in_future(self, feature: str, entry: FieldValue, now_us: int) -> None:
-        """A field value the driver stamped later than now: not this sample's value (omitted, counted
-        in ``nvgpu_readings_dropped_total{reason="timestamp_in_future"}``, logged once per GPU)."""
-        where = f"field {entry.field_id}" + (f":{entry.scope_id}" if entry.scope_id else "")
-        ahead = (entry.timestamp_us - now_us) / 1e6
-        drop = plausibility.Drop("timestamp_in_future", where, entry.value, f"stamped {ahead:.0f} s ahead of now")
-        self.state_of(plausibility.Dropped).add(feature, drop)
-
     def field_unsupported(self, field_id: int, scope_id: int = 0) -> bool:
         """Whether this GPU answered unsupported for the field (or for the field-value call itself)."""
         return FIELD_CALL in self.unsupported or ("field", field_id, scope_id) in self.unsupported
+
+
+def record_first(dev: DeviceClient, call: str, calls: Sequence[tuple[str, tuple[Any, ...]]], function: str) -> None:
+    """Record ``function``, the variant of ``calls`` that answered :meth:`DeviceClient.first`, as the
+    choice for ``call``, with the newest variant's unsupported answer as the fallback reason."""
+    newest, args = calls[0]
+    why = dev.unsupported.get((newest, *args), ("", ""))[1] if function != newest else ""
+    record_choice(dev, call, function, "", fallback_reason(why))
+
+
+def _stamped_in_future(dev: DeviceClient, feature: str, entry: FieldValue, now_us: int) -> None:
+    """A field value the driver stamped later than now: not this sample's value (omitted, counted
+    in ``nvgpu_readings_dropped_total{reason="timestamp_in_future"}``, logged once per GPU)."""
+    where = f"field {entry.field_id}" + (f":{entry.scope_id}" if entry.scope_id else "")
+    ahead = (entry.timestamp_us - now_us) / 1e6
+    drop = plausibility.Drop("timestamp_in_future", where, entry.value, f"stamped {ahead:.0f} s ahead of now")
+    dev.state_of(plausibility.Dropped).add(feature, drop)

@@ -1,13 +1,15 @@
 """NVML calls that fill caller-allocated ctypes structs, each entry's own return code checked.
 
-``versioned`` (the ``…V`` calls: the newest struct version both binding and driver know) and
-``gpm_metrics`` (``nvmlGpmMetricsGet``: one return code per metric, like field values). They go
+``fabric_info`` (the fabric info's three variants, with struct layouts of our own where the
+bindings' are wrong) and ``gpm_metrics`` (``nvmlGpmMetricsGet``: one return code per metric, like
+field values). They go
 through a :class:`~exporter.worker.nvml.client.DeviceClient` (breadcrumb, counting, the unsupported
 cache) and classify every code in :mod:`exporter.common.nvml.errors`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
 from collections.abc import Sequence
@@ -29,44 +31,122 @@ GPM_METRICS_LOCK = threading.Lock()
 GPM_METRICS_WAIT_S = 0.25
 
 
-def versioned(dev: DeviceClient, feature: str, function: str, structs: Sequence[str]) -> Any:
-    """``function(handle, byref(struct))`` with the newest struct version both sides know.
+class GpuFabricInfoV1(ctypes.Structure):
+    """``nvmlGpuFabricInfo_t`` as the C header lays it out (every header from 12.2): 28 bytes.
 
-    For the ``…V`` calls whose pynvml wrapper takes a caller-allocated, versioned struct
-    (``nvmlDeviceGetGpuFabricInfoV``). ``structs`` names the binding's struct classes, newest
-    first (``c_nvmlGpuFabricInfo_v3_t``, ``c_nvmlGpuFabricInfo_v2_t``). A class this binding
-    lacks is skipped; a version the driver rejects (ARGUMENT_VERSION_MISMATCH, or another
-    unsupported answer) is cached, quietly unless it was the last candidate, and the next older
-    one is tried; each version is tried at most once per worker life.
+    nvidia-ml-py up to 13.610 declares ``c_nvmlGpuFabricInfo_t`` with an 80-byte ``clusterUuid``
+    (92 bytes: ``state`` would be read past what the driver writes), so this struct is our own.
+    ``cliqueId`` is ``partitionId`` in the 12.2 header (the same word).
+    """
+
+    _fields_ = [
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_int),  # nvmlReturn_t
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_ubyte),  # nvmlGpuFabricState_t
+    ]
+
+
+class GpuFabricInfoV2(ctypes.Structure):
+    """``nvmlGpuFabricInfo_v2_t`` (12.4 header, R550): 36 bytes, version ``0x02000024``.
+
+    nvidia-ml-py 12.550.89 and 12.560.30 name it ``c_nvmlGpuFabricInfoV_t`` with an 80-byte
+    ``clusterUuid`` (100 bytes, ``state`` at the wrong offset: it reads 0, a silent "no fabric");
+    13.580.82 calls it ``c_nvmlGpuFabricInfo_v2_t``. Our own layout works with every binding.
+    """
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_ubyte),
+        ("healthMask", ctypes.c_uint),
+    ]
+
+
+class GpuFabricInfoV3(ctypes.Structure):
+    """``nvmlGpuFabricInfo_v3_t`` (13.0 header, R580): v2 and ``healthSummary``; 40 bytes, version
+    ``0x03000028``."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_ubyte),
+        ("healthMask", ctypes.c_uint),
+        ("healthSummary", ctypes.c_ubyte),
+    ]
+
+
+def struct_version(cls: type[ctypes.Structure], major: int) -> int:
+    """NVML's version word of a versioned struct: ``sizeof(struct) | major << 24`` (nvml.h
+    ``NVML_STRUCT_VERSION``)."""
+    return ctypes.sizeof(cls) | major << 24
+
+
+FABRIC_FUNCTION = "nvmlDeviceGetGpuFabricInfoV"
+FABRIC_V1_FUNCTION = "nvmlDeviceGetGpuFabricInfo"
+# (function, struct major version, layout), newest first: the V call with v3 (R580+), then v2 (R550+),
+# then the deprecated unversioned call (R535 has only this one).
+FABRIC_VARIANTS: tuple[tuple[str, int, type[ctypes.Structure]], ...] = (
+    (FABRIC_FUNCTION, 3, GpuFabricInfoV3),
+    (FABRIC_FUNCTION, 2, GpuFabricInfoV2),
+    (FABRIC_V1_FUNCTION, 1, GpuFabricInfoV1),
+)
+
+
+def fabric_info(dev: DeviceClient, feature: str) -> tuple[Any, int] | None:
+    """The GPU's fabric info with the newest variant this binding and driver answer, and its version.
+
+    ``nvmlDeviceGetGpuFabricInfoV(handle, byref(v3))``, then v2, then
+    ``nvmlDeviceGetGpuFabricInfo(handle, byref(v1))``: the binding's wrappers pass the pointer
+    through, so our own layouts (:class:`GpuFabricInfoV3` …) work whatever the binding declares. Only
+    an answer that says the variant is missing (FUNCTION_NOT_FOUND: no symbol in the driver or no
+    wrapper in the binding; ARGUMENT_VERSION_MISMATCH: a driver older than the struct) moves to the
+    next older one, once per worker (those answers are never asked again); NOT_SUPPORTED means the GPU
+    has no fabric, whatever the variant, and ends the search. The variant used is recorded
+    (``nvgpu_nvml_api_info{call="fabric"}``).
 
     Returns:
-        The filled struct, or None (unsupported in every version, or an error that only omits
+        (the filled struct, its major version), or None (unsupported, or an error that only omits
         this sample).
 
     Raises:
         DeviceLost: the GPU is gone.
         NvmlFatal: NVML is unusable.
     """
-    import ctypes
-
-    candidates = [name for name in structs if (function, name) not in dev.unsupported]
-    for i, name in enumerate(candidates):
-        key = (function, name)
-        cls = getattr(dev.client.backend, name, None)
-        if cls is None:  # the binding is older than this struct version
-            dev.unsupported[key] = (feature, "FUNCTION_NOT_FOUND")
+    newest_answer = ""
+    for i, (function, major, layout) in enumerate(FABRIC_VARIANTS):
+        key = (function, f"v{major}")
+        cached = dev.unsupported.get(key)
+        if cached is not None:
+            if cached[1] not in errors.PERMANENTLY_UNSUPPORTED:
+                return None  # no fabric on this GPU (until a re-probe asks again)
+            newest_answer = newest_answer or cached[1]
             continue
-        struct = cls()
+        struct = layout()
+        if major > 1:
+            struct.version = struct_version(layout, major)
         try:
             dev.client.raw(feature, function, dev.uuid, dev.handle, ctypes.byref(struct))
         except Exception as exc:  # classified in one place: errors.classify
-            last = i == len(candidates) - 1
-            dev.handle_error(feature, function, key, exc, quiet=not last, context=errors.Context.CALL)
-            if key in dev.unsupported:
+            last = i == len(FABRIC_VARIANTS) - 1
+            missing = errors.code_of(exc) in (errors.FUNCTION_NOT_FOUND, errors.ARGUMENT_VERSION_MISMATCH)
+            dev.handle_error(feature, function, key, exc, quiet=missing and not last, context=errors.Context.CALL)
+            found = dev.unsupported.get(key)
+            if found is not None and found[1] in errors.PERMANENTLY_UNSUPPORTED:
+                newest_answer = newest_answer or found[1]
+                if found[1] == "FUNCTION_NOT_FOUND":  # no symbol: its other struct versions need no call
+                    for other, version, _ in FABRIC_VARIANTS[i + 1 :]:
+                        if other == function:
+                            dev.unsupported.setdefault((other, f"v{version}"), found)
                 continue
             return None
         dev.feature_ok.add(feature)
-        return struct
+        dev.chose("fabric", function, str(major), newest_answer.lower())
+        return struct, major
     dev.feature_unsupported.add(feature)
     return None
 
