@@ -153,11 +153,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def verdicts_json(request: web.Request) -> web.Response:
-    """Every GPU's verdict with its evidence (:func:`exporter.supervisor.verdicts.document`)."""
-    from exporter.supervisor import verdicts
+    """Every GPU's verdict with its evidence (:func:`exporter.supervisor.verdictdoc.document`)."""
+    from exporter.supervisor import verdictdoc
 
     state = request.app[SUPERVISOR].state
-    return web.json_response(verdicts.document(state.verdicts, state), dumps=_dumps)
+    return web.json_response(verdictdoc.document(state.verdicts, state), dumps=_dumps)
 
 
 def _dumps(obj: object) -> str:
