@@ -192,7 +192,7 @@ class Supervisor:
         elif isinstance(msg, NativeLibrary):
             unavailable.native_reported(self.state, msg)
         elif isinstance(msg, Attribution):
-            self.state.xids.attribute_pod(msg.pid, msg.pod_uid, msg.namespace, msg.pod, msg.container)
+            self.state.attribute_pod(msg.pid, msg.pod_uid, msg.namespace, msg.pod, msg.container)
 
     def _ask_attributions(self) -> None:
         """Ask the worker to map the PIDs of new Xids to pods (it answers with ``attribution``)."""
@@ -213,6 +213,7 @@ class Supervisor:
             st.gpu_index[uuid] = str(index)
         st.health.on_hello(msg.gpus)
         unavailable.native_reported(self.state, msg.native)
+        st.record(st.recorder.hello, msg.system, st.nvml.kernel_module_version, msg.native)
         log.info(
             "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
             msg.pid,
@@ -239,12 +240,14 @@ class Supervisor:
         gpu = str(msg.gpu) if msg.gpu is not None else st.gpu_index.get(msg.uuid, "")
         if msg.event_type != "xid" or msg.xid is None:
             st.xids.record_event(gpu, msg.uuid, msg.event_type)
+            st.record(st.recorder.nvml_event, gpu, msg.uuid, msg.event_type)
         elif all(ext.accept_xid(msg.uuid, msg.xid, msg.ts) for ext in st.active_extensions()):
             st.record_xid(gpu, msg.uuid, msg.xid, msg.ts, source="NVML event")
 
     def _on_init_failed(self, msg: InitFailed) -> None:
         unavailable.native_reported(self.state, msg.native)
         text = unavailable.record(self.state, msg, self.config.unhealthy_after_s)
+        self.state.record(self.state.recorder.init_failed, msg.error, msg.message)
         # the demo hint ends with a command to paste: no field after it (the error is in the text)
         extra = {} if text.endswith(unavailable.DEMO_COMMAND) else {"nvml_error": msg.error}
         log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra=extra)
@@ -392,3 +395,4 @@ class Supervisor:
             self._stale_timer.cancel()
         self.crumbs.close()
         self.prober.close()
+        self.state.record(self.state.recorder.close)

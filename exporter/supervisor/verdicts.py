@@ -135,11 +135,19 @@ class VerdictEngine:
     Args:
         clock: ``time.monotonic`` (tests inject).
         wall: ``time.time`` (tests inject).
+        recur_window_s: a ``reset_gpu`` fault back within this after it cleared asks for a reboot
+            (``NVGPU_RECURRENCE_WINDOW_SECONDS``).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        recur_window_s: float = RECUR_WINDOW_S,
+    ) -> None:
         self.clock = clock
         self.wall = wall
+        self.recur_window_s = recur_window_s
         self.current: dict[str, Verdict] = {}
         self.node_faults: tuple[Fault, ...] = ()
         self.transitions: list[VerdictTransition] = []
@@ -205,12 +213,12 @@ class VerdictEngine:
         return Verdict(gpu, uuid, head.verdict, head.domain, head.cause, ordered, wall, now)
 
     def _escalate(self, uuid: str, found: list[Fault], mem: Memory, now: float) -> list[Fault]:
-        """A reset_gpu fault back within RECUR_WINDOW_S after it cleared, or a GPU lost after a
+        """A reset_gpu fault back within the recurrence window after it cleared, or a GPU lost after a
         reset_gpu verdict: the reset did not cure it, reboot."""
         out = []
         for f in found:
             cleared = mem.cleared.get(f.cause)
-            if f.verdict == "reset_gpu" and cleared is not None and now - cleared <= RECUR_WINDOW_S:
+            if f.verdict == "reset_gpu" and cleared is not None and now - cleared <= self.recur_window_s:
                 f = Fault(
                     f.cause,
                     f.domain,
