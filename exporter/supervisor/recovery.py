@@ -231,7 +231,7 @@ class RecoveryTracker:
             w.state, w.action, w.action_at, w.detail = "pending", kind, at or self.wall(), detail
             w.back_at = w.cleared = w.until = None
             self._back_mono.pop(u, None)
-            self._changed(w, gpu, f"{detail}: waiting for the GPU to answer")
+            self._changed(w, gpu, f"{detail}; waiting for the GPU to answer")
 
     # -- transitions -----------------------------------------------------------------------------
 
@@ -268,4 +268,6 @@ class RecoveryTracker:
             {"signature": w.signature, "verdict": w.verdict, "state": w.state, "action": w.action},
             gpu=gpu,
         )
-        log.log(level, "GPU %s (%s) recovery of %s: %s", gpu or "?", w.uuid, w.signature, text, extra={"uuid": w.uuid})
+        log.log(
+            level, "GPU %s (%s) recovery check (%s): %s", gpu or "?", w.uuid, w.signature, text, extra={"uuid": w.uuid}
+        )
