@@ -120,7 +120,16 @@ def _parser() -> argparse.ArgumentParser:
         help="print a bcrypt hash for basic_auth_users in the web config file (reads the password from the "
         "terminal, or one line of standard input)",
     )
-    hp.add_argument("--cost", type=int, default=10, choices=range(4, 32), metavar="4-31", help="bcrypt cost [10]")
+    from exporter.supervisor.http.webconfig import BCRYPT_MAX_COST, BCRYPT_MIN_COST
+
+    hp.add_argument(
+        "--cost",
+        type=int,
+        default=10,
+        choices=range(BCRYPT_MIN_COST, BCRYPT_MAX_COST + 1),
+        metavar=f"{BCRYPT_MIN_COST}-{BCRYPT_MAX_COST}",
+        help="bcrypt cost [10]; the web config accepts no more (each wrong password costs a core for 2^cost rounds)",
+    )
     npd = sub.add_parser(
         "npd-check",
         help="node-problem-detector custom plugin: ask the local exporter's /api/v1/verdicts; exit 0 ok, 1 a GPU "
@@ -392,16 +401,16 @@ async def serve(config: Config) -> int:
 async def _run_built(config: Config, built: Exporter) -> int:
     """Listen, run the supervisor until a signal (or its loop ends), drain, clean up."""
     supervisor, listener, server = built.supervisor, built.listener, built.server
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the port opens: a signal from then on is a clean stop
+        loop.add_signal_handler(sig, stop.set)
     factory = await server.setup()
     if not await _listen(config, listener, factory):
         await server.cleanup()
         supervisor.close()
         return protocol.EXIT_ERROR
     _log_listening(config, built.watcher, built.cap, built.soft_limit)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     task = asyncio.ensure_future(supervisor.run())
     stop_wait = asyncio.ensure_future(stop.wait())
     await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)

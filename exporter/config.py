@@ -243,7 +243,7 @@ def _backend(name: str, text: str) -> str:
                 path = str(scenarios.path(path))
             except KeyError as exc:
                 raise ValueError(f"{name}={text!r}: {exc.args[0]}; or give a file path") from None
-        elif not os.path.isfile(path):
+        elif not os.path.lexists(path):  # a FIFO or a directory: load_scenario says what it is
             raise ValueError(
                 f"{name}={text!r}: scenario file {path!r} does not exist "
                 f"(shipped scenarios by name: {', '.join(scenarios.names())})"
@@ -293,10 +293,10 @@ def _web_config(name: str, text: str) -> str:
     if not path:
         return ""
     from exporter.supervisor.http.webconfig import WebConfigError
-    from exporter.supervisor.http.webtls import load_with_context  # reads the file and every file it names
+    from exporter.supervisor.http.webtls import load_bounded  # reads the file and every file it names
 
     try:
-        load_with_context(path)
+        load_bounded(path)  # without blocking on a FIFO, within a deadline; any failure is a WebConfigError
     except WebConfigError as exc:  # one line per problem of the file, each naming the setting
         raise ConfigError([f"{name}={text!r}: {problem}" for problem in exc.problems]) from None
     return os.path.abspath(path)
@@ -512,6 +512,23 @@ SETTINGS: tuple[Setting, ...] = (
         "how often features a GPU did not support are asked again (also at once after MIG changes and resets)",
     ),
     Setting(
+        "enumerate_s",
+        "NVGPU_REENUMERATE_SECONDS",
+        "--reenumerate",
+        "60",
+        _duration_between(1.0, 86400.0),
+        "how often the worker reads every GPU's UUID per NVML index again (also at once when the GPU count "
+        "changes, a GPU is lost, reset or falls off the bus): GPUs that left or arrived are seen",
+    ),
+    Setting(
+        "expected_gpus",
+        "NVGPU_EXPECTED_GPUS",
+        "--expected-gpus",
+        "",
+        _integer(0, "an integer from 0 to 1024 (GPUs NVML should enumerate on this node), or empty", maximum=1024),
+        'GPUs this node should have (nvgpu_gpus{view="expected"}; NvgpuGpuCountDropped fires below it); empty: unknown',
+    ),
+    Setting(
         "unhealthy_after_s",
         "NVGPU_UNHEALTHY_AFTER_SECONDS",
         "--unhealthy-after",
@@ -672,6 +689,8 @@ class Config:
     gpu_retry_s: float = 30.0
     gpu_retry_max_s: float = 600.0
     reprobe_s: float = 300.0
+    enumerate_s: float = 60.0
+    expected_gpus: int | None = None
     unhealthy_after_s: float = 600.0
     proc_path: str = "/proc"
     container_log_dir: str = "/var/log/containers"
@@ -777,6 +796,8 @@ class Config:
                 value = ",".join(format_address(a) for a in value)
             elif isinstance(value, bool):
                 value = str(value).lower()
+            elif value is None:  # unset (NVGPU_EXPECTED_GPUS: unknown)
+                value = ""
             lines.append(f"{s.env}={value}")
         lines.extend(f"{gf.env_var(k)}={v.value}" for k, v in self.feature_modes.items())
         return lines

@@ -18,6 +18,10 @@ class of bug or environment failure that the component must contain:
   (tests/test_feature_authority.py: it points the worker's known-issue rules at a test table);
 - ``fd_hog``: SIGUSR1 takes every free file descriptor (RLIMIT_NOFILE lowered to 256 first),
   SIGUSR2 gives them back, so a worker respawn meets EMFILE for real.
+- ``hung_mount``: ``open``, ``stat`` and ``lstat`` of any path under ``$FAULT_HUNG_DIR`` block (the
+  calling thread sleeps, as in a hung NFS mount) while the file ``$FAULT_HUNG_FLAG`` exists;
+- ``slow_bcrypt``: a bcrypt check of the password ``slow`` takes an hour (sleeping, the GIL released,
+  as bcrypt does; it creates ``$FAULT_BCRYPT_STARTED`` first), any other is checked for real.
 """
 
 from __future__ import annotations
@@ -161,6 +165,56 @@ def _fd_hog() -> None:
     signal.signal(signal.SIGUSR2, give_back)
 
 
+def _hung_mount() -> None:
+    import time
+
+    hung_dir = os.environ["FAULT_HUNG_DIR"].rstrip("/") + "/"
+    flag = os.environ["FAULT_HUNG_FLAG"]
+    real_stat, real_lstat, real_open = os.stat, os.lstat, os.open
+
+    def hung(path: Any) -> None:
+        if isinstance(path, (str, os.PathLike)) and os.fspath(path).startswith(hung_dir):
+            while True:
+                try:
+                    real_stat(flag)
+                except OSError:
+                    return
+                time.sleep(0.05)  # the kernel waits for the server; here, for the flag to go
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> Any:
+        hung(path)
+        return real_stat(path, *args, **kwargs)
+
+    def lstat(path: Any, *args: Any, **kwargs: Any) -> Any:
+        hung(path)
+        return real_lstat(path, *args, **kwargs)
+
+    def open_(path: Any, *args: Any, **kwargs: Any) -> Any:
+        hung(path)
+        return real_open(path, *args, **kwargs)
+
+    os.stat, os.lstat, os.open = stat, lstat, open_  # type: ignore[assignment]
+
+
+def _slow_bcrypt() -> None:
+    import time
+
+    import bcrypt
+
+    real = bcrypt.checkpw
+
+    started = os.environ.get("FAULT_BCRYPT_STARTED")
+
+    def checkpw(password: bytes, hashed: bytes) -> bool:
+        if password == b"slow":
+            if started:
+                open(started, "w").close()  # noqa: SIM115 - a marker for the test
+            time.sleep(3600)  # bcrypt at a cost nobody should use: the GIL is released meanwhile
+        return bool(real(password, hashed))
+
+    bcrypt.checkpw = checkpw
+
+
 FAULTS = {
     "dispatch": _dispatch,
     "decode": _decode,
@@ -171,6 +225,8 @@ FAULTS = {
     "long_stderr": _worker_python,  # the wrapper writes a 70 KB stderr line first
     "worker_python": _worker_python,
     "fd_hog": _fd_hog,
+    "hung_mount": _hung_mount,
+    "slow_bcrypt": _slow_bcrypt,
 }
 
 

@@ -72,6 +72,10 @@ def test_derived_bounds_follow_the_interval() -> None:
         ("NVGPU_STUCK_UTILIZATION_RATIO", "0"),
         ("NVGPU_STUCK_UTILIZATION_RATIO", "99"),
         ("NVGPU_LOG_FORMAT", "jsn"),
+        ("NVGPU_REENUMERATE_SECONDS", "0.5"),
+        ("NVGPU_REENUMERATE_SECONDS", "a minute"),
+        ("NVGPU_EXPECTED_GPUS", "-1"),
+        ("NVGPU_EXPECTED_GPUS", "four"),
         ("NVGPU_LOG_LEVEL", "verbose"),
         ("NVGPU_LOG_LEVEL", "warnings"),
         ("NVGPU_LOG_LEVEL", "critical"),
@@ -234,7 +238,7 @@ def test_bad_flag_is_named_by_its_flag() -> None:
 def test_every_duration_setting_takes_seconds_or_a_go_duration(text: str, seconds: float) -> None:
     """Every *_SECONDS setting takes Go's spelling, as the Prometheus tools do, and plain numbers."""
     durations = [s for s in SETTINGS if s.env.endswith("_SECONDS")]
-    assert len(durations) == 18 and all(s.attr.endswith("_s") for s in durations)
+    assert len(durations) == 19 and all(s.attr.endswith("_s") for s in durations)
     for s in durations:
         assert s.parse(s.env, text) == seconds, s.env
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shutil
 import ssl
 import tempfile
@@ -187,6 +188,20 @@ def test_the_reader_says_what_to_fix(tmp_path: Path) -> None:
             ResourceSliceReader(NODE, environ={}).list()
     finally:
         api.close()
+
+
+def test_a_fifo_or_a_missing_ca_in_the_account_dir_is_a_problem_not_a_wait(tmp_path: Path) -> None:
+    """The token and ca.crt are opened without blocking: a FIFO there (no writer) is refused at once,
+    and a missing ca.crt is the reader's error naming it, not an OSError out of ssl."""
+    account = tmp_path / "account"
+    account.mkdir()
+    os.mkfifo(account / "token")
+    with pytest.raises(ResourceSliceError, match="no service-account token .*FIFO"):
+        ResourceSliceReader(NODE, server="https://127.0.0.1:1", account_dir=str(account)).list()
+    (account / "token").unlink()
+    (account / "token").write_text("sa-token\n")
+    with pytest.raises(ResourceSliceError, match="no service-account ca.crt"):
+        ResourceSliceReader(NODE, server="https://127.0.0.1:1", account_dir=str(account)).list()
 
 
 # -- the real exporter with a kubelet that reports ResourceClaims ---------------------------

@@ -37,6 +37,7 @@ import pytest
 from goldens import DOCS, GOLDEN, GOLDENS, Doc, Family
 
 from exporter.app import build_supervisor
+from exporter.common import fileio
 from exporter.common.breadcrumb import Breadcrumb
 from exporter.common.snapshot import InitFailed, decode_message
 from exporter.config import Config
@@ -45,6 +46,7 @@ from exporter.supervisor.http.httpedge import HttpEdge
 from exporter.supervisor.kernel_xid import KernelXid
 from exporter.supervisor.pods import PodAttribution
 from exporter.supervisor.policy import Outcome
+from exporter.supervisor.stuck import StuckDetector
 from exporter.supervisor.supervisor import Supervisor
 from guards import features as gf
 
@@ -104,8 +106,8 @@ def _supervisor_side_faults(sup: Supervisor, fixture: dict[str, Any]) -> None:
         sup.state.count_error("lifecycle", "starting a worker")
     edge = _extension(sup, HttpEdge)  # a web config in force, a few refusals
     edge.open, edge.max_connections = 3, 1024
-    edge.dropped.update({"header_timeout": 1, "tls_handshake": 2})
-    edge.denied.update({"unauthorized": 4})
+    edge.dropped.update({"header_timeout": 1, "tls_handshake": 2, "evicted": 5})
+    edge.denied.update({"unauthorized": 4, "failed_logins": 1})
     edge.watcher = SimpleNamespace(last_reload_ok=False, last_reload_time=1_699_999_000.0)
     sup.state.worker.pid = 4242  # the worker's process_* series
     # A kernel-log Xid 13 naming its process, which the worker mapped to a pod.
@@ -185,7 +187,15 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
             state.selfchecks = {"supervisor": decode_message({"type": "selfcheck", **fixture["supervisor_selfcheck"]})}
             if name == "faults":
                 _before_worker(sup)
+            # Replayed messages arrive as far apart as they were taken: every monotonic clock that
+            # decides (the stuck signature's hold, the Xid windows) runs on the fixture's times.
+            arrival = [1_700_000_000.0]
+            stuck = _extension(sup, StuckDetector)
+            if stuck is not None:
+                stuck.clock = lambda: arrival[0]
+            state.verdicts.clock = state.xids.clock = state.xids.wall = lambda: arrival[0]
             for msg in fixture["messages"]:
+                arrival[0] = float(msg.get("ts", arrival[0])) if msg["type"] == "snapshot" else arrival[0]
                 sup.handle(decode_message(msg))
             state.worker.started_at = 1_699_999_940.0
             if name == "faults":
@@ -194,10 +204,14 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
                 _supervisor_side_pods(sup, fixture)
             if name == "h200x2-mig":
                 _supervisor_side_mig_pods(sup, fixture)
+            # file reads are counted per process: the faults golden shows one refused web config reload
+            file_failures = {("web_config", "not_regular"): 1} if name == "faults" else {}
             state.verdicts.update(state)  # after the supervisor-side state added above
             with (
                 mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION),
                 mock.patch.object(procmetrics, "read", _fixed_process_stats),
+                mock.patch.object(state, "sample_age", lambda: 0.25),  # rendered a moment after the last sample
+                mock.patch.dict(fileio.FAILURES, file_failures, clear=True),
             ):
                 exposition.render(state)  # the first rendering counts what it had to drop
                 rendered = exposition.render(state)

@@ -76,7 +76,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             "exporter.config",
             "exporter.checks",
         ),
-        "worker side": (_W + "sampler", _W + "gpuslot", _W + "nvml_events"),
+        "worker side": (_W + "sampler", _W + "gpuslot", _W + "enumeration", _W + "nvml_events"),
     },
     {
         "contract and collectors": (
@@ -103,8 +103,10 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             _C + "protocol",
             _C + "decode",
             _C + "workerconfig",
+            _C + "gpuid",
             _C + "breadcrumb",
             _C + "logs",
+            _C + "fileio",
             _C + "nativelib",
             _C + "metric",
             _C + "nvml",

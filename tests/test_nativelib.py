@@ -125,3 +125,12 @@ def test_the_real_backend_reads_this_process(tmp_path: Path) -> None:
     view = nativelib.read_proc_view(str(tmp_path / "maps"), str(tmp_path / "none"), [str(tmp_path / "*.so.*")])
     assert nativelib.mapped_library(view.maps) == (LIB, False) and view.mountinfo == "" and view.host_libraries == ()
     assert os.path.exists("/proc/self/maps") and "python" in nativelib.read_proc_view().maps.lower()
+
+
+def test_a_fifo_or_an_oversized_table_reads_as_empty_without_waiting(tmp_path: Path) -> None:
+    """A FIFO where a /proc table should be (no writer) is refused at once, and a table larger than
+    the bound reads as empty rather than cut short (a cut mount table would name the wrong mount)."""
+    os.mkfifo(tmp_path / "maps")
+    (tmp_path / "mountinfo").write_bytes(b"x" * (nativelib.PROC_VIEW_MAX_BYTES + 1))
+    view = nativelib.read_proc_view(str(tmp_path / "maps"), str(tmp_path / "mountinfo"), [])
+    assert (view.maps, view.mountinfo) == ("", "")

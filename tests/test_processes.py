@@ -200,7 +200,7 @@ def test_churning_processes_stay_bounded(tmp_path: Path) -> None:
         {V3: spec, UTIL: {"per_process": {"smUtil": 1}}},
         {"per_process": True, "per_pod": True, "series_per_gpu": 8},
     )
-    gpu.backend._fake._clock, gpu.backend._fake._epoch = (lambda: clock[0]), 0.0
+    gpu.backend._fake._scenario_clock = lambda: clock[0]
     seen: set[int] = set()
     for step in range(200):
         clock[0] = step * 0.05

@@ -157,6 +157,6 @@ def test_a_recorder_bug_is_counted_and_never_costs_the_xid_count(tmp_path: Path)
 
     sup.state.recorder.xid = broken  # type: ignore[method-assign]
     sup.state.record_xid("0", U0, 13, 0.0, "NVML event")
-    assert sup.state.xids.xids[("0", U0, 13)].count == 1
+    assert sup.state.xids.xids[(U0, 13)].count == 1
     assert sup.state.component_errors["timeline"] == 1
     sup.close()

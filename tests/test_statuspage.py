@@ -21,7 +21,6 @@ import pytest
 from exporter_proc import SCENARIOS, Exporter, load_scenario, write_scenario
 from pngs import png_info
 
-from exporter.common.metric import GpuKey
 from exporter.common.snapshot import Snapshot, SystemInfo
 from exporter.config import Config
 from exporter.supervisor import statuspage
@@ -199,14 +198,14 @@ def stand_in() -> ServedState:
     import time
 
     stuck = StuckDetector(0.99, 64 << 20, 60.0)
-    stuck.gpus[GpuKey("1", UUID1)] = _GpuState(since=1_699_999_900.0, holding=True, evaluable=True)
+    stuck.gpus[UUID1] = _GpuState(since=1_699_999_900.0, holding=True, evaluable=True, index="1", uuid=UUID1)
     state = ServedState(Config(state_file=""), QuarantineStore("", 3, 600.0, 86400.0), [stuck])
     state.system = SystemInfo("580.159.04", "13.580.159.04", "", "13.580.82")
     state.python_version = "3.11.7"
-    state.gpu_index = {UUID0: "0", UUID1: "1"}
+    state.health.on_hello([(0, UUID0, ""), (1, UUID1, "")])
     state.xids.xids = {
-        ("1", UUID1, 43): XidCount(1, 1_700_000_000.0),
-        ("1", UUID1, 13): XidCount(2, 1_699_999_000.0),
+        (UUID1, 43): XidCount(1, 1_700_000_000.0, "1"),
+        (UUID1, 13): XidCount(2, 1_699_999_000.0, "1"),
     }
     state.selfchecks = {"supervisor": SelfCheckResult("supervisor", (), ())}
     state.worker.pid, state.worker.started_at = 42, 1_700_000_000.0

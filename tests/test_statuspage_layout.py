@@ -25,7 +25,6 @@ import pytest
 from pngs import png_info
 
 from exporter.common.collectors import identity, memory, power, temperature, utilization
-from exporter.common.metric import GpuKey
 from exporter.common.snapshot import GpuSample, Snapshot, SystemInfo
 from exporter.config import Config
 from exporter.supervisor import statuspage
@@ -79,7 +78,6 @@ def healthy() -> ServedState:
     state = ServedState(Config(state_file=STATE_FILE), QuarantineStore("", 3, 600.0, 86400.0), [stuck])
     state.system = SystemInfo("580.159.04", "13.580.159.04", "", "13.580.82")
     state.python_version = "3.12.7"
-    state.gpu_index = {u: str(i) for i, u in enumerate(UUIDS)}
     sup = SelfCheckResult("supervisor", (), ())
     state.selfchecks = {"supervisor": sup, "worker": SelfCheckResult("worker", (), ())}
     state.worker.pid, state.worker.started_at = 4242, time.time() - 3600
@@ -102,11 +100,18 @@ def quarantine(state: ServedState) -> None:
 def stuck_with_xid(state: ServedState) -> None:
     ext = state.extension(StuckDetector)
     assert ext is not None
-    ext.gpus[GpuKey("1", UUIDS[1])] = _GpuState(since=time.time() - 600, holding=True, evaluable=True)
-    state.xids.xids = {
-        ("1", UUIDS[1], 43): XidCount(1, time.time() - 60),
-        ("1", UUIDS[1], 13): XidCount(2, time.time() - 120),
-        ("2", UUIDS[2], 79): XidCount(1, time.time() - 30),
+    ext.gpus[UUIDS[1]] = _GpuState(
+        since=time.time() - 600,
+        holding=True,
+        evaluable=True,
+        since_mono=time.monotonic() - 600,
+        index="1",
+        uuid=UUIDS[1],
+    )
+    state.xids.xids = {  # by GPU UUID and Xid: the gpu label is the GPU's current index
+        (UUIDS[1], 43): XidCount(1, time.time() - 60, "1", time.monotonic() - 60),
+        (UUIDS[1], 13): XidCount(2, time.time() - 120, "1", time.monotonic() - 120),
+        (UUIDS[2], 79): XidCount(1, time.time() - 30, "2", time.monotonic() - 30),
     }
 
 
@@ -116,7 +121,7 @@ def sick_gpus(state: ServedState) -> None:
         (2, "lost", "GPU_IS_LOST: fell off the bus (Xid 79) at 00000000:1A:00.0"),
         (3, "crashed", "worker SIGSEGV in nvmlDeviceGetFieldValues (nvlink_throughput) on this GPU, twice"),
     ):
-        rec = state.health.gpus.setdefault(index, GpuRecord(index, UUIDS[index]))
+        rec = state.health.gpus.setdefault(UUIDS[index], GpuRecord(index, UUIDS[index]))  # by UUID
         rec.state, rec.detail = kind, detail
         if kind != "lost":
             rec.excluded, rec.next_probe = kind, time.monotonic() + 240

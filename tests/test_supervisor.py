@@ -270,3 +270,28 @@ def test_feature_states_are_resolved_in_two_places_only() -> None:
         "exporter/supervisor/served.py",
         "exporter/worker/sampler.py",
     ], sites
+
+
+def test_without_new_samples_the_age_of_the_last_one_is_rendered_again_and_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot goes stale, then the exposition is rendered again every STALE_RENDER_S until the
+    next snapshot: nvgpu_last_sample_age_seconds keeps growing in what /metrics serves."""
+    from exporter.supervisor import supervisor as sup_mod
+
+    monkeypatch.setattr(sup_mod, "STALE_RENDER_S", 0.05)
+    sup = build_supervisor(_config(tmp_path, NVGPU_SAMPLE_INTERVAL_SECONDS="0.1", NVGPU_STALE_AFTER_SECONDS="0.1"))
+    renders: list[float | None] = []
+    sup.state.subscribe(lambda: renders.append(sup.state.sample_age()))
+
+    async def run() -> None:
+        sup.handle(Snapshot(1_800_000_000.0, 0.01, SystemInfo(), (), {}, {}, {}, 0, {}))
+        await asyncio.sleep(0.5)  # no snapshot for 0.5 s: letting time pass is the point
+
+    try:
+        asyncio.run(run())
+    finally:
+        sup.close()
+    ages = [a for a in renders if a is not None]
+    assert len(ages) >= 5, ages  # the snapshot, going stale, then again and again
+    assert ages == sorted(ages) and ages[-1] > 0.3

@@ -90,6 +90,7 @@ class Case:
     def __init__(self) -> None:
         self.clock = Clock()
         self.state = State()
+        self.state.xids = XidLedger(clock=lambda: self.clock.mono, wall=lambda: self.clock.wall)  # the same clocks
         self.engine = v.VerdictEngine(lambda: self.clock.mono, lambda: self.clock.wall)
         self.events: list[v.Event] = []
         self.engine.subscribe(self.events.append)
@@ -125,8 +126,8 @@ def test_the_device_cgroup_case_is_fix_exporter_naming_the_hidden_gpus_never_los
         verdict = current[f"index:{i}"]
         assert verdict.key == ("fix_exporter", "exporter", "device_access_denied")
         assert f"/dev/nvidia{i}" in verdict.action and "not lost" in verdict.action
-        assert c.state.health.gpus[i].state == "denied"
-        assert c.state.health.gpus[i].faults["lost"] == 0
+        assert c.state.health.gpus[f"#{i}"].state == "denied"  # no UUID, no bus id: keyed by its index
+        assert c.state.health.gpus[f"#{i}"].faults["lost"] == 0
     assert c.verdict(0) == ("ok", "none", "none")
     fams = {m.name: m for m in c.state.health.families(True)}
     lost = [s for s in fams["nvgpu_device_state"].samples if s.labels["state"] == "lost" and s.value == 1]
@@ -186,6 +187,24 @@ def test_one_process_twice_is_watch_two_processes_stop_scheduling() -> None:
     assert c.verdict(0) == ("ok", "none", "none")
 
 
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0], ids=["forwards", "back"])
+def test_a_wall_clock_step_neither_ends_nor_extends_the_xid_window(step_s: float) -> None:
+    """Two processes' application Xids stop scheduling; the wall clock then steps an hour: the window
+    is measured on the monotonic clock, so the verdict holds until the window ends by that clock."""
+    c = Case()
+    for pid, name in ((100, "train"), (200, "other")):
+        c.state.xids.record_xid("0", U[0], 13, c.clock.wall, "kernel log", pid, name)
+    c.see(gpu(0), gpu(1))
+    assert c.verdict(0) == ("stop_scheduling", "gpu", "application_xids_several_processes")
+    c.clock.wall += step_s
+    c.clock.advance(60)
+    c.see(gpu(0), gpu(1))
+    assert c.verdict(0) == ("stop_scheduling", "gpu", "application_xids_several_processes")
+    c.clock.advance(ft.APPLICATION_WINDOW_S)
+    c.see(gpu(0), gpu(1))
+    assert c.verdict(0) == ("ok", "none", "none")
+
+
 def test_application_xids_in_three_separate_slots_are_repeats() -> None:
     c = Case()
     for k in range(3):
@@ -199,7 +218,7 @@ def stuck_case() -> Case:
     from exporter.common.collectors import memory, processes, utilization
 
     c = Case()
-    c.state.stuck = StuckDetector(utilization=0.95, memory_bytes=64 << 20, after_s=60.0)
+    c.state.stuck = StuckDetector(utilization=0.95, memory_bytes=64 << 20, after_s=60.0, clock=lambda: c.clock.mono)
     c.busy = [  # type: ignore[attr-defined]
         utilization.Reading(100, 0, 0, 0),
         memory.Reading(150 << 30, 0, 150 << 30, 0, None, None),

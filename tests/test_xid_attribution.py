@@ -9,13 +9,19 @@ UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 T0 = 1_700_000_000.0
 
 
+def new_ledger() -> XidLedger:
+    """A ledger whose monotonic and wall clocks agree (no step): an Xid's monotonic time is its Unix
+    time, so the windows below can be given in Unix time."""
+    return XidLedger(clock=lambda: T0 + 10_000.0, wall=lambda: T0 + 10_000.0)
+
+
 def samples(ledger: XidLedger, name: str, now: float = T0 + 60) -> list[tuple[dict[str, str], float]]:
     fams = {m.name: m for m in ledger.families([UUID], {UUID: "0"}, now=now)}
     return [(dict(s.labels), s.value) for s in fams[name].samples]
 
 
 def test_a_kernel_log_xid_keeps_its_process_and_the_worker_adds_the_pod() -> None:
-    ledger = XidLedger()
+    ledger = new_ledger()
     ledger.record_xid("0", UUID, 13, T0, "kernel log", 4242, "python3")
     assert ledger.attribute_pod(4242, "uid-1", "team-a", "train-0", "main")
     assert not ledger.attribute_pod(4242, "uid-1", "team-a", "train-0", "main")  # once
@@ -34,7 +40,7 @@ def test_a_kernel_log_xid_keeps_its_process_and_the_worker_adds_the_pod() -> Non
 
 
 def test_an_nvml_event_gets_the_process_of_the_kernel_record_of_the_same_xid() -> None:
-    ledger = XidLedger()
+    ledger = new_ledger()
     ledger.record_xid("0", UUID, 31, T0, "NVML event")
     assert ledger.application_processes(UUID, T0 + 1) == 0  # no PID: cannot tell processes apart
     assert ledger.attribute(UUID, 31, T0 + 2, 77, "a.out") is not None
@@ -45,7 +51,7 @@ def test_an_nvml_event_gets_the_process_of_the_kernel_record_of_the_same_xid() -
 
 
 def test_distinct_processes_are_counted_in_the_window_only() -> None:
-    ledger = XidLedger()
+    ledger = new_ledger()
     ledger.record_xid("0", UUID, 13, T0, "kernel log", 1, "a")
     ledger.record_xid("0", UUID, 13, T0 + 60, "kernel log", 1, "a")
     assert ledger.application_processes(UUID, T0 + 61) == 1  # one process twice
@@ -58,7 +64,7 @@ def test_distinct_processes_are_counted_in_the_window_only() -> None:
 
 
 def test_the_recent_records_are_bounded_per_gpu() -> None:
-    ledger = XidLedger()
+    ledger = new_ledger()
     for i in range(RECENT_PER_GPU + 7):
         ledger.record_xid("0", UUID, 13, T0 + i, "kernel log", 100 + i, "p")
     assert len(ledger.recent(UUID)) == RECENT_PER_GPU

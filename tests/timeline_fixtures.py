@@ -39,6 +39,7 @@ def gpu(i: int, state: str = "up", ecc_uncorrected: int = 0, pending: bool = Fal
         {collectors.feature_of(type(r)): r for r in readings} if state == "up" else {},
         time.time(),
         "" if state == "up" else "GPU_IS_LOST",
+        bus_id=BUS[i],
         error="" if state == "up" else "GPU_IS_LOST",
     )
 
@@ -48,4 +49,4 @@ def snapshot(*gpus: GpuSample) -> Snapshot:
 
 
 def hello(system: SystemInfo = SYSTEM, module: str = "580.159.04") -> Hello:
-    return Hello(1234, system, ((0, U0), (1, U1)), {}, module)
+    return Hello(1234, system, ((0, U0, BUS[0]), (1, U1, BUS[1])), {}, module)

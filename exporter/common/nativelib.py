@@ -27,9 +27,12 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from exporter.common import fileio
+
 LIBRARY = "libnvidia-ml.so"
 PROC_MAPS = "/proc/self/maps"
 PROC_MOUNTINFO = "/proc/self/mountinfo"
+PROC_VIEW_MAX_BYTES = 4 << 20  # /proc/self/maps or mountinfo: a few hundred KiB in a busy pod
 # Where a host driver's libnvidia-ml.so is found from inside a pod: the distribution's library
 # directories (the NVIDIA container toolkit mounts the host's files there), GKE's /usr/local/nvidia,
 # and the GPU operator's driver container root (/run/nvidia/driver).
@@ -305,14 +308,15 @@ def file_version(path: str) -> str:
 def read_proc_view(
     maps_path: str = PROC_MAPS, mountinfo_path: str = PROC_MOUNTINFO, globs: Iterable[str] = HOST_LIBRARY_GLOBS
 ) -> ProcView:
-    """The real process's view of itself (unreadable files read as "")."""
+    """The real process's view of itself (unreadable files read as ""; each opened without
+    blocking and read whole up to 4 MiB, :func:`exporter.common.fileio.read_bytes`: a table cut
+    short would name the wrong mount, so a larger one reads as "" too)."""
     import glob
 
     def text(path: str) -> str:
         try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                return fh.read(4 << 20)
-        except OSError:
+            return fileio.read_bytes(path, PROC_VIEW_MAX_BYTES).decode("utf-8", "replace")
+        except fileio.FileRefused:
             return ""
 
     found = sorted({p for g in globs for p in glob.glob(g) if _VERSION_IN_NAME.search(p)})

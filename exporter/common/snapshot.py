@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from exporter.common import collectors
 from exporter.common.collectors.base import SystemInfo
 from exporter.common.decode import DecodeError, decode_dataclass, decode_value
+from exporter.common.gpuid import gpu_key
 from exporter.common.nativelib import NativeLibrary
 from exporter.common.protocol import ProtocolError
 from guards.features import FeatureState, Reason
@@ -44,12 +45,13 @@ class FeatureStat:
     duration_s: float
 
 
-GPU_STATES = ("up", "lost", "hung", "crashed")
+GPU_STATES = ("up", "lost", "hung", "crashed", "removed")
 """What a worker says of a GPU. ``up``: sampled. ``lost``: GPU_IS_LOST or its handle lookup failed
 (retried every sample). ``hung``: an NVML call on it outlasted the deadline; this worker calls it no
 more (the supervisor's probe retries it). ``crashed``: the supervisor excluded it after a native crash
-in one of its calls (the probe retries it). The supervisor adds ``unknown`` for a GPU without a fresh
-report (docs/metrics.md, ``nvgpu_device_state``)."""
+in one of its calls (the probe retries it). ``removed``: NVML no longer enumerates it (drained,
+unplugged): said in one snapshot, then the GPU is gone from the next. The supervisor adds
+``unknown`` for a GPU without a fresh report (docs/metrics.md, ``nvgpu_device_state``)."""
 
 
 @dataclass(frozen=True)
@@ -57,16 +59,20 @@ class GpuSample:
     """One GPU in a snapshot.
 
     Attributes:
-        index: NVML index (the ``gpu`` label).
+        index: NVML index at the worker's last enumeration (the ``gpu`` label; it moves when a GPU
+            leaves or arrives: state is keyed by :attr:`key`).
         uuid: GPU UUID; empty when the handle lookup failed before it was read.
         state: one of :data:`GPU_STATES`.
         readings: feature name -> that collector's ``Reading``, in the order sampled; the last
             good ones for a GPU that is not ``up`` (they age out by ``sampled_at``).
-        sampled_at: Unix time the readings were taken; None if there never were any.
+        sampled_at: Unix time the readings were taken, on the clock of the snapshot's ``ts``: the
+            worker measures their age on its monotonic clock, so ``ts - sampled_at`` is a true age
+            whatever the wall clock did meanwhile; None if there never were any.
         detail: why the GPU is not up (the NVML call and error), empty when up.
         unsupported: enabled features none of whose calls this GPU supports.
         feature: for a hung GPU, the feature of the call that did not return.
         function: for a hung GPU, the NVML function that did not return.
+        bus_id: PCI bus id, "" until known (the key of a GPU whose UUID cannot be read).
         dropped: feature -> reason -> values the worker dropped as implausible on this GPU since it
             started (:mod:`exporter.common.plausibility`; ``nvgpu_readings_dropped_total``).
         error: for a GPU that is not up, the NVML return code name that made it so
@@ -85,6 +91,12 @@ class GpuSample:
     function: str = ""
     dropped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     error: str = ""
+    bus_id: str = ""
+
+    @property
+    def key(self) -> str:
+        """The GPU's state key (:func:`exporter.common.gpuid.gpu_key`): UUID, else PCI bus id."""
+        return gpu_key(self.uuid, self.bus_id, self.index)
 
     @property
     def up(self) -> bool:
@@ -105,7 +117,7 @@ class Snapshot:
         ts: Unix time the sample started.
         duration_s: wall time of the sample.
         system: versions.
-        gpus: every GPU NVML enumerated, by index.
+        gpus: every GPU NVML enumerated, by index (and, once, each that left: state ``removed``).
         features: per-feature success and duration of this sample.
         feature_states: the worker's effective feature states (env, known issues, unsupported).
         errors: (feature, NVML error name) -> count since this worker started.
@@ -142,6 +154,7 @@ class Snapshot:
                     "unsupported": list(g.unsupported),
                     "feature": g.feature,
                     "function": g.function,
+                    "bus_id": g.bus_id,
                     "dropped": {f: dict(r) for f, r in g.dropped.items()},
                     "error": g.error,
                 }
@@ -157,11 +170,11 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Hello:
-    """The worker initialised NVML and enumerated GPUs (``index``, ``uuid`` pairs)."""
+    """The worker initialised NVML and enumerated GPUs (``index``, ``uuid``, PCI ``bus_id``) triples."""
 
     pid: int
     system: SystemInfo
-    gpus: tuple[tuple[int, str], ...]
+    gpus: tuple[tuple[int, str, str], ...]
     feature_states: Mapping[str, FeatureState]
     kernel_module_version: str = ""
     native: NativeLibrary | None = None
@@ -294,6 +307,7 @@ def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
         unsupported=decode_value(tuple[str, ...], raw.get("unsupported", []), f"{where}.unsupported"),
         feature=decode_value(str, raw.get("feature", ""), f"{where}.feature"),
         function=decode_value(str, raw.get("function", ""), f"{where}.function"),
+        bus_id=decode_value(str, raw.get("bus_id", ""), f"{where}.bus_id"),
         dropped=decode_value(dict[str, dict[str, int]], raw.get("dropped", {}), f"{where}.dropped"),
         error=decode_value(str, raw.get("error", ""), f"{where}.error"),
     )
@@ -327,7 +341,7 @@ def _hello(msg: dict[str, Any]) -> Hello:
     return Hello(
         pid=decode_value(int, msg.get("pid", 0), "hello.pid"),
         system=decode_dataclass(SystemInfo, msg.get("system", {}), "hello.system"),
-        gpus=tuple((int(g["index"]), str(g["uuid"])) for g in gpus),
+        gpus=tuple((int(g["index"]), str(g["uuid"]), str(g.get("bus_id", ""))) for g in gpus),
         feature_states=_states(msg.get("feature_states", {}), "hello.feature_states"),
         kernel_module_version=decode_value(str, msg.get("kernel_module_version", ""), "hello.kernel_module_version"),
         native=decode_value(NativeLibrary | None, msg.get("native"), "hello.native"),

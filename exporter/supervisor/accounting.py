@@ -91,15 +91,14 @@ class Accountant:
         if new is not None:
             self._log_quarantine(new)
             for rec in self.state.health.on_quarantine(new.feature):
-                log.info("GPU %d (%s) was out only for crashes in %s: back in", rec.index, rec.uuid, new.feature)
+                log.info("%s was out only for crashes in %s: back in", rec.label(), new.feature)
         if uuid and crumb is not None:
             out_rec = self.state.health.on_crash(uuid, crumb.feature, quarantined=new is not None)
             if out_rec is not None:
                 log.error(
-                    "GPU %d (%s) is left out of the next workers after a crash in %s/%s; the other GPUs keep being "
+                    "%s is left out of the next workers after a crash in %s/%s; the other GPUs keep being "
                     "sampled; a probe retries it in %.0f s",
-                    out_rec.index,
-                    out_rec.uuid,
+                    out_rec.label(),
                     crumb.feature,
                     crumb.function,
                     out_rec.backoff_s,

@@ -62,7 +62,9 @@ class ServedState(Protocol):
     xids: XidLedger
     native: NativeLibrary | None
     nvml_up: bool
-    gpu_index: dict[str, str]
+
+    @property
+    def gpu_index(self) -> dict[str, str]: ...
 
     @property
     def nvml(self) -> NvmlView: ...
@@ -113,7 +115,7 @@ def known_gpus(state: ServedState) -> dict[str, tuple[GpuRecord | None, GpuSampl
             out[rec.uuid] = (rec, None)
     snap = state.last
     for g in snap.gpus if snap is not None else ():
-        if g.uuid:
+        if g.uuid and g.state != "removed":  # a GPU that left the node has no verdict
             out[g.uuid] = (out.get(g.uuid, (None, None))[0], g)
     # A GPU NVML counts but the pod may not open has no UUID: keyed by its index.
     for rec in state.health.gpus.values():
@@ -186,8 +188,8 @@ def gpu_faults(
         out += _reading_faults(sample, mem, now)
     else:
         mem.fabric_since = None
-    out += _stuck_faults(state, uuid, wall)
-    out += _xid_faults(state, uuid, wall, {f.cause for f in out}, answers=fresh)
+    out += _stuck_faults(state, uuid, now)
+    out += _xid_faults(state, uuid, now, {f.cause for f in out}, answers=fresh)
     return out
 
 
@@ -233,7 +235,8 @@ def _state_faults(
     if every_gpu_lost:
         return [fault("all_gpus_lost", why, "every GPU of the node is lost")]
     xid79 = _last_xid(state, uuid, 79)
-    if xid79 is not None and wall - xid79 <= XID_WINDOW_S:
+    xid79_mono = _last_xid(state, uuid, 79, mono=True)
+    if xid79 is not None and xid79_mono is not None and now - xid79_mono <= XID_WINDOW_S:
         return [fault("fell_off_bus", why, f"Xid 79 at {utc(xid79)}")]
     held = now - mem.lost_since
     if held >= LOST_HOLD_S:
@@ -289,19 +292,20 @@ def _reading_faults(g: GpuSample, mem: Memory, now: float) -> list[Fault]:
     return out
 
 
-def _stuck_faults(state: ServedState, uuid: str, wall: float) -> list[Fault]:
+def _stuck_faults(state: ServedState, uuid: str, now: float) -> list[Fault]:
+    """``now`` on the monotonic clock: the signature's hold and the Xid 43 before it are measured on it."""
     from exporter.supervisor.stuck import StuckDetector
 
     ext = state.extension(StuckDetector)
     if ext is None or not ext.suspected(uuid):
         return []
-    since = ext.since(uuid)
-    xid43 = _last_xid(state, uuid, 43)
+    since, since_mono = ext.since(uuid), ext.since_mono(uuid)
+    xid43, xid43_mono = _last_xid(state, uuid, 43), _last_xid(state, uuid, 43, mono=True)
     signature = "busy with no compute process and nothing running (the stuck-context signature)"
-    if since is not None and xid43 is not None and xid43 >= since - STUCK_XID43_BEFORE_S:
-        return [fault("stuck_context", f"Xid 43 at {utc(xid43)}", f"{signature} since {utc(since)}")]
-    if since is not None and wall - since >= BUSY_EMPTY_HOLD_S:
-        return [fault("busy_and_empty", f"{signature} since {utc(since)}, no Xid 43")]
+    if since_mono is not None and xid43_mono is not None and xid43_mono >= since_mono - STUCK_XID43_BEFORE_S:
+        return [fault("stuck_context", f"Xid 43 at {utc(xid43 or 0.0)}", f"{signature} since {utc(since or 0.0)}")]
+    if since_mono is not None and now - since_mono >= BUSY_EMPTY_HOLD_S:
+        return [fault("busy_and_empty", f"{signature} since {utc(since or 0.0)}, no Xid 43")]
     return [
         fault(
             "busy_and_empty",
@@ -312,13 +316,14 @@ def _stuck_faults(state: ServedState, uuid: str, wall: float) -> list[Fault]:
     ]
 
 
-def _xid_faults(state: ServedState, uuid: str, wall: float, seen: set[str], answers: bool) -> list[Fault]:
-    """The Xid faults of one GPU; ``answers``: it answers NVML in the fresh snapshot (an Xid 79
-    then asks for no reboot yet: the GPU is still on the bus)."""
+def _xid_faults(state: ServedState, uuid: str, now: float, seen: set[str], answers: bool) -> list[Fault]:
+    """The Xid faults of one GPU (``now`` on the monotonic clock: the windows are measured on it);
+    ``answers``: it answers NVML in the fresh snapshot (an Xid 79 then asks for no reboot yet: the
+    GPU is still on the bus)."""
     out: list[Fault] = []
-    apps = state.xids.application_records(uuid, wall, APPLICATION_WINDOW_S)
+    apps = state.xids.application_records(uuid, now, APPLICATION_WINDOW_S)
     if apps:
-        processes = state.xids.application_processes(uuid, wall, APPLICATION_WINDOW_S)
+        processes = state.xids.application_processes(uuid, now, APPLICATION_WINDOW_S)
         slots = len({int(r.ts // REPEAT_SLOT_S) for r in apps})
         told = [f"Xid {r.xid} at {utc(r.ts)}" + (f" by {r.who}" if r.who else "") for r in apps[-5:]]
         if "stuck_context" in seen:
@@ -342,7 +347,7 @@ def _xid_faults(state: ServedState, uuid: str, wall: float, seen: set[str], answ
             )
         else:
             out.append(fault("application_xid", *told))
-    for xid, last, count in _xids_in_window(state, uuid, wall):
+    for xid, last, count in _xids_in_window(state, uuid, now):
         info = xid_catalog.classify(xid)
         if info.xid_class == "application":
             continue
@@ -383,16 +388,18 @@ def _xid_faults(state: ServedState, uuid: str, wall: float, seen: set[str], answ
     return out
 
 
-def _xids_in_window(state: ServedState, uuid: str, wall: float) -> Iterable[tuple[int, float, int]]:
-    """(Xid, last time, count among the recent records) of the GPU's Xids within XID_WINDOW_S."""
+def _xids_in_window(state: ServedState, uuid: str, now: float) -> Iterable[tuple[int, float, int]]:
+    """(Xid, last time (Unix), count among the recent records) of the GPU's Xids within XID_WINDOW_S
+    (``now`` and the window on the monotonic clock)."""
     recent = state.xids.recent(uuid)
-    for (_gpu, u, xid), c in sorted(state.xids.xids.items()):
-        if u == uuid and wall - c.last_ts <= XID_WINDOW_S:
-            yield xid, c.last_ts, max(1, sum(1 for r in recent if r.xid == xid and wall - r.ts <= XID_WINDOW_S))
+    for (u, xid), c in sorted(state.xids.xids.items()):
+        if u == uuid and now - c.last_mono <= XID_WINDOW_S:
+            yield xid, c.last_ts, max(1, sum(1 for r in recent if r.xid == xid and now - r.mono <= XID_WINDOW_S))
 
 
-def _last_xid(state: ServedState, uuid: str, xid: int) -> float | None:
-    times = [c.last_ts for (_g, u, x), c in state.xids.xids.items() if u == uuid and x == xid]
+def _last_xid(state: ServedState, uuid: str, xid: int, mono: bool = False) -> float | None:
+    """The GPU's last Xid ``xid``: its Unix time, or (``mono``) its time on the monotonic clock."""
+    times = [c.last_mono if mono else c.last_ts for (u, x), c in state.xids.xids.items() if u == uuid and x == xid]
     return max(times) if times else None
 
 

@@ -196,21 +196,19 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
     snap = state.last
     failed: set[str] = set()
     if snap is not None:
-        fresh = {g.index for g in state.fresh_gpus() if g.up}  # a GPU that is not up has no readings
+        fresh = {g.key for g in state.fresh_gpus() if g.up}  # a GPU that is not up has no readings
         by_feature: dict[str, list[tuple[GpuKey, Any]]] = {}
         for g in snap.gpus:
             key = GpuKey(str(g.index), g.uuid)
             for feature, reading in g.readings.items():
-                if g.index in fresh or feature == "identity":  # identity is static: never dropped
+                if g.key in fresh or feature == "identity":  # identity is static: never dropped
                     by_feature.setdefault(feature, []).append((key, reading))
         for feature, samples in by_feature.items():
             if not _render_feature(bag, feature, samples, snap, state.render_errors):
                 failed.add(feature)
-        bag.add(
-            plausibility.families([(GpuKey(str(g.index), g.uuid), g.dropped) for g in snap.gpus if g.index in fresh])
-        )
+        bag.add(plausibility.families([(GpuKey(str(g.index), g.uuid), g.dropped) for g in snap.gpus if g.key in fresh]))
     live = [g.uuid for g in state.fresh_gpus() if g.up]
-    bag.add(state.xids.families(live, state.gpu_index, now=state.verdicts.wall()))
+    bag.add(state.xids.families(live, state.gpu_index, now=state.verdicts.clock()))
     for ext in state.active_extensions():
         if snap is not None:
             call = functools.partial(ext.gpu_families, snap)

@@ -9,7 +9,9 @@ decision: an extension of a feature it turns off, a known-issue rule, gets no ho
 call, and its background work is cancelled), so nothing is wired by
 overwriting attributes. An extension talks back only through the :class:`Host` it is given in
 :meth:`Extension.run` (the served state implements it). Hooks run on the event loop and must not
-block: blocking reads (the kernel log, the kubelet's gRPC socket) go through ``asyncio.to_thread``.
+block: blocking reads go to a thread: the kernel log and the web config to a daemon thread of their own
+(:class:`exporter.common.fileio.Runner`, never joined at shutdown), the kubelet's gRPC call through
+``asyncio.to_thread``.
 This module is the interface only: it imports no extension.
 """
 

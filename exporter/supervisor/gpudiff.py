@@ -67,7 +67,7 @@ class GpuChanges:
             text = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in moved.items())
             tl.add("identity", g.uuid, f"GPU {text}", {k: b for k, (_a, b) in moved.items()}, gpu=gpu)
         lane.identity.update({k: v for k, v in seen.items() if v})
-        rec = state.health.by_uuid(g.uuid)
+        rec = state.health.by_key(g.uuid)
         current = state.health.state_of(rec, True) if rec is not None else g.state
         self._change(
             lane.last,

@@ -137,7 +137,7 @@ def now_of(state: ServedState) -> Now:
     for uuid, v in sorted(state.verdicts.current.items(), key=lambda kv: (_order(kv[1].gpu), kv[0])):
         if uuid.startswith("index:"):
             continue
-        rec = state.health.by_uuid(uuid)
+        rec = state.health.by_key(uuid)
         g = samples.get(uuid)
         ident = g.reading(identity.Reading) if g is not None else None
         held = pods.assignments.get(uuid, ()) if pods is not None else ()

@@ -158,7 +158,7 @@ class Layout:
     """
 
     def __init__(self, snapshot: Snapshot) -> None:
-        self.gpus = {g.uuid: g.index for g in snapshot.gpus if g.uuid}
+        self.gpus = {g.uuid: g.index for g in snapshot.gpus if g.uuid and g.state != "removed"}  # by UUID
         self.devices: dict[str, tuple[GpuKey, tuple[str, str, str, str]]] = {}
         for g in snapshot.gpus:
             state = g.reading(mig.Reading)

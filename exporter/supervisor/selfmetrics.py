@@ -13,6 +13,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from exporter import __version__
+from exporter.common import fileio
 from exporter.common.metric import MetricDef, single
 from exporter.supervisor import procmetrics
 
@@ -57,7 +58,20 @@ SUPERVISOR_ERRORS = _m(
     "Exceptions in the supervisor's own work, contained and retried, by component",
     ("component",),
 )
+FILE_READ_FAILURES = _m(
+    "nvgpu_file_read_failures_total",
+    "Reads of a file a setting names that failed and kept the previous state, by file (web_config: the web "
+    "config or a certificate, key or CA it names; state_file; kmsg_cursor; kernel_log) and reason "
+    "(not_regular: a FIFO, directory or device node; too_large; timeout: no answer in time, a hung mount; error)",
+    ("file", "reason"),
+)
 LAST_SAMPLE = _m("nvgpu_last_sample_timestamp_seconds", "Unix time of the last NVML sample")
+LAST_SAMPLE_AGE = _m(
+    "nvgpu_last_sample_age_seconds",
+    "Seconds since the last NVML sample arrived, on the exporter's monotonic clock when the exposition was "
+    "rendered (every sample, and every 10 s while none arrives): unlike time() - "
+    "nvgpu_last_sample_timestamp_seconds, not skewed by a node clock that differs from Prometheus's",
+)
 SAMPLE_DURATION = _m("nvgpu_sample_duration_seconds", "Wall time of the last NVML sample")
 FEATURE_SUCCESS = _m("nvgpu_feature_success", "1 if the feature's last sample succeeded on every GPU", ("feature",))
 FEATURE_DURATION = _m(
@@ -100,6 +114,7 @@ METRICS = (
     UP,
     BUILD_INFO,
     LAST_SAMPLE,
+    LAST_SAMPLE_AGE,
     SAMPLE_DURATION,
     FEATURE_SUCCESS,
     FEATURE_DURATION,
@@ -118,6 +133,7 @@ METRICS = (
     INIT_FAILURES,
     DRIVER_RELOAD_REQUIRED,
     SUPERVISOR_ERRORS,
+    FILE_READ_FAILURES,
 )
 RESTART_REASONS = ("crash", "hang", "exit", "nvml_error", "quarantine")
 
@@ -144,6 +160,7 @@ def families(state: ServedState, render_failed: Collection[str]) -> list[Metric]
     ]
     if last is not None:
         out += [single(LAST_SAMPLE, last.ts), single(SAMPLE_DURATION, last.duration_s)]
+        out.append(single(LAST_SAMPLE_AGE, state.sample_age()))
     success, duration = FEATURE_SUCCESS.family(), FEATURE_DURATION.family()
     if snap is not None:
         for feature, stat in sorted(snap.features.items()):
@@ -173,10 +190,14 @@ def _nvml_health(state: ServedState) -> list[Metric]:
     components = SUPERVISOR_ERRORS.family()
     for component, count in sorted(state.component_errors.items()):
         components.add_labels([component], count)
+    files = FILE_READ_FAILURES.family()
+    for (file, reason), count in sorted(fileio.FAILURES.items()):
+        files.add_labels([file, reason], count)
     return [
         failures.always(),
         single(DRIVER_RELOAD_REQUIRED, 1 if state.driver_reload_required() else 0),
         components.always(),
+        files.always(),
     ]
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from exporter.common.collectors.base import SystemInfo
 from exporter.common.logs import log_once
 from exporter.common.nativelib import NativeLibrary
-from exporter.common.snapshot import GpuSample, Snapshot
+from exporter.common.snapshot import GpuSample, Hello, Snapshot
 from exporter.supervisor.gpuhealth import GpuHealth, GpuRecord
 from exporter.supervisor.recorder import Recorder
 from exporter.supervisor.verdicts import VerdictEngine
@@ -181,14 +181,12 @@ class ServedState:
         self.worker = WorkerStatus()
         self.nvml = NvmlStatus()
         self.native: NativeLibrary | None = None  # the worker's native library check, last reported
-        self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s)
+        self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s, expected=config.expected_gpus)
         self.xids = XidLedger()
-        # every GPU's verdict, updated on each change (exporter.supervisor.verdicts); its events go on the timeline
-        self.verdicts = VerdictEngine(recur_window_s=config.recurrence_window_s)
+        self.verdicts = VerdictEngine(recur_window_s=config.recurrence_window_s)  # its events go on the timeline
         self.recorder = recorder if recorder is not None else Recorder.in_memory()
         self.verdicts.subscribe(self.recorder.verdict_event)
         self.pid_lookups: list[int] = []  # Xid PIDs the worker is to map to pods
-        self.gpu_index: dict[str, str] = {}  # uuid -> index, remembered across workers
         self._calls_done = 0
         self._errors_done: collections.Counter[tuple[str, str]] = collections.Counter()
         self._calls_now = 0
@@ -230,15 +228,23 @@ class ServedState:
             self.pid_lookups.append(pid)
         self.record(self.recorder.xid_process, uuid, xid, ts, pid, process)
 
+    def worker_ready(self, msg: Hello) -> None:
+        """A worker attached these GPUs and reports its versions (the GPU records and the timeline)."""
+        self.health.on_hello(msg.gpus)
+        self.record(self.recorder.hello, msg.system, self.nvml.kernel_module_version, msg.native)
+
+    def record_event(self, gpu: str, uuid: str, event_type: str) -> None:
+        """Count one NVML event other than an Xid (the ledger and the timeline)."""
+        self.xids.record_event(gpu, uuid, event_type)
+        self.record(self.recorder.nvml_event, gpu, uuid, event_type)
+
     def attribute_pod(self, pid: int, pod_uid: str, namespace: str, pod: str, container: str) -> None:
         """The worker mapped an Xid's PID to its pod (the ledger's records and the timeline's events)."""
         self.xids.attribute_pod(pid, pod_uid, namespace, pod, container)
         self.record(self.recorder.pod, pid, pod_uid, namespace, pod, container)
 
     def record(self, call: Callable[..., None], *args: Any) -> None:
-        """Hand something to the timeline (``call`` a method of :attr:`recorder`); a failure there is
-        counted (component ``timeline``) and logged once, never raised: the timeline is evidence,
-        not the exporter's job."""
+        """Hand ``call`` (a :attr:`recorder` method) its event: a failure is counted (``timeline``), never raised."""
         try:
             call(*args)
         except Exception:  # noqa: BLE001 - a timeline bug must not cost the exposition
@@ -290,17 +296,22 @@ class ServedState:
         self.xids.events_enabled.update(snap.events_enabled)
         self._calls_now = snap.calls
         self._errors_now = collections.Counter(snap.errors)
-        for g in snap.gpus:
-            if g.uuid:
-                self.gpu_index[g.uuid] = str(g.index)
         for ext in self.active_extensions():
             try:
                 ext.on_snapshot(snap)
             except Exception:  # noqa: BLE001 - one extension's bug must not cost the snapshot
                 self.count_error(ext.component, "handing it a snapshot")
         hung = list(self.health.on_snapshot(snap))
+        for g in snap.gpus:
+            if g.state == "removed":  # the GPU left the node: its Xid and event series go with it
+                self.xids.forget(g.uuid or g.key)
         self.record(self.recorder.snapshot, snap, self)
         return hung
+
+    @property
+    def gpu_index(self) -> dict[str, str]:
+        """UUID (PCI bus id without one) -> the ``gpu`` label of each GPU known now."""
+        return {r.uuid or r.key: str(r.index) for r in self.health.gpus.values()}
 
     def worker_started(self, pid: int) -> None:
         """A new worker process: fold the last worker's call and error totals into the history."""
@@ -337,6 +348,10 @@ class ServedState:
         if time.monotonic() - self.last_mono > self.config.stale_s:
             return None
         return self.last
+
+    def sample_age(self) -> float | None:
+        """Seconds since the last snapshot arrived (monotonic), None before the first."""
+        return None if self.last_mono is None else max(0.0, time.monotonic() - self.last_mono)
 
     def reading_age(self, g: GpuSample) -> float | None:
         """Seconds since GPU ``g``'s readings were taken, None if it has none; measured from the

@@ -157,7 +157,7 @@ _STATE_BADGES = {
 
 def _gpus(state: ServedState) -> str:
     snap = state.last
-    fresh = {g.index for g in state.fresh_gpus()}
+    fresh = {g.key for g in state.fresh_gpus()}
     stuck_ext = state.extension(StuckDetector)
     if state.fresh_snapshot() is None:
         note = (
@@ -166,13 +166,13 @@ def _gpus(state: ServedState) -> str:
         )
     else:
         note = f'<p class="small">Sample taken {_e(_age(time.time() - snap.ts))} ago.</p>' if snap else ""
-    by_index = {g.index: g for g in snap.gpus} if snap else {}
-    for uuid, idx in state.gpu_index.items():
-        by_index.setdefault(int(idx), GpuSample(int(idx), uuid, "unknown"))
+    by_key = {g.key: g for g in snap.gpus if g.state != "removed"} if snap else {}
+    for known in state.health.gpus.values():
+        by_key.setdefault(known.key, GpuSample(known.index, known.uuid, "unknown", bus_id=known.bus_id))
     rows = []
-    for index in sorted(by_index):
-        g = by_index[index]
-        rec = state.health.gpus.get(index)
+    for key, g in sorted(by_key.items(), key=lambda item: (item[1].index, item[0])):
+        index = g.index
+        rec = state.health.gpus.get(key)
         current = state.health.state_of(rec, state.fresh_snapshot() is not None) if rec else "unknown"
         uuid = g.uuid
         stuck = bool(uuid) and stuck_ext is not None and stuck_ext.suspected(uuid)
@@ -190,7 +190,7 @@ def _gpus(state: ServedState) -> str:
             detail += f" unsupported here: {', '.join(rec.unsupported)}"
         shown = (
             g
-            if index in fresh
+            if key in fresh
             else GpuSample(g.index, g.uuid, g.state, {k: v for k, v in g.readings.items() if k == "identity"})
         )
         name, bus, util_s, mem_s, temp_s, power_s = _gpu_cells(shown)

@@ -28,6 +28,7 @@ from exporter.common.snapshot import Attribution, Bye, Hello, InitFailed, Messag
 from exporter.config import Config
 from exporter.supervisor import unavailable
 from exporter.supervisor.accounting import Accountant
+from exporter.supervisor.gpuhealth import GpuHealth
 from exporter.supervisor.policy import Outcome, RestartPolicy
 from exporter.supervisor.probes import Prober
 from exporter.supervisor.served import ServedState
@@ -37,6 +38,7 @@ from guards.versions import SelfCheckResult
 log = logging.getLogger("exporter.supervisor")
 
 RESPAWN_STOPPED_POLL_S = 5.0
+STALE_RENDER_S = 10.0  # while no snapshot arrives: the age of the last one is rendered this often
 LOOP_ERROR_BACKOFF_S = (1.0, 60.0)  # the supervisor's own failures: bounded retry
 
 
@@ -115,7 +117,7 @@ class Supervisor:
     ) -> None:
         self.config = config
         self.proc_state_fn = proc_state_fn
-        self.epoch = time.time()
+        self.epoch = time.monotonic()  # the fake backend's scenario time 0, on the clock every process shares
         self.crumbs = BreadcrumbReader()
         self.state = state
         self.quarantine = state.quarantine
@@ -167,15 +169,14 @@ class Supervisor:
         if isinstance(msg, Snapshot):
             for rec in self.state.apply_snapshot(msg):
                 log.error(
-                    "GPU %d (%s) hung: %s; its readings go stale, every other GPU keeps being sampled; "
+                    "%s hung: %s; its readings go stale, every other GPU keeps being sampled; "
                     "a probe retries it in %.0f s",
-                    rec.index,
-                    rec.uuid,
+                    rec.label(),
                     rec.detail,
                     rec.backoff_s,
                     extra={"gpu": rec.index, "uuid": rec.uuid, "feature": rec.hung_in[0], "function": rec.hung_in[1]},
                 )
-                self.accountant.gpu_hung(rec.uuid, *rec.hung_in)
+                self.accountant.gpu_hung(rec.key, *rec.hung_in)
             self._schedule_stale_render()
         elif isinstance(msg, Progress):
             log.debug("worker init: %s", msg.step)
@@ -209,11 +210,8 @@ class Supervisor:
         st.system = msg.system
         st.nvml.kernel_module_version = msg.kernel_module_version or st.nvml.kernel_module_version
         st.worker_states = dict(msg.feature_states)
-        for index, uuid in msg.gpus:
-            st.gpu_index[uuid] = str(index)
-        st.health.on_hello(msg.gpus)
+        st.worker_ready(msg)
         unavailable.native_reported(self.state, msg.native)
-        st.record(st.recorder.hello, msg.system, st.nvml.kernel_module_version, msg.native)
         log.info(
             "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
             msg.pid,
@@ -237,26 +235,30 @@ class Supervisor:
 
     def _on_event(self, msg: NvmlEvent) -> None:
         st = self.state
-        gpu = str(msg.gpu) if msg.gpu is not None else st.gpu_index.get(msg.uuid, "")
+        gpu, uuid = _event_gpu(st.health, msg)
         if msg.event_type != "xid" or msg.xid is None:
-            st.xids.record_event(gpu, msg.uuid, msg.event_type)
-            st.record(st.recorder.nvml_event, gpu, msg.uuid, msg.event_type)
-        elif all(ext.accept_xid(msg.uuid, msg.xid, msg.ts) for ext in st.active_extensions()):
-            st.record_xid(gpu, msg.uuid, msg.xid, msg.ts, source="NVML event")
+            st.record_event(gpu, uuid, msg.event_type)
+        elif all(ext.accept_xid(uuid, msg.xid, msg.ts) for ext in st.active_extensions()):
+            st.record_xid(gpu, uuid, msg.xid, msg.ts, source="NVML event")
 
     def _on_init_failed(self, msg: InitFailed) -> None:
         unavailable.native_reported(self.state, msg.native)
         text = unavailable.record(self.state, msg, self.config.unhealthy_after_s)
-        self.state.record(self.state.recorder.init_failed, msg.error, msg.message)
         # the demo hint ends with a command to paste: no field after it (the error is in the text)
         extra = {} if text.endswith(unavailable.DEMO_COMMAND) else {"nvml_error": msg.error}
         log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra=extra)
 
     def _schedule_stale_render(self) -> None:
+        """Render again when the snapshot goes stale, and every ``STALE_RENDER_S`` after that until the
+        next one arrives: ``nvgpu_last_sample_age_seconds`` keeps growing while no sample comes."""
         if self._stale_timer is not None:
             self._stale_timer.cancel()
         loop = asyncio.get_running_loop()
-        self._stale_timer = loop.call_later(self.config.stale_s + 0.05, self.state.changed)
+        self._stale_timer = loop.call_later(self.config.stale_s + 0.05, self._stale_render)
+
+    def _stale_render(self) -> None:
+        self.state.changed()
+        self._stale_timer = asyncio.get_running_loop().call_later(STALE_RENDER_S, self._stale_render)
 
     # -- worker lifecycle --------------------------------------------------------------------
 
@@ -370,9 +372,9 @@ class Supervisor:
         self.state.changed()
         return delay
 
-    def _readmit(self, index: int) -> None:
+    def _readmit(self, key: str) -> None:
         if self.current is not None:
-            self.current.send({"type": "readmit", "index": index})
+            self.current.send({"type": "readmit", "gpu": key})
 
     async def kill_now(self) -> None:
         """SIGKILL the worker and any probe, and wait for them briefly (shutdown ran out of time:
@@ -396,3 +398,12 @@ class Supervisor:
         self.crumbs.close()
         self.prober.close()
         self.state.record(self.state.recorder.close)
+
+
+def _event_gpu(health: GpuHealth, msg: NvmlEvent) -> tuple[str, str]:
+    """(``gpu`` label, UUID) of the GPU an NVML event names by its key (UUID, else PCI bus id): the
+    record's current index, not the worker's at the time of the event."""
+    rec = health.by_key(msg.uuid)
+    if rec is None:
+        return ("" if msg.gpu is None else str(msg.gpu)), msg.uuid
+    return str(rec.index), rec.uuid

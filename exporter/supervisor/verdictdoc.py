@@ -35,9 +35,9 @@ def document(engine: VerdictEngine, state: ServedState) -> dict[str, object]:
     gpus = []
     for v in sorted(engine.current.values(), key=lambda v: (order(v.gpu), v.uuid)):
         rec = (
-            state.health.gpus.get(int(v.uuid.removeprefix("index:")))
+            next((r for r in state.health.gpus.values() if not r.uuid and f"index:{r.index}" == v.uuid), None)
             if v.uuid.startswith("index:")
-            else state.health.by_uuid(v.uuid)
+            else state.health.by_key(v.uuid)
         )
         sample = next((g for g in state.last.gpus if g.uuid == v.uuid), None) if state.last else None
         ident = sample.reading(identity.Reading) if sample is not None else None

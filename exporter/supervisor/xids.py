@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -74,6 +74,8 @@ class XidRecord:
         pod: the pod's name.
         container: the container's name.
         pod_uid: the pod's UID (from the PID's cgroup).
+        mono: the event's time on the supervisor's monotonic clock (its age when it was recorded,
+            taken from now): the windows that count Xids are measured on it, not on ``ts``.
     """
 
     xid: int
@@ -85,6 +87,7 @@ class XidRecord:
     pod: str = ""
     container: str = ""
     pod_uid: str = ""
+    mono: float = 0.0
 
     @property
     def who(self) -> str:
@@ -105,19 +108,35 @@ class _GpuXids:
 
 @dataclass
 class XidCount:
-    """How often one Xid code was seen on one GPU, and when last (Unix time)."""
+    """How often one Xid code was seen on one GPU, when last (Unix time: the event's own), and the
+    ``gpu`` label it came with (used only while the GPU's current index is unknown)."""
 
     count: int = 0
     last_ts: float = 0.0
+    gpu: str = ""
+    last_mono: float = 0.0  # the last one's time on the monotonic clock (windows are measured on it)
 
 
 class XidLedger:
-    """Counts per (gpu index, uuid, Xid) and per (gpu index, uuid, event type)."""
+    """Counts per (GPU UUID, Xid) and per (GPU UUID, event type); the ``gpu`` label is the GPU's
+    current NVML index, looked up when rendering, so a renumbering moves the label and keeps the count.
 
-    def __init__(self) -> None:
+    Each Xid also gets its time on the monotonic clock (now, less its age by the wall clock when it
+    is recorded): the windows that count Xids (``application_records``, the verdicts') measure on
+    it, so a wall-clock step later neither empties a window nor keeps old Xids in it.
+
+    Args:
+        clock: monotonic clock (tests).
+        wall: wall clock (tests).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.wall = wall
         self.records: dict[str, _GpuXids] = {}  # uuid -> its recent and application Xid records
-        self.xids: dict[tuple[str, str, int], XidCount] = {}
-        self.events: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self.xids: dict[tuple[str, int], XidCount] = {}
+        self.events: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.event_gpu: dict[str, str] = {}  # uuid -> the gpu label its events came with
         self.events_enabled: dict[str, bool] = {}  # uuid -> registration succeeded
 
     def record_xid(
@@ -141,11 +160,14 @@ class XidLedger:
         Returns:
             The record kept for it (its pod is filled in later, :meth:`attribute_pod`).
         """
-        entry = self.xids.setdefault((gpu, uuid, xid), XidCount())
+        mono = self.clock() - max(0.0, self.wall() - ts)
+        entry = self.xids.setdefault((uuid, xid), XidCount())
         entry.count += 1
         entry.last_ts = max(entry.last_ts, ts)
+        entry.last_mono = max(entry.last_mono, mono)
+        entry.gpu = gpu or entry.gpu
         info = xid_catalog.classify(xid)
-        record = XidRecord(xid, ts, source, pid, process)
+        record = XidRecord(xid, ts, source, pid, process, mono=mono)
         mine = self.records.setdefault(uuid, _GpuXids())
         mine.recent.append(record)
         if info.xid_class == "application":
@@ -225,9 +247,10 @@ class XidLedger:
         return list(mine.recent) if mine else []
 
     def application_records(self, uuid: str, now: float, window_s: float = APPLICATION_WINDOW_S) -> list[XidRecord]:
-        """The GPU's application-class Xids of the last ``window_s`` seconds (Unix ``now``)."""
+        """The GPU's application-class Xids of the last ``window_s`` seconds (``now`` on the
+        monotonic clock)."""
         mine = self.records.get(uuid)
-        return [r for r in mine.application if now - r.ts <= window_s] if mine else []
+        return [r for r in mine.application if now - r.mono <= window_s] if mine else []
 
     def application_processes(self, uuid: str, now: float, window_s: float = APPLICATION_WINDOW_S) -> int:
         """Distinct processes (pid and name, as the kernel log names them) with application Xids in
@@ -236,11 +259,19 @@ class XidLedger:
 
     def record_event(self, gpu: str, uuid: str, event_type: str) -> None:
         """Count one NVML event that is not an Xid."""
-        self.events[(gpu, uuid, event_type)] += 1
+        self.events[(uuid, event_type)] += 1
+        self.event_gpu[uuid] = gpu or self.event_gpu.get(uuid, "")
+
+    def forget(self, uuid: str) -> None:
+        """The GPU ``uuid`` left the node (NVML no longer enumerates it): its series go."""
+        self.xids = {k: v for k, v in self.xids.items() if k[0] != uuid}
+        self.events = collections.Counter({k: v for k, v in self.events.items() if k[0] != uuid})
+        self.event_gpu.pop(uuid, None)
+        self.events_enabled.pop(uuid, None)
 
     def latest(self, uuid: str) -> tuple[int, XidCount, int] | None:
         """(Xid, its count, all Xids of the GPU) for the most recent Xid on ``uuid``, or None."""
-        mine = [(xid, c) for (_g, u, xid), c in self.xids.items() if u == uuid]
+        mine = [(xid, c) for (u, xid), c in self.xids.items() if u == uuid]
         if not mine:
             return None
         xid, count = max(mine, key=lambda item: item[1].last_ts)
@@ -251,27 +282,28 @@ class XidLedger:
 
         Args:
             live: UUIDs of the GPUs that answered in the snapshot.
-            index: UUID -> NVML index, remembered across workers.
+            index: UUID -> current NVML index (the ``gpu`` label).
         """
         total, last, code = XID_ERRORS.family(), XID_LAST.family(), XID_LAST_CODE.family()
-        latest: dict[tuple[str, str], tuple[float, int]] = {}
-        for (gpu, uuid, xid), c in sorted(self.xids.items()):
-            total.add(GpuKey(gpu, uuid), c.count, str(xid))
-            last.add(GpuKey(gpu, uuid), c.last_ts, str(xid))
-            if (gpu, uuid) not in latest or c.last_ts >= latest[(gpu, uuid)][0]:
-                latest[(gpu, uuid)] = (c.last_ts, xid)
-        for (gpu, uuid), (_ts, xid) in sorted(latest.items()):
+        latest: dict[str, tuple[float, int, str]] = {}
+        for (uuid, xid), c in sorted(self.xids.items()):
+            key = GpuKey(index.get(uuid, c.gpu), uuid)
+            total.add(key, c.count, str(xid))
+            last.add(key, c.last_ts, str(xid))
+            if uuid not in latest or c.last_ts >= latest[uuid][0]:
+                latest[uuid] = (c.last_ts, xid, key.gpu)
+        for uuid, (_ts, xid, gpu) in sorted(latest.items()):
             code.add(GpuKey(gpu, uuid), xid)
         events = EVENTS.family()
-        for (gpu, uuid, etype), n in sorted(self.events.items()):
-            events.add(GpuKey(gpu, uuid), n, etype)
+        for (uuid, etype), n in sorted(self.events.items()):
+            events.add(GpuKey(index.get(uuid, self.event_gpu.get(uuid, "")), uuid), n, etype)
         enabled = EVENTS_ENABLED.family()
         alive = set(live)
         for uuid, ok in sorted(self.events_enabled.items()):
             if uuid in alive:
                 enabled.add(GpuKey(index.get(uuid, ""), uuid), 1 if ok else 0)
         procs, apps = XID_PROCESS.family(), APPLICATION_PROCESSES.family()
-        wall = time.time() if now is None else now
+        mono = self.clock() if now is None else now
         for uuid, mine in sorted(self.records.items()):
             key = GpuKey(index.get(uuid, ""), uuid)
             latest_by_labels: dict[tuple[str, ...], float] = {}
@@ -287,7 +319,7 @@ class XidLedger:
             for labels, ts in sorted(latest_by_labels.items()):
                 procs.add(key, ts, *labels)
             if mine.application:
-                apps.add(key, self.application_processes(uuid, wall))
+                apps.add(key, self.application_processes(uuid, mono))
         return [
             total.always(),
             last.always(),

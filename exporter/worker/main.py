@@ -2,7 +2,8 @@
 
 Started by the supervisor with ``python -m exporter.worker`` (:mod:`exporter.worker.__main__`;
 spawn/exec: NVML state is not fork-safe). It calls ``nvmlInit`` once, enumerates GPUs by index keyed
-by UUID, samples every enabled feature every interval, and writes one ``snapshot`` line per sample
+by UUID (and again when the count changes, after a lost GPU, a reset or bus event, and
+periodically), samples every enabled feature every interval, and writes one ``snapshot`` line per sample
 to the message pipe. An NVML event thread writes ``event`` lines. Before each NVML call the
 breadcrumb in shared memory names the call, so a native crash or a hang can be attributed by the
 supervisor.
@@ -94,9 +95,10 @@ def shutdown(client: NvmlClient, sampler: Sampler, events: EventWatcher | None, 
 
 
 def _stdin_watcher(stop: threading.Event, sampler_commands: Any, attribute: Any = None) -> None:
-    """Commands from the supervisor: ``shutdown`` (or end of file) stops; ``readmit`` and ``reprobe``
-    go to the sampler's queue; ``attribute`` (an Xid's PID) is answered at once by ``attribute(pid)``
-    (the process may be about to exit)."""
+    """Commands from the supervisor: ``shutdown`` (or end of file) stops; ``readmit``, ``reprobe``
+    (``{"type": ..., "gpu": <UUID or PCI bus id>}``) and ``enumerate`` go to the sampler's queue;
+    ``attribute`` (an Xid's PID) is answered at once by ``attribute(pid)`` (the process may be about
+    to exit)."""
     for line in sys.stdin.buffer:
         try:
             msg = json.loads(line)
@@ -106,7 +108,7 @@ def _stdin_watcher(stop: threading.Event, sampler_commands: Any, attribute: Any 
             continue
         if msg.get("type") == "shutdown":
             break
-        if msg.get("type") in ("readmit", "reprobe"):
+        if msg.get("type") in ("readmit", "reprobe", "enumerate"):
             sampler_commands.put(msg)
         elif msg.get("type") == "attribute" and attribute is not None and isinstance(msg.get("pid"), int):
             attribute(msg["pid"])
@@ -304,7 +306,9 @@ def main() -> int:
         "hello",
         pid=os.getpid(),
         system=dataclasses.asdict(sampler.system),
-        gpus=[{"index": s.index, "uuid": s.uuid} for s in sampler.slots.values() if s.state == "up"],
+        gpus=[
+            {"index": s.index, "uuid": s.uuid, "bus_id": s.bus_id} for s in sampler.slots.values() if s.state == "up"
+        ],
         feature_states=states_to_wire(sampler.states),
         kernel_module_version=kernel_module,
         native=dataclasses.asdict(native),
@@ -312,7 +316,15 @@ def main() -> int:
     events = None
     if sampler.enabled("events") and config.samples is None:
         devices = [s.dev for s in sampler.slots.values() if s.dev is not None]
-        events = EventWatcher(client, devices, channel.send, sampler.events_enabled, sampler.request_reprobe)
+        events = EventWatcher(
+            client,
+            devices,
+            channel.send,
+            sampler.events_enabled,
+            sampler.request_reprobe,
+            lambda why: sampler.commands.put({"type": "enumerate", "why": why}),
+        )
+        sampler.on_attached = events.add
         events.start()
     last_native = [native]
 

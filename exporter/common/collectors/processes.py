@@ -462,10 +462,8 @@ def _per_pod(
     from exporter.worker import process_attribution as attribution
 
     pods, pod_names = attribution.pods(procs)
-    sources = {
-        "proc": int(bool(host.proc.host_pid_namespace()) or bool(pods)),
-        "container_logs": int(bool(host.logs.check())),
-    }
+    host_pid, logs_readable = host.sources()  # read within a time bound
+    sources = {"proc": int(host_pid or bool(pods)), "container_logs": int(logs_readable)}
     return pods, pod_names, sources
 
 

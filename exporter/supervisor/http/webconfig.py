@@ -56,9 +56,18 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.common import durations
+from exporter.common import durations, fileio
 
-__all__ = ["BCRYPT_HASH", "TlsSettings", "WebConfig", "WebConfigError", "file_problem", "load", "parse_go_duration"]
+__all__ = [
+    "BCRYPT_HASH",
+    "BCRYPT_MAX_COST",
+    "BCRYPT_MIN_COST",
+    "TlsSettings",
+    "WebConfig",
+    "WebConfigError",
+    "load",
+    "parse_go_duration",
+]
 
 
 class WebConfigError(ValueError):
@@ -67,10 +76,13 @@ class WebConfigError(ValueError):
     Attributes:
         problems: every problem found, one sentence each; each problem of a file starts with the
             file's absolute path. ``str()`` joins them with ``"; "``.
+        reason: how the failure is counted (:data:`exporter.common.fileio.REASONS`): the reason a
+            file was refused (``not_regular``, ``too_large``, ``timeout``), else ``error``.
     """
 
-    def __init__(self, problems: str | Sequence[str]) -> None:
+    def __init__(self, problems: str | Sequence[str], reason: str = "error") -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.reason = reason
         super().__init__("; ".join(self.problems))
 
 
@@ -133,6 +145,17 @@ HEADERS: dict[str, tuple[str, ...]] = {
 }
 
 BCRYPT_HASH = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
+# bcrypt costs accepted in basic_auth_users (and made by `hash-password --cost`). What users of
+# exporter-toolkit's format write: 10 (its documentation's `htpasswd -nBC 10`, Go's
+# bcrypt.DefaultCost), 12 (Python's bcrypt.gensalt() default, as in the Prometheus documentation's
+# Python snippet), 5 (htpasswd's own default; Apache htpasswd takes 4 to 17). Every check of a
+# password not yet verified (the first scrape after a start, every wrong password) runs one
+# bcrypt: about 70 ms at cost 10 (exporter-toolkit's documentation; 64 ms measured on this
+# project's 2-core development VM), doubling with each step. 14 (about 1 s) keeps a first scrape
+# well inside Prometheus's default 10 s scrape timeout on a slower core; cost 31 would be about
+# 1.7 days of one core per wrong password.
+BCRYPT_MIN_COST = 4
+BCRYPT_MAX_COST = 14
 
 
 @dataclass(frozen=True)
@@ -251,6 +274,7 @@ class _Problems:
     def __init__(self, path: str) -> None:
         self.path = path
         self.found: list[str] = []
+        self.reason = "error"  # the first refused file's reason, for counting
 
     def add(self, text: str) -> None:
         self.found.append(f"{self.path}: {text}")
@@ -261,6 +285,9 @@ def load(path: str) -> WebConfig:
 
     Builds nothing: :func:`exporter.supervisor.http.webtls.load_with_context` adds the TLS context (and the one
     problem building it can still find: a key that does not match its certificate, a bad PEM).
+    Every file is opened without blocking and must be a regular file
+    (:func:`exporter.common.fileio.open_checked`): a FIFO or a device node at any of these paths is
+    a problem, not a wait.
 
     Args:
         path: the YAML file.
@@ -271,9 +298,23 @@ def load(path: str) -> WebConfig:
     Raises:
         WebConfigError: with every problem of the file (unknown keys, wrong values, missing or
             unreadable certificate, key or CA files); with the one reason when the file cannot be
-            read, is larger than 1 MiB, is not UTF-8, not YAML or not a mapping.
+            read, is not a regular file, is larger than 1 MiB, is not UTF-8, not YAML, not a
+            mapping, or loading it fails in any other way (YAML nested thousands deep, a NUL
+            byte in a path: every exception of the loader is a problem of the file, never a
+            traceback).
     """
     path = os.path.abspath(path)
+    try:
+        return _load(path)
+    except WebConfigError:
+        raise
+    except RecursionError:
+        raise WebConfigError(f"{path}: nested too deeply to be a web config file") from None
+    except Exception as exc:  # noqa: BLE001 - any failure of the loader is a problem of the file
+        raise WebConfigError(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from None
+
+
+def _load(path: str) -> WebConfig:
     p = _Problems(path)
     data = _read(p)
     _check_keys(p, data, TOP_KEYS, "")
@@ -282,7 +323,7 @@ def load(path: str) -> WebConfig:
     users = _users(p, data.get("basic_auth_users"))
     rate_interval_s, rate_burst = _rate(p, _mapping(p, data, "rate_limit"))
     if p.found:
-        raise WebConfigError(p.found)
+        raise WebConfigError(p.found, p.reason)
     cautions = []
     if tls is not None and tls.verifies_against_system_roots:
         cautions.append(
@@ -297,14 +338,16 @@ def load(path: str) -> WebConfig:
     return WebConfig(path, tls, users, headers, http2, rate_interval_s, rate_burst, tuple(cautions))
 
 
+MAX_FILE_BYTES = 1 << 20  # the web config file, and each certificate, key or CA file it names
+
+
 def _read(p: _Problems) -> dict[str, Any]:
     try:
-        with open(p.path, "rb") as fh:
-            raw = fh.read(1 << 20)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise WebConfigError(f"cannot read {p.path!r}: {getattr(exc, 'strerror', None) or exc}") from None
-    if len(raw) >= 1 << 20:
-        raise WebConfigError(f"{p.path}: larger than 1 MiB; is it the right file?")
+        raw = fileio.read_bytes(p.path, MAX_FILE_BYTES - 1)
+    except fileio.FileRefused as exc:
+        if exc.reason == "too_large":
+            raise WebConfigError(f"{p.path}: larger than 1 MiB; is it the right file?", exc.reason) from None
+        raise WebConfigError(f"cannot read {p.path!r}: {exc.detail}", exc.reason) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -469,26 +512,24 @@ def _tls_files(p: _Problems, base: str, values: Mapping[str, str], wrong: set[st
         if not (values.get(inline) or values.get(file_key) or wrong & {inline, file_key}):
             p.add(f"{_TLS}{file_key} (or {inline}) is missing")
     files = {file_key: _resolve(base, values.get(file_key, "")) for _inline, file_key in _SOURCES}
-    for key in ("cert_file", "key_file"):
-        why = file_problem(key, files[key]) if files[key] else None
-        if why:
-            p.add(why)
-    ca = files["client_ca_file"]
-    if ca:
-        try:
-            with open(ca, "rb"):
-                pass
-        except OSError as exc:
-            p.add(f"{_TLS}client_ca_file {ca}: {exc.strerror or exc}")
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        if files[key]:
+            _file_problem(p, key, files[key])
     return files
 
 
-def file_problem(key: str, file: str) -> str | None:
-    """Why ``tls_server_config.<key>`` (an absolute path) cannot be read by this process, or None."""
-    if os.access(file, os.R_OK):
-        return None
-    why = "does not exist" if not os.path.exists(file) else "is not readable by this user"
-    return f"{_TLS}{key} {file} {why}"
+def _file_problem(p: _Problems, key: str, file: str) -> None:
+    """A problem when ``tls_server_config.<key>`` (an absolute path) cannot be read by this
+    process: it does not exist, cannot be opened, is not a regular file (a FIFO would block the
+    reader) or is larger than 1 MiB. Opens without blocking (:func:`exporter.common.fileio.open_checked`)."""
+    try:
+        fd, _st = fileio.open_checked(file, MAX_FILE_BYTES)
+    except fileio.FileRefused as exc:
+        p.add(f"{_TLS}{key} {file} {exc.detail}")
+        if p.reason == "error":
+            p.reason = exc.reason
+        return
+    os.close(fd)
 
 
 def _client_auth(p: _Problems, values: Mapping[str, str]) -> str | None:
@@ -602,11 +643,23 @@ def _users(p: _Problems, data: Any) -> dict[str, bytes]:
                 f"basic_auth_users.{user} is not a bcrypt hash ($2y$10$ followed by 53 characters); "
                 "make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'"
             )
-        elif not 4 <= int(m.group(1)) <= 31:
-            p.add(f"basic_auth_users.{user}: bcrypt cost {m.group(1)} is not in 4..31")
+        elif not BCRYPT_MIN_COST <= int(m.group(1)) <= BCRYPT_MAX_COST:
+            p.add(_cost_problem(user, int(m.group(1))))
         else:
             users[user] = text.encode()
     return users
+
+
+def _cost_problem(user: str, cost: int) -> str:
+    if cost < BCRYPT_MIN_COST:
+        return f"basic_auth_users.{user}: bcrypt cost {cost} is below {BCRYPT_MIN_COST}, the lowest bcrypt defines"
+    seconds = 0.07 * 2 ** (cost - 10)
+    took = f"{seconds / 86400:.1f} days" if seconds >= 86400 else f"{seconds:.0f} s"
+    return (
+        f"basic_auth_users.{user}: bcrypt cost {cost} is above {BCRYPT_MAX_COST}, the most accepted: every check of "
+        f"a password not yet verified (each wrong one) would hold a core for about {took} (cost 10: ~70 ms, "
+        f"doubling with each step); make a new hash with: nvgpu-exporter hash-password --cost 12"
+    )
 
 
 def _rate(p: _Problems, data: dict[str, Any]) -> tuple[float, int]:

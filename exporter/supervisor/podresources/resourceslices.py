@@ -28,11 +28,14 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from exporter.common import fileio
+
 __all__ = ["API_VERSIONS", "ResourceSliceError", "ResourceSliceReader", "device_uuids"]
 
 API_VERSIONS = ("v1", "v1beta2", "v1beta1")
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 MAX_BYTES = 16 << 20  # a node's slices are a few KiB; a larger answer is not what was asked for
+ACCOUNT_FILE_MAX_BYTES = 1 << 20  # the token (a JWT, ~1 KiB) and ca.crt (a few KiB)
 
 
 class ResourceSliceError(Exception):
@@ -105,6 +108,26 @@ class ResourceSliceReader:
         self.timeout_s = timeout_s
         self._version: str | None = None
 
+    def _account_files(self) -> tuple[str, str]:
+        """The service-account token and CA (PEM), each opened without blocking and bounded
+        (:func:`exporter.common.fileio.read_bytes`: a FIFO or a device node there is refused, not
+        waited on).
+
+        Raises:
+            ResourceSliceError: either file is missing, unreadable or not a regular file.
+        """
+        texts = []
+        for name in ("token", "ca.crt"):
+            path = os.path.join(self.account_dir, name)
+            try:
+                texts.append(fileio.read_bytes(path, ACCOUNT_FILE_MAX_BYTES).decode("utf-8", "replace").strip())
+            except fileio.FileRefused as exc:
+                raise ResourceSliceError(
+                    f"no service-account {name} in {self.account_dir} ({exc.detail}); "
+                    "deploy/kubernetes/components/dra-resourceslices mounts it"
+                ) from None
+        return texts[0], texts[1]
+
     def list(self) -> dict[tuple[str, str, str], str]:
         """:func:`device_uuids` of this node's slices.
 
@@ -114,15 +137,13 @@ class ResourceSliceReader:
         """
         if not self.server:
             raise ResourceSliceError("no API server: KUBERNETES_SERVICE_HOST is not set (not in a pod?)")
+        token, ca = self._account_files()
         try:
-            with open(os.path.join(self.account_dir, "token"), encoding="utf-8") as fh:
-                token = fh.read().strip()
-        except OSError as exc:
+            context = ssl.create_default_context(cadata=ca)
+        except (ssl.SSLError, ValueError) as exc:
             raise ResourceSliceError(
-                f"no service-account token in {self.account_dir} ({exc.strerror or exc}); "
-                "deploy/kubernetes/components/dra-resourceslices mounts it"
+                f"{os.path.join(self.account_dir, 'ca.crt')}: not a CA certificate ({exc})"
             ) from None
-        context = ssl.create_default_context(cafile=os.path.join(self.account_dir, "ca.crt"))
         problems = []
         for version in [self._version] if self._version else API_VERSIONS:
             query = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={self.node}"})

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.common import nativelib
+from exporter.common import fileio, nativelib
 from exporter.common.nvml import errors
 
 FAKE_PREFIX = "fake:"
@@ -77,10 +77,9 @@ def kernel_module_version(path: str = DRIVER_VERSION_FILE) -> str:
 
     Not NVML: readable when NVML is not (LIB_RM_VERSION_MISMATCH names the mismatch this shows).
     """
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            head = fh.read(4096)
-    except OSError:
+    try:  # opened without blocking; the file is one line
+        head = fileio.read_bytes(path, 65536).decode("utf-8", "replace")
+    except fileio.FileRefused:
         return ""
     m = _KERNEL_MODULE_RE.search(head)
     return m.group(1) if m else ""
