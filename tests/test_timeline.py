@@ -169,7 +169,7 @@ def test_a_fifo_a_symlink_or_a_huge_file_at_the_path_is_refused_without_blocking
     loader.start()
     loader.join(10)
     assert not loader.is_alive(), "loading blocked"
-    assert results["fifo.json"] == "not a regular file"
+    assert results["fifo.json"] == "is a FIFO, not a regular file"
     assert results["link.json"] and results["huge.json"] and "larger than" in results["huge.json"]
     with pytest.raises(ValueError, match="not a regular file"):
         read_bounded(str(fifo), 10)
@@ -192,6 +192,47 @@ def test_a_write_that_fails_is_logged_once_and_never_raised(tmp_path: Path, capl
             tl.add("boot", NODE, "first sample")
     assert sum("cannot write timeline file" in r.getMessage() for r in caplog.records) == 1
     assert len(tl.events()) == 3
+
+
+def test_a_write_stuck_on_a_hung_mount_never_holds_the_event_loop_nor_overwrites_a_newer_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first write hangs (a hung mount); a save on the event loop returns at once, the later
+    save reaches the file, and the stuck one, coming back late, leaves the newer content in place."""
+    import asyncio
+
+    from exporter.supervisor import timelinefile
+
+    path = tmp_path / "timeline.json"
+    tl = Timeline(str(path))
+    real, hung, release = timelinefile.write_atomic, threading.Event(), threading.Event()
+
+    def write(where: str, body: bytes) -> None:
+        if not hung.is_set():
+            hung.set()
+            release.wait(30)  # the first write sleeps until the mount "comes back"
+        real(where, body)
+
+    monkeypatch.setattr(timelinefile, "write_atomic", write)
+    monkeypatch.setattr(timelinefile, "IO_DEADLINE_S", 0.2)
+    tl.add("boot", NODE, "first")  # off the loop: waits at most the deadline, then gives up on it
+    assert hung.is_set()
+
+    async def on_the_loop() -> None:
+        tl.save()  # returns at once: the loop never waits for the file
+
+    asyncio.run(asyncio.wait_for(on_the_loop(), 1.0))
+    tl.add("boot", NODE, "second")
+    release.set()
+    tl.add("boot", NODE, "third")
+    tl.flush()
+    pause = threading.Event()
+    for _ in range(50):
+        summaries = [e.summary for e in Timeline(str(path)).events()]
+        if summaries == ["first", "second", "third"]:
+            break
+        pause.wait(0.1)
+    assert summaries == ["first", "second", "third"]
 
 
 def test_an_unknown_kind_is_a_bug_of_the_caller() -> None:

@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from exporter.common import fileio
 from exporter.supervisor import timelinefile
 from exporter.supervisor.timelineevents import (
     COALESCE_LOOKBACK,
@@ -92,6 +94,10 @@ class Timeline:
         self.lanes_dropped = 0
         self._save_pending = False
         self._save_warned = False
+        self._io = fileio.Runner("nvgpu-timeline-file", timelinefile.IO_DEADLINE_S)
+        self._generation = 0  # of the last save asked for
+        self._written = 0  # of the last save that reached the file
+        self._write_lock = threading.Lock()
         self._load()
 
     # -- writing ---------------------------------------------------------------------------------
@@ -251,12 +257,16 @@ class Timeline:
             self.save()
             return
         self._save_pending = True
-        loop.call_later(SAVE_DELAY_S, self.flush)
+        loop.call_later(SAVE_DELAY_S, self._save_later)
+
+    def _save_later(self) -> None:
+        self._save_pending = False
+        self.save(wait=False)
 
     def flush(self) -> None:
-        """Write what is pending now (the delayed save; the exporter's shutdown)."""
+        """Write what is pending now and wait for it, within the file's deadline (the shutdown)."""
         self._save_pending = False
-        self.save()
+        self.save(wait=True)
 
     def to_file(self) -> dict[str, Any]:
         """The file's content."""
@@ -278,29 +288,59 @@ class Timeline:
             },
         }
 
-    def save(self) -> None:
-        """Write the timeline atomically; errors are logged once, never raised."""
+    def save(self, wait: bool | None = None) -> None:
+        """Write the timeline atomically on the file's own thread; errors are logged once, never raised.
+
+        Args:
+            wait: wait for the write (at most :data:`~timelinefile.IO_DEADLINE_S`); None (the
+                default) waits unless called on a running event loop, which a file never holds up.
+        """
         if not self.path:
             return
         try:
-            timelinefile.write_atomic(self.path, self.to_file())
-        except (OSError, ValueError) as exc:
-            if not self._save_warned:
-                log.warning("cannot write timeline file %s (%s); it will not survive a restart", self.path, exc)
-                self._save_warned = True
+            body = timelinefile.encode(self.to_file())  # here: the lanes change on this thread
         except Exception:  # noqa: BLE001 - our own bug: the timeline holds in memory, counted
             if self.on_error is not None:
                 self.on_error("timeline", "writing the timeline file")
-            elif not self._save_warned:
-                log.exception("cannot write timeline file %s", self.path)
-                self._save_warned = True
+            else:
+                self._warn_once("cannot encode it")
+            return
+        self._generation += 1
+        if wait is None:
+            wait = not _on_event_loop()
+        future = self._io.submit(self._write, body, self._generation)
+        if not wait:
+            return
+        try:
+            future.result(timeout=timelinefile.IO_DEADLINE_S)
+        except Exception:  # noqa: BLE001 - a timeout: the write goes on (or not) on its own thread
+            self._io.give_up(future)
+            self._warn_once(f"no answer within {timelinefile.IO_DEADLINE_S:g} s (a hung mount?)")
+
+    def _write(self, body: bytes, generation: int) -> None:
+        """On the file's thread: write ``body`` unless a later save already reached the file (a write
+        stuck on a hung mount that comes back late never overwrites a newer one)."""
+        with self._write_lock:
+            if generation <= self._written:
+                return
+            try:
+                timelinefile.write_atomic(self.path, body)
+            except OSError as exc:
+                self._warn_once(exc)
+                return
+            self._written = generation
+
+    def _warn_once(self, why: object) -> None:
+        if not self._save_warned:
+            log.warning("cannot write timeline file %s (%s); it will not survive a restart", self.path, why)
+            self._save_warned = True
 
     def _load(self) -> None:
         if not self.path:
             return
         try:
-            decoded = timelinefile.read(self.path)
-        except (OSError, ValueError) as exc:
+            decoded = timelinefile.read(self.path, self._io)
+        except ValueError as exc:
             log.error("timeline file %s unreadable (%s); starting with an empty timeline", self.path, exc)
             self.load_error = str(exc)
             return
@@ -327,3 +367,11 @@ class Timeline:
 
 def _index(value: Any) -> int:
     return int(value) if isinstance(value, str) and value.isdigit() else 1 << 30
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -2,26 +2,29 @@
 
 The discipline of the quarantine state file (:mod:`exporter.supervisor.quarantine`): the file is
 never a reason not to start. It is opened without following a link at its name and without
-blocking (``O_NOFOLLOW | O_NONBLOCK``: a FIFO or a device there is refused, never waited on),
-read up to :data:`~exporter.supervisor.timelineevents.FILE_MAX_BYTES`, and each value is checked
+blocking (``O_NOFOLLOW | O_NONBLOCK`` through :mod:`exporter.common.fileio`: a FIFO or a device
+there is refused, never waited on), on a thread of its own within :data:`IO_DEADLINE_S` (a hung
+mount is abandoned), read up to :data:`~exporter.supervisor.timelineevents.FILE_MAX_BYTES`, and each value is checked
 (known kinds, positive unique sequence numbers, finite times, strings, scalars and short lists
 only): a bad lane or event is dropped and named, the rest is kept; a file that is not ours at all
 (not JSON, another version, too large, not a regular file) counts as empty, and says why. A write
 goes to a fresh temporary file in the same directory (``mkstemp``), then ``os.replace`` moves it
 over the old one (which replaces a symbolic link at that name rather than writing through it); a
-failed write removes its temporary file.
+failed write removes its temporary file. :class:`~exporter.supervisor.timeline.Timeline` writes on
+its own thread, never on the event loop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
-import stat
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from exporter.common import fileio
 from exporter.supervisor.timelineevents import (
     EVENTS_PER_LANE,
     FILE_MAX_BYTES,
@@ -36,6 +39,7 @@ from exporter.supervisor.timelineevents import (
 )
 
 FILE_VERSION = 1
+IO_DEADLINE_S = 5.0  # a read or write of the file that takes longer is abandoned (a hung mount)
 
 
 @dataclass
@@ -59,34 +63,39 @@ class Decoded:
     dropped: list[str] = field(default_factory=list)
 
 
-def read_bounded(path: str, limit: int) -> bytes:
+def read_bounded(path: str, limit: int, runner: fileio.Runner | None = None) -> bytes:
     """The content of a regular file, at most ``limit`` bytes, opened without following a link at
-    the name or blocking (a FIFO or a device is refused, never waited on).
+    the name or blocking (a FIFO or a device is refused, never waited on), read on a
+    :class:`~exporter.common.fileio.Runner` thread within :data:`IO_DEADLINE_S` (a hung mount is
+    abandoned, never waited on).
 
     Raises:
         FileNotFoundError: no file there.
-        OSError: it cannot be opened or read (a symbolic link: ``ELOOP``).
-        ValueError: not a regular file, or larger than ``limit``.
+        ValueError: it cannot be opened or read, is not a regular file, is larger than ``limit``, or
+            did not answer in time (the reason is the message).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise ValueError("not a regular file")
-        raw = fh.read(limit + 1)
-    if len(raw) > limit:
-        raise ValueError(f"larger than {limit} bytes")
-    return raw
+    try:
+        return (runner or fileio.default_runner()).call(_read_nofollow, path, limit, deadline_s=IO_DEADLINE_S)
+    except fileio.TimedOut:
+        raise ValueError(f"no answer within {IO_DEADLINE_S:g} s (a hung mount?)") from None
+    except fileio.FileRefused as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise FileNotFoundError(errno.ENOENT, "no such file", path) from None
+        raise ValueError(exc.detail) from None
 
 
-def read(path: str) -> Decoded | None:
+def _read_nofollow(path: str, limit: int) -> bytes:
+    return fileio.read_bytes(path, limit, follow=False)
+
+
+def read(path: str, runner: fileio.Runner | None = None) -> Decoded | None:
     """The timeline file at ``path``, checked; None when there is none.
 
     Raises:
-        OSError: it cannot be opened or read.
-        ValueError: it is not a timeline file (the reason is the message).
+        ValueError: it cannot be read, or it is not a timeline file (the reason is the message).
     """
     try:
-        raw = read_bounded(path, FILE_MAX_BYTES)
+        raw = read_bounded(path, FILE_MAX_BYTES, runner)
     except FileNotFoundError:
         return None
     try:
@@ -159,20 +168,31 @@ def decode_event(lane: str, raw: Any) -> Event | None:
     )
 
 
-def write_atomic(path: str, content: dict[str, Any]) -> None:
-    """Write ``content`` as JSON to ``path`` atomically (see the module docstring).
+def encode(content: dict[str, Any]) -> bytes:
+    """``content`` as the file's JSON.
+
+    Raises:
+        ValueError: it cannot be encoded (a NaN, a value JSON has no form for).
+    """
+    try:
+        return json.dumps(content, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def write_atomic(path: str, body: bytes) -> None:
+    """Write ``body`` to ``path`` atomically (see the module docstring).
 
     Raises:
         OSError: the directory or the file cannot be written.
-        ValueError: ``content`` cannot be encoded.
     """
     tmp = None
     try:
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".timeline-", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(content, fh, separators=(",", ":"), allow_nan=False)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
         os.replace(tmp, path)
         tmp = None
     finally:
