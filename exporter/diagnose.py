@@ -9,7 +9,7 @@ was collected, what was not, and why:
   (or ``--offline``), built from its files (the timeline beside the state file) the same way;
 - ``exporter/``: the timeline, the verdicts, the exposition, ``/readyz`` and ``/healthz``, the
   state file, the effective settings;
-- ``logs/``: the end of each log file given with ``--log`` (secrets redacted, below);
+- ``logs/``: the end of each log file given with ``--log-file`` (secrets redacted, below);
 - ``commands/``: the output of the runbook's read-only commands (``nvidia-smi`` queries,
   ``nvidia-smi pmon`` for five samples, the kernel log's NVIDIA lines of this boot from
   ``journalctl -k -b 0``, or ``dmesg`` without a journal), each with a hard timeout and all within
@@ -47,6 +47,7 @@ TOTAL_BUDGET_S = 90.0
 COMMAND_TIMEOUT_S = 20.0
 HTTP_TIMEOUT_S = 5.0
 LOG_TAIL_BYTES = 4 << 20
+FILE_DEADLINE_S = 10.0  # a file read that takes longer is abandoned (a hung mount)
 HTTP_MAX_BYTES = 16 << 20
 GPUS_MAX = 64
 SECRET = re.compile(
@@ -259,30 +260,48 @@ def records_from_files(opts: Options, out: Collection) -> list[dict[str, Any]]:
 
 
 def collect_logs(opts: Options, out: Collection) -> None:
-    """The end of each ``--log`` file (regular files only, read without blocking), redacted."""
+    """The end of each ``--log-file`` (regular files only, read without blocking, on a thread within
+    :data:`FILE_DEADLINE_S`: a log on a hung mount is abandoned, never waited on), redacted."""
+    from exporter.common import fileio
+
     if not opts.logs:
-        out.miss("exporter logs", "skipped", "no --log given (kubectl logs <exporter pod> prints them)")
+        out.miss("exporter logs", "skipped", "no --log-file given (kubectl logs <exporter pod> prints them)")
     for n, path in enumerate(opts.logs):
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            data, size = fileio.default_runner().call(_tail, path, deadline_s=FILE_DEADLINE_S)
+        except fileio.TimedOut:
+            out.miss(f"log {path}", "timed_out", f"no answer within {FILE_DEADLINE_S:g} s (a hung mount?)")
+            continue
+        except ValueError as exc:
+            out.miss(f"log {path}", "skipped", str(exc))
+            continue
         except OSError as exc:
             out.miss(f"log {path}", "failed", exc.strerror or str(exc))
             continue
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not _regular(st.st_mode):
-                out.miss(f"log {path}", "skipped", "not a regular file")
-                continue
-            fh.seek(max(st.st_size - LOG_TAIL_BYTES, 0))
-            data = fh.read(LOG_TAIL_BYTES)
-        cut = st.st_size > LOG_TAIL_BYTES
+        cut = size > LOG_TAIL_BYTES
         out.add(
             f"log {path}",
             f"logs/{n}-{os.path.basename(path) or 'log'}",
             data,
-            f"the last {len(data)} of {st.st_size} bytes" if cut else path,
+            f"the last {len(data)} of {size} bytes" if cut else path,
             status="partial" if cut else "collected",
         )
+
+
+def _tail(path: str) -> tuple[bytes, int]:
+    """The last :data:`LOG_TAIL_BYTES` of the regular file ``path`` and its size.
+
+    Raises:
+        OSError: it cannot be opened or read.
+        ValueError: it is not a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not _regular(st.st_mode):
+            raise ValueError("not a regular file")
+        fh.seek(max(st.st_size - LOG_TAIL_BYTES, 0))
+        return fh.read(LOG_TAIL_BYTES), st.st_size
 
 
 def _regular(mode: int) -> bool:
