@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from timeline_fixtures import ROOT, U0, build, gpu, hello, snapshot
 
-from exporter.common.snapshot import NvmlEvent
+from exporter.common.snapshot import GpuSample, NvmlEvent
 from exporter.supervisor import incident, runbook
 from exporter.supervisor.incidentmd import markdown
 from exporter.supervisor.recovery import RecoveryTracker
@@ -131,6 +131,24 @@ def test_the_node_record_names_the_gpus_that_are_not_ok_and_the_nodes_events(tmp
     assert gpus == {"0": "reset_gpu", "1": "ok"}
     assert [e["kind"] for e in rec["timeline"]][:2] == ["exporter_start", "boot"]  # type: ignore[index]
     assert any(c["name"] == "topology" for c in rec["diagnostic_commands"])  # type: ignore[attr-defined]
+    sup.close()
+
+
+def test_a_gpu_the_pod_may_not_open_is_in_the_node_record_by_its_index(tmp_path: Path) -> None:
+    """The device-cgroup case: NVML counts GPU 1 but its handle lookup answers NO_PERMISSION, so it has
+    no UUID and no lane; the node's record still names it, with the exporter's fault."""
+    sup = build(tmp_path)
+    sup.handle(hello())
+    hidden = GpuSample(
+        1, "", "lost", {}, time.time(), "nvmlDeviceGetHandleByIndex: NO_PERMISSION", error="NO_PERMISSION"
+    )
+    sup.handle(snapshot(gpu(0), hidden))
+    rec = live_record(sup, "node")
+    gpus = {g["index"]: (g["uuid"], g["state"], g["verdict"]) for g in rec["affected"]["gpus"]}  # type: ignore[index]
+    assert gpus == {"0": (U0, "up", "ok"), "1": ("", "denied", "fix_exporter")}
+    assert rec["status"] == "open" and rec["signature"]["cause"] == "device_access_denied"  # type: ignore[index]
+    one = live_record(sup, "1")
+    assert one["signature"]["verdict"] == "fix_exporter" and one["affected"]["gpu"]["uuid"] == ""  # type: ignore[index]
     sup.close()
 
 

@@ -135,10 +135,13 @@ def now_of(state: ServedState) -> Now:
     fresh = state.fresh_snapshot() is not None
     gpus = []
     for uuid, v in sorted(state.verdicts.current.items(), key=lambda kv: (_order(kv[1].gpu), kv[0])):
-        if uuid.startswith("index:"):
-            continue
-        rec = state.health.by_key(uuid)
-        g = samples.get(uuid)
+        rec = (  # no UUID (the device-cgroup case): known by its index, no lane of its own
+            next((r for r in state.health.gpus.values() if not r.uuid and f"index:{r.index}" == uuid), None)
+            if uuid.startswith("index:")
+            else state.health.by_key(uuid)
+        )
+        uuid = "" if uuid.startswith("index:") else uuid
+        g = samples.get(uuid) if uuid else None
         ident = g.reading(identity.Reading) if g is not None else None
         held = pods.assignments.get(uuid, ()) if pods is not None else ()
         gpus.append(
