@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from timeline_fixtures import BUS, U0, U1, build, gpu, hello, snapshot
 
+from exporter.common import collectors
 from exporter.common.breadcrumb import Breadcrumb
+from exporter.common.collectors import fabric, remapped_rows
 from exporter.common.collectors.base import SystemInfo
-from exporter.common.snapshot import Attribution, InitFailed, NvmlEvent
+from exporter.common.snapshot import Attribution, GpuSample, InitFailed, NvmlEvent
 from exporter.supervisor.policy import Outcome
 from exporter.supervisor.supervisor import Supervisor
 from exporter.supervisor.timeline import NODE
@@ -52,6 +56,36 @@ def test_an_exporter_restart_records_its_start_and_nothing_the_file_already_hold
     assert kinds(again, U0) == ["state", "verdict"]  # the first process's: no "new -> up" again
     assert tl.events(kinds=["boot"]).__len__() == 1  # the same boot
     again.close()
+
+
+def with_readings(g: GpuSample, *readings: Any, index: int | None = None) -> GpuSample:
+    """``g`` with these readings added or replaced (and another index)."""
+    more = {collectors.feature_of(type(r)): r for r in readings}
+    return dataclasses.replace(g, readings={**g.readings, **more}, index=g.index if index is None else index)
+
+
+def test_row_remaps_recovery_actions_fabric_and_a_moved_index_are_each_one_event(tmp_path: Path) -> None:
+    sup = build(tmp_path)
+    sup.handle(hello())
+    healthy = with_readings(gpu(0), fabric.Reading(fabric.STATE_COMPLETED, 0))
+    sup.handle(snapshot(healthy, gpu(1)))
+    before = len(kinds(sup, U0))
+    for _ in range(2):  # each change once, however often it is seen
+        sup.handle(
+            snapshot(with_readings(healthy, remapped_rows.Reading(0, 1, True, False, 1), fabric.Reading(1, 0)), gpu(1))
+        )
+    new = kinds(sup, U0)[before:]
+    assert {"row_remap", "recovery_action", "fabric"} <= set(new)
+    assert all(new.count(k) == 1 for k in ("row_remap", "recovery_action", "fabric"))
+    tl = sup.state.recorder.timeline
+    (remap,) = tl.events([U0], kinds=["row_remap"])
+    assert (remap.data["pending"], remap.data["uncorrectable"]) == (True, 1)
+    assert tl.events([U0], kinds=["recovery_action"])[0].data["value"] == 1
+    assert tl.events([U0], kinds=["fabric"])[0].data == {"state": 1, "status": 0}
+    sup.handle(snapshot(with_readings(gpu(1), index=0), with_readings(gpu(0), index=1)))  # renumbered
+    (moved,) = tl.events([U0], kinds=["identity"])
+    assert moved.data == {"index": "1"} and moved.gpu == "1"
+    sup.close()
 
 
 def test_a_new_boot_id_is_a_reboot_and_its_first_sample_a_boot_event(tmp_path: Path) -> None:
