@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from timeline_fixtures import ROOT, U0, build, gpu, hello, snapshot
 
-from exporter.common.snapshot import GpuSample, NvmlEvent
+from exporter.common.nativelib import NativeLibrary
+from exporter.common.snapshot import GpuSample, Hello, NvmlEvent
 from exporter.supervisor import incident, runbook
 from exporter.supervisor.incidentmd import markdown
 from exporter.supervisor.recovery import RecoveryTracker
@@ -45,10 +46,10 @@ HEADINGS = [
 ]
 
 
-def ecc_incident(tmp_path: Path) -> Supervisor:
+def ecc_incident(tmp_path: Path, ready: Hello | None = None) -> Supervisor:
     """GPU 0 ok, then Xid 48 (a double-bit ECC error) and uncorrectable ECC counts: reset_gpu."""
     sup = build(tmp_path)
-    sup.handle(hello())
+    sup.handle(ready or hello())
     sup.handle(snapshot(gpu(0), gpu(1)))
     sup.handle(NvmlEvent(time.time(), 0, U0, "xid", 48))
     sup.handle(snapshot(gpu(0, ecc_uncorrected=2), gpu(1)))
@@ -109,7 +110,9 @@ def test_the_markdown_record_is_the_json_record_in_the_runbooks_order(tmp_path: 
 
 
 def test_the_record_from_the_files_alone_says_the_same_when_the_exporter_is_down(tmp_path: Path) -> None:
-    sup = ecc_incident(tmp_path)
+    lib = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.159.04"
+    native = NativeLibrary(lib, lib, False, "580.159.04", "13.580.159.04", "580.159.04", "host", state="ok")
+    sup = ecc_incident(tmp_path, hello(native=native))
     live = live_record(sup, U0)
     sup.close()
     timeline = Timeline(str(tmp_path / "timeline.json"))
@@ -121,6 +124,8 @@ def test_the_record_from_the_files_alone_says_the_same_when_the_exporter_is_down
         assert offline["signature"][key] == live["signature"][key], key  # type: ignore[index]
     assert offline["affected"]["gpu"] == live["affected"]["gpu"]  # type: ignore[index]
     assert offline["versions"]["driver"] == "580.159.04" and offline["versions"]["vbios"] == "96.00.A5.00.1A"  # type: ignore[index]
+    assert offline["versions"] == live["versions"]
+    assert (offline["versions"]["nvml_library_path"], offline["versions"]["nvml_library_origin"]) == (lib, "host")  # type: ignore[index]
 
 
 def test_the_node_record_names_the_gpus_that_are_not_ok_and_the_nodes_events(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from exporter.app import build_supervisor
 from exporter.common import collectors
 from exporter.common.collectors import ecc, identity, remapped_rows
 from exporter.common.collectors.base import SystemInfo
+from exporter.common.nativelib import NativeLibrary
 from exporter.common.snapshot import GpuSample, Hello, Snapshot
 from exporter.config import Config
 from exporter.supervisor.supervisor import Supervisor
@@ -48,5 +49,5 @@ def snapshot(*gpus: GpuSample) -> Snapshot:
     return Snapshot(time.time(), 0.01, SYSTEM, tuple(gpus), {}, {}, {}, 0, {})
 
 
-def hello(system: SystemInfo = SYSTEM, module: str = "580.159.04") -> Hello:
-    return Hello(1234, system, ((0, U0, BUS[0]), (1, U1, BUS[1])), {}, module)
+def hello(system: SystemInfo = SYSTEM, module: str = "580.159.04", native: NativeLibrary | None = None) -> Hello:
+    return Hello(1234, system, ((0, U0, BUS[0]), (1, U1, BUS[1])), {}, module, native)

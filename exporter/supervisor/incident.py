@@ -202,6 +202,8 @@ def now_from_files(timeline: Timeline, node: str = "") -> Now:
         "kernel_module": "kernel_module_version",
         "nvml": "nvml_version",
         "nvml_library_path": "nvml_library",
+        "nvml_library_version": "nvml_library_version",
+        "nvml_library_origin": "nvml_library_origin",
         "nvidia_ml_py": "nvidia_ml_py_version",
         "cuda_driver": "cuda_driver_version",
     }

@@ -157,6 +157,8 @@ class Recorder:
             "nvidia_ml_py_version": system.nvidia_ml_py_version,
             "cuda_driver_version": system.cuda_driver_version,
             "nvml_library": (native.realpath or native.path) if native is not None else "",
+            "nvml_library_version": native.library_version if native is not None else "",
+            "nvml_library_origin": native.origin if native is not None else "",
         }
         changed = {k: (meta.get(k), v) for k, v in now.items() if v and meta.get(k) and meta.get(k) != v}
         if changed:
