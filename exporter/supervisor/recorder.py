@@ -147,8 +147,8 @@ class Recorder:
     # -- the worker ------------------------------------------------------------------------------
 
     def hello(self, system: SystemInfo, kernel_module: str, native: NativeLibrary | None) -> None:
-        """A worker initialised NVML: versions that changed are a ``driver`` event; a changed driver
-        or kernel module, or NVML working again after LIB_RM_VERSION_MISMATCH, is a driver reload."""
+        """A worker initialised NVML: changed versions are a ``driver`` event; a changed driver or kernel
+        module, or NVML working again after LIB_RM_VERSION_MISMATCH, is a driver reload."""
         meta = self.timeline.meta
         now = {
             "driver_version": system.driver_version,
@@ -182,8 +182,7 @@ class Recorder:
             self.timeline.meta["init_error"] = error
 
     def worker_death(self, out: Outcome) -> None:
-        """A worker ended other than by our stopping it: the node's lane, and the GPU's when the call
-        in flight names one (a crash loop is one event with a count)."""
+        """A worker died: the node's lane, and the GPU's of the call in flight (a crash loop: one event)."""
         if out.reason == "stopped":
             return
         rec = out.record()
@@ -331,13 +330,12 @@ class Recorder:
             self.recovery.fault_raised(ev.uuid, ev.gpu, f.cause, f.verdict)
 
     def evaluate(self, state: ServedState) -> None:
-        """After each evaluation of the verdicts: the recovery watches see every GPU's verdict; the
-        first verdict of a GPU after a restart clears what went away while the exporter was away."""
+        """After each evaluation: the recovery watches see every GPU's verdict (and what cleared meanwhile)."""
         fresh = {g.uuid for g in state.fresh_gpus() if g.up}
         for uuid, v in state.verdicts.current.items():
             if uuid.startswith("index:") or v.verdict == "unknown":
                 continue
-            if uuid not in self._reconciled:
+            if uuid not in self._reconciled:  # its first verdict since the start: faults gone meanwhile cleared
                 self._reconciled.add(uuid)
                 self._away_cleared(uuid, v.gpu, {f.cause for f in v.faults})
             self.recovery.sample(uuid, v.gpu, uuid in fresh, v.verdict, v.cause)
