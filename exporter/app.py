@@ -5,8 +5,10 @@ constructed; nothing is wired afterwards by overwriting an attribute. The order 
 their dependencies:
 
 1. the web config watcher (``--web.config.file``), the open-file limit and the connection cap;
-2. the counter of the supervisor's own failures (:class:`~exporter.supervisor.served.ComponentErrors`) and the
-   :class:`~exporter.supervisor.quarantine.QuarantineStore` whose failed saves go to it;
+2. the counter of the supervisor's own failures (:class:`~exporter.supervisor.served.ComponentErrors`), the
+   :class:`~exporter.supervisor.quarantine.QuarantineStore` whose failed saves go to it, and the timeline
+   beside it (:class:`~exporter.supervisor.timeline.Timeline`, its
+   :class:`~exporter.supervisor.recovery.RecoveryTracker` and :class:`~exporter.supervisor.recorder.Recorder`);
 3. the extensions the provisional feature states allow (:func:`extensions`), the HTTP edge's
    counters with the watcher among them (:class:`~exporter.supervisor.http.httpedge.HttpEdge`);
 4. the :class:`~exporter.supervisor.served.ServedState` over the quarantine and the extensions, and the
@@ -27,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from exporter import __version__
 from exporter.config import Config
 from exporter.supervisor.extensions import Extension
 from exporter.supervisor.http.httpedge import HttpEdge, Listener, connection_cap, raise_open_file_limit
@@ -36,13 +39,17 @@ from exporter.supervisor.http.webtls import WebConfigWatcher
 from exporter.supervisor.kernel_xid import KernelXid
 from exporter.supervisor.pods import PodAttribution
 from exporter.supervisor.quarantine import QuarantineStore, log_reloaded
+from exporter.supervisor.recorder import Recorder, boot_id
+from exporter.supervisor.recovery import RecoveryTracker
 from exporter.supervisor.served import ComponentErrors, ServedState, provisional_states
 from exporter.supervisor.stuck import StuckDetector
 from exporter.supervisor.supervisor import Supervisor
+from exporter.supervisor.timeline import Timeline
+from exporter.supervisor.timelinefile import path_beside
 from exporter.supervisor.workerproc import proc_state
 from guards.features import FeatureState
 
-__all__ = ["Exporter", "build", "build_supervisor", "extensions"]
+__all__ = ["Exporter", "build", "build_supervisor", "extensions", "recorder"]
 
 
 def extensions(config: Config, states: Mapping[str, FeatureState], http: HttpEdge) -> list[Extension]:
@@ -62,10 +69,19 @@ def extensions(config: Config, states: Mapping[str, FeatureState], http: HttpEdg
     return out
 
 
+def recorder(config: Config, errors: ComponentErrors) -> Recorder:
+    """The timeline beside the state file (memory only without one), its recovery watches, and its
+    recorder, which records the exporter's start (a new boot id since the last record: a reboot)."""
+    timeline = Timeline(path_beside(config.state_file), boot_id(), on_error=errors.count)
+    made = Recorder(timeline, RecoveryTracker(timeline, config.recurrence_window_s))
+    made.start(__version__)
+    return made
+
+
 def build_supervisor(
     config: Config, http: HttpEdge | None = None, proc_state_fn: Callable[[int], str | None] = proc_state
 ) -> Supervisor:
-    """Steps 2 to 4: the quarantine store, the extensions, the served state and the supervisor.
+    """Steps 2 to 4: the quarantine store, the timeline, the extensions, the served state and the supervisor.
 
     Args:
         config: parsed configuration.
@@ -82,7 +98,8 @@ def build_supervisor(
     )
     log_reloaded(quarantine)
     provisional = provisional_states(config.feature_modes, quarantine.details())
-    state = ServedState(config, quarantine, extensions(config, provisional, http or HttpEdge()), errors)
+    chosen = extensions(config, provisional, http or HttpEdge())
+    state = ServedState(config, quarantine, chosen, errors, recorder(config, errors))
     return Supervisor(config, state, proc_state_fn)
 
 

@@ -1,4 +1,5 @@
-"""Command line: ``nvgpu-exporter`` (serve), ``selfcheck``, ``quarantine``, ``hash-password``; ``--check-config``.
+"""Command line: ``nvgpu-exporter`` (serve), ``selfcheck``, ``quarantine``, ``hash-password``, ``npd-check``,
+``diagnose``; ``--check-config``.
 
 Exit codes: 0 ok, 1 unexpected error, 2 bad configuration (every problem listed, nothing
 started), 3 strict self-check refused to start.
@@ -143,6 +144,31 @@ def _parser() -> argparse.ArgumentParser:
         help="the least verdict that is a problem [stop_scheduling]",
     )
     npd.add_argument("--max-output", type=int, default=80, help="cut the message to this length (NPD's) [80]")
+    dg = sub.add_parser(
+        "diagnose",
+        help="write one archive (tar.gz) with the incident records, the timeline, the exporter's state and logs and "
+        "the output of the runbook's read-only commands, each bounded in time; changes nothing",
+    )
+    dg.add_argument("--url", default=None, help="the exporter [http://127.0.0.1:<listen port>]")
+    dg.add_argument("--output", default="", metavar="PATH", help="the archive [./nvgpu-diagnose-<node>-<time>.tar.gz]")
+    dg.add_argument("--offline", action="store_true", help="do not ask the exporter: build the records from its files")
+    dg.add_argument(
+        "--state-file",
+        dest="diagnose_state_file",
+        metavar="PATH",
+        default=None,
+        help="the exporter's state file; its timeline lies beside it [env NVGPU_STATE_FILE]",
+    )
+    dg.add_argument(
+        "--log-file",
+        dest="log_files",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a log file to include (repeatable)",
+    )
+    dg.add_argument("--budget", type=float, default=90.0, metavar="SECONDS", help="total time for everything [90]")
+    dg.add_argument("--command-timeout", type=float, default=20.0, metavar="SECONDS", help="time for each command [20]")
     q = sub.add_parser("quarantine", help="list or clear crash quarantines in the state file")
     q.add_argument(
         "--state-file",
@@ -196,6 +222,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return _hash_password(args.cost)
     if args.command == "npd-check":
         return _npd_check(args)
+    if args.command == "diagnose":
+        return _diagnose(args)
     try:
         config = _config(args)
     except ConfigError as exc:
@@ -266,6 +294,46 @@ def _npd_check(args: argparse.Namespace) -> int:
             port = DEFAULT_PORT
         url = f"http://127.0.0.1:{port}/api/v1/verdicts"
     return npdcheck.run(url, args.timeout, args.min_verdict, args.max_output)
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    """``diagnose``: the settings come from the environment as for serving; a bad one is said, not fatal
+    (the archive is wanted most when something is wrong)."""
+    from exporter import diagnose
+
+    if args.budget <= 0 or args.command_timeout <= 0:
+        print("nvgpu-exporter diagnose: --budget and --command-timeout must be positive", file=sys.stderr)
+        return protocol.EXIT_CONFIG
+    try:
+        config = _config(args)
+        settings = config.describe()
+    except ConfigError as exc:
+        default = next(s.default for s in SETTINGS if s.attr == "state_file")
+        config, settings = Config(state_file=default), [f"# configuration problem: {p}" for p in exc.problems]
+    state_file = args.diagnose_state_file if args.diagnose_state_file is not None else config.state_file
+    url = args.url or f"http://127.0.0.1:{config.listen_address[1]}"
+    opts = diagnose.Options(
+        url,
+        args.output,
+        state_file,
+        list(args.log_files),
+        args.offline,
+        args.budget,
+        args.command_timeout,
+        config.node_name,
+        settings,
+        config.recurrence_window_s,
+    )
+    try:
+        path, manifest = diagnose.diagnose(opts)
+    except OSError as exc:
+        print(f"nvgpu-exporter diagnose: cannot write the archive: {exc}", file=sys.stderr)
+        return protocol.EXIT_ERROR
+    missing = manifest["not_collected"]
+    print(f"{path}: {len(manifest['items']) - len(missing)} items collected, {len(missing)} not (see MANIFEST.md)")
+    for line in missing:
+        print(f"  - {line}")
+    return protocol.EXIT_OK
 
 
 def _quarantine(config: Config, args: argparse.Namespace) -> int:

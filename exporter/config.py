@@ -595,6 +595,16 @@ SETTINGS: tuple[Setting, ...] = (
         _duration,
         "stuck-context signature: how long the conditions must hold",
     ),
+    Setting(
+        "recurrence_window_s",
+        "NVGPU_RECURRENCE_WINDOW_SECONDS",
+        "--recurrence-window",
+        "3600",
+        _duration,
+        "after a GPU came back from a reset, reboot or driver reload, a recurrence of its fault or an Xid within this "
+        "is 'recurred', none is 'recovered' (the timeline's recovery check); a reset_gpu fault back within it asks "
+        "for a reboot",
+    ),
     # -- the HTTP edge (connections, TLS, auth); keep these rows together ---------------------------
     Setting(
         "web_config_file",
@@ -690,6 +700,7 @@ class Config:
     stuck_memory_bytes: int = 64 << 20
     stuck_sm_activity: float = 0.01
     stuck_after_s: float = 60.0
+    recurrence_window_s: float = 3600.0
     web_config_file: str = ""
     telemetry_path: str = "/metrics"
     web_probes_without_auth: bool = True

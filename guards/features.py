@@ -91,6 +91,8 @@ FEATURES: Mapping[str, Feature] = _registry(
             "nvmlDeviceGetPciInfo",
             "nvmlDeviceGetSerial",
             "nvmlDeviceGetArchitecture",
+            "nvmlDeviceGetVbiosVersion",
+            "nvmlDeviceGetInforomImageVersion",
             "nvmlSystemGetDriverVersion",
             "nvmlSystemGetNVMLVersion",
             "nvmlSystemGetCudaDriverVersion",

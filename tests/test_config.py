@@ -107,6 +107,8 @@ def test_derived_bounds_follow_the_interval() -> None:
         ("NVGPU_WEB_HEADER_TIMEOUT_SECONDS", "nan"),
         ("NVGPU_WEB_PROBES_WITHOUT_AUTH", "maybe"),
         ("NVGPU_WEB_CONFIG_FILE", "/no/such/web.yml"),
+        ("NVGPU_RECURRENCE_WINDOW_SECONDS", "0"),
+        ("NVGPU_RECURRENCE_WINDOW_SECONDS", "an hour"),
     ],
 )
 def test_strict_values_are_errors_naming_variable_and_value(var: str, value: str) -> None:
@@ -236,7 +238,7 @@ def test_bad_flag_is_named_by_its_flag() -> None:
 def test_every_duration_setting_takes_seconds_or_a_go_duration(text: str, seconds: float) -> None:
     """Every *_SECONDS setting takes Go's spelling, as the Prometheus tools do, and plain numbers."""
     durations = [s for s in SETTINGS if s.env.endswith("_SECONDS")]
-    assert len(durations) == 18 and all(s.attr.endswith("_s") for s in durations)
+    assert len(durations) == 19 and all(s.attr.endswith("_s") for s in durations)
     for s in durations:
         assert s.parse(s.env, text) == seconds, s.env
 

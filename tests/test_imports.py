@@ -31,7 +31,7 @@ _W = "exporter.worker."
 _C = "exporter.common."
 LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
     {"entry": ("exporter.__main__", "exporter.cli", "exporter.app", _W + "__main__", _W + "main")},
-    {"npd check": ("exporter.npdcheck",)},
+    {"npd check": ("exporter.npdcheck",), "diagnose": ("exporter.diagnose", "exporter.diagrun")},
     {
         "supervisor side": (
             *(
@@ -50,6 +50,19 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
                     "extensions",
                     "stuck",
                     "verdicts",
+                    "faulttable",
+                    "classify",
+                    "verdictdoc",
+                    "timeline",
+                    "timelineevents",
+                    "timelinefile",
+                    "recovery",
+                    "recorder",
+                    "gpudiff",
+                    "incident",
+                    "incidentmd",
+                    "runbook",
+                    "timelinedoc",
                     "kernel_xid",
                     "pods",
                     "exposition",

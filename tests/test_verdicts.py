@@ -19,6 +19,8 @@ from exporter.common import nativelib
 from exporter.common.collectors import ecc, fabric, remapped_rows
 from exporter.common.collectors.base import SystemInfo
 from exporter.common.snapshot import GpuSample, Snapshot
+from exporter.supervisor import faulttable as ft
+from exporter.supervisor import verdictdoc
 from exporter.supervisor import verdicts as v
 from exporter.supervisor.gpuhealth import GpuHealth
 from exporter.supervisor.served import NvmlStatus
@@ -138,7 +140,7 @@ def test_a_lost_gpu_stops_scheduling_then_asks_for_a_reboot_once_it_stays_lost()
     c.see(gpu(0), gpu(1))
     c.see(gpu(0), gpu(1, "lost", "GPU_IS_LOST"))
     assert c.verdict(1) == ("stop_scheduling", "gpu", "gpu_lost")
-    c.clock.advance(v.LOST_HOLD_S)
+    c.clock.advance(ft.LOST_HOLD_S)
     c.see(gpu(0), gpu(1, "lost", "GPU_IS_LOST"))
     assert c.verdict(1) == ("reboot_node", "gpu", "gpu_lost")
     assert c.verdict(0) == ("ok", "none", "none")
@@ -180,7 +182,7 @@ def test_one_process_twice_is_watch_two_processes_stop_scheduling() -> None:
     assert c.verdict(0) == ("stop_scheduling", "gpu", "application_xids_several_processes")
     evidence = " ".join(c.engine.current[U[0]].faults[0].evidence)
     assert "train (pid 100)" in evidence and "other (pid 200)" in evidence
-    c.clock.advance(v.APPLICATION_WINDOW_S + 1)
+    c.clock.advance(ft.APPLICATION_WINDOW_S + 1)
     c.see(gpu(0), gpu(1))
     assert c.verdict(0) == ("ok", "none", "none")
 
@@ -198,7 +200,7 @@ def test_a_wall_clock_step_neither_ends_nor_extends_the_xid_window(step_s: float
     c.clock.advance(60)
     c.see(gpu(0), gpu(1))
     assert c.verdict(0) == ("stop_scheduling", "gpu", "application_xids_several_processes")
-    c.clock.advance(v.APPLICATION_WINDOW_S)
+    c.clock.advance(ft.APPLICATION_WINDOW_S)
     c.see(gpu(0), gpu(1))
     assert c.verdict(0) == ("ok", "none", "none")
 
@@ -206,8 +208,8 @@ def test_a_wall_clock_step_neither_ends_nor_extends_the_xid_window(step_s: float
 def test_application_xids_in_three_separate_slots_are_repeats() -> None:
     c = Case()
     for k in range(3):
-        c.state.xids.record_xid("0", U[0], 31, T0 + k * v.REPEAT_SLOT_S, "NVML event")
-    c.clock.advance(2 * v.REPEAT_SLOT_S + 1)
+        c.state.xids.record_xid("0", U[0], 31, T0 + k * ft.REPEAT_SLOT_S, "NVML event")
+    c.clock.advance(2 * ft.REPEAT_SLOT_S + 1)
     c.see(gpu(0))
     assert c.verdict(0) == ("stop_scheduling", "gpu", "application_xids_repeated")
 
@@ -258,7 +260,7 @@ def test_busy_and_empty_without_xid_43_is_watched_then_stops_scheduling() -> Non
         c.see(gpu(0, readings=c.busy))  # type: ignore[attr-defined]
         c.clock.advance(40)
     assert c.verdict(0) == ("watch", "gpu", "busy_and_empty")
-    c.clock.advance(v.BUSY_EMPTY_HOLD_S)
+    c.clock.advance(ft.BUSY_EMPTY_HOLD_S)
     c.see(gpu(0, readings=c.busy))  # type: ignore[attr-defined]
     assert c.verdict(0) == ("stop_scheduling", "gpu", "busy_and_empty")
 
@@ -283,7 +285,7 @@ def test_ecc_row_remapping_and_fabric() -> None:
     c = Case()
     c.see(gpu(0, readings=[fabric.Reading(2, 0)]))
     assert c.verdict(0) == ("ok", "none", "none")  # registration takes time
-    c.clock.advance(v.FABRIC_HOLD_S)
+    c.clock.advance(ft.FABRIC_HOLD_S)
     c.see(gpu(0, readings=[fabric.Reading(2, 0)]))
     assert c.verdict(0) == ("stop_scheduling", "link", "fabric_not_registered")
 
@@ -356,25 +358,25 @@ def test_each_transition_is_logged_once_and_handed_on_typed(caplog: pytest.LogCa
 def test_the_json_document_has_its_schema_version_and_every_gpu() -> None:
     c = Case()
     c.see(gpu(0), gpu(1, "lost", "NO_PERMISSION", uuid=""))
-    doc = v.document(c.engine, c.state)  # type: ignore[arg-type]
-    assert doc["schema_version"] == v.SCHEMA_VERSION
+    doc = verdictdoc.document(c.engine, c.state)  # type: ignore[arg-type]
+    assert doc["schema_version"] == verdictdoc.SCHEMA_VERSION
     gpus: list[dict[str, Any]] = doc["gpus"]  # type: ignore[assignment]
     assert [(g["gpu"], g["verdict"]) for g in gpus] == [("0", "ok"), ("1", "fix_exporter")]
     assert gpus[1]["faults"][0]["cause"] == "device_access_denied" and gpus[1]["uuid"] == ""
     assert doc["node"]["verdict"] == "fix_exporter"  # type: ignore[index]
-    assert v.summary(doc).startswith("GPU 1 fix_exporter (exporter: device_access_denied)")
+    assert verdictdoc.summary(doc).startswith("GPU 1 fix_exporter (exporter: device_access_denied)")
 
 
 def test_every_cause_is_in_the_design_table_and_every_row_is_a_cause() -> None:
     text = (ROOT / "docs" / "design.md").read_text()
     section = text.split("## Fault domains and verdicts", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(\w+)` \| (\w+) \| `(\w+)` \|", section, re.M)
-    assert {r[0] for r in rows} == set(v.CAUSES)
+    assert {r[0] for r in rows} == set(ft.CAUSES)
     for cause, domain, verdict in rows:
-        assert (v.CAUSES[cause].domain, v.CAUSES[cause].verdict) == (domain, verdict), cause
+        assert (ft.CAUSES[cause].domain, ft.CAUSES[cause].verdict) == (domain, verdict), cause
 
 
 def test_every_verdict_has_a_runbook_entry() -> None:
     text = (ROOT / "docs" / "runbook.md").read_text()
-    for verdict in v.VERDICTS:
+    for verdict in ft.VERDICTS:
         assert f"### Verdict `{verdict}`" in text, verdict

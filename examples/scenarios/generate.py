@@ -153,6 +153,10 @@ def memory_info(used):
     }
 
 
+VBIOS_VERSION = "96.00.A5.00.1A"  # nvidia-smi -q of the 1-GPU H200: "VBIOS Version"
+INFOROM_IMAGE_VERSION = "G520.0282.02.02"  # ... "Inforom Version / Image Version"
+
+
 def gpu(
     ident,
     *,
@@ -227,6 +231,8 @@ def gpu(
         "nvmlDeviceGetRetiredPages_v2": NOT_SUPPORTED,
         "nvmlDeviceGetRetiredPagesPendingStatus": NOT_SUPPORTED,
         "nvmlDeviceGetRemappedRows": [0, 0, 0, 0],
+        "nvmlDeviceGetVbiosVersion": VBIOS_VERSION,
+        "nvmlDeviceGetInforomImageVersion": INFOROM_IMAGE_VERSION,
     }
     fields = {"82": cycle(mem_temp_idle, mem_temp_idle + 4, mem_temp_idle + 8, mem_temp_idle + 5)}
     if nvlink_tx_kib_s is None:
@@ -327,7 +333,8 @@ COMMON_DESC = (
     " power limit 700000 mW, PCIe gen 5 x16, ECC [1,1] with 0 errors, remapped rows (0,0,0,0),"
     " enc/dec [0,100000], P0, max clocks 1980/1980/3201/1545 MHz, supported event types 0xff9f,"
     " fan and retired pages NOT_SUPPORTED) from probes 1gpu and 2gpu and"
-    " nvidia-smi -q; field 230 (recovery action) 0 and field 82 (HBM temperature) as"
+    " nvidia-smi -q (VBIOS 96.00.A5.00.1A, InfoROM image G520.0282.02.02: the 1-GPU H200's);"
+    " field 230 (recovery action) 0 and field 82 (HBM temperature) as"
     " measured. Values cycle every 5 s through 4 phases (20 s period): idle"
     " (measured idle values, clock-event reasons 0x1) -> loaded boosting (util 94/22, SM/graphics"
     " 1980 MHz, 652 W, reasons 0; the 652 W is synthetic) -> loaded power-capped (util 94/22,"

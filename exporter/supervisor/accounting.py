@@ -51,6 +51,7 @@ class Accountant:
         if out.reason in ("crash", "hang"):
             w.crashes[out.place()] += 1
         self._log_death(out)
+        self.state.record(self.state.recorder.worker_death, out)
         new = self.count_crash(out)
         decision = self.policy.decide(
             out, unreaped=unreaped, had_snapshot=self.state.last is not None, new_quarantine=new is not None
@@ -124,6 +125,7 @@ class Accountant:
             log.warning("worker exited with code %s after %.1f s", out.returncode, out.lifetime_s, extra=record)
 
     def _log_quarantine(self, new: Quarantine) -> None:
+        self.state.record(self.state.recorder.quarantine, new)
         # No extra fields: in the text format they would follow the command the message ends with.
         log.warning(
             "feature %s QUARANTINED: %s. All other features keep being sampled; NVGPU_FEATURE_%s=on does not "

@@ -23,13 +23,14 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from exporter.common.collectors.base import SystemInfo
 from exporter.common.logs import log_once
 from exporter.common.nativelib import NativeLibrary
-from exporter.common.snapshot import GpuSample, Snapshot
+from exporter.common.snapshot import GpuSample, Hello, Snapshot
 from exporter.supervisor.gpuhealth import GpuHealth, GpuRecord
+from exporter.supervisor.recorder import Recorder
 from exporter.supervisor.verdicts import VerdictEngine
 from exporter.supervisor.xids import XidLedger
 from guards import features as gf
@@ -151,6 +152,7 @@ class ServedState:
         quarantine: the crash quarantine store (its quarantines override feature states).
         extensions: supervisor-side extensions, rendered in this order.
         errors: where the supervisor's own failures are counted (a new counter when None).
+        recorder: what puts events on the timeline (one in memory only when None).
     """
 
     def __init__(
@@ -159,6 +161,7 @@ class ServedState:
         quarantine: QuarantineStore,
         extensions: list[Extension],
         errors: ComponentErrors | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.config = config
         self.quarantine = quarantine
@@ -180,7 +183,9 @@ class ServedState:
         self.native: NativeLibrary | None = None  # the worker's native library check, last reported
         self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s, expected=config.expected_gpus)
         self.xids = XidLedger()
-        self.verdicts = VerdictEngine()  # every GPU's verdict, updated on each change (exporter.supervisor.verdicts)
+        self.verdicts = VerdictEngine(recur_window_s=config.recurrence_window_s)  # its events go on the timeline
+        self.recorder = recorder if recorder is not None else Recorder.in_memory()
+        self.verdicts.subscribe(self.recorder.verdict_event)
         self.pid_lookups: list[int] = []  # Xid PIDs the worker is to map to pods
         self._calls_done = 0
         self._errors_done: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -204,6 +209,7 @@ class ServedState:
             self.verdicts.update(self)
         except Exception:  # noqa: BLE001 - a verdict bug must not cost the exposition
             self.count_error("verdicts", "evaluating the GPUs' verdicts")
+        self.record(self.recorder.evaluate, self)
         for listener in self._listeners:
             listener()
 
@@ -212,6 +218,7 @@ class ServedState:
     ) -> None:
         """Count one Xid; a PID is queued for the worker to map to its pod (:meth:`take_pid_lookups`)."""
         self.xids.record_xid(gpu, uuid, xid, ts, source, pid, process)
+        self.record(self.recorder.xid, gpu, uuid, xid, ts, source, pid, process)
         if pid is not None and abs(time.time() - ts) <= PID_LOOKUP_MAX_AGE_S:  # history since boot: long gone
             self.pid_lookups.append(pid)
 
@@ -219,6 +226,29 @@ class ServedState:
         """Name the process of an Xid counted from an NVML event (the kernel log's record of it)."""
         if self.xids.attribute(uuid, xid, ts, pid, process) is not None and pid is not None:
             self.pid_lookups.append(pid)
+        self.record(self.recorder.xid_process, uuid, xid, ts, pid, process)
+
+    def worker_ready(self, msg: Hello) -> None:
+        """A worker attached these GPUs and reports its versions (the GPU records and the timeline)."""
+        self.health.on_hello(msg.gpus)
+        self.record(self.recorder.hello, msg.system, self.nvml.kernel_module_version, msg.native)
+
+    def record_event(self, gpu: str, uuid: str, event_type: str) -> None:
+        """Count one NVML event other than an Xid (the ledger and the timeline)."""
+        self.xids.record_event(gpu, uuid, event_type)
+        self.record(self.recorder.nvml_event, gpu, uuid, event_type)
+
+    def attribute_pod(self, pid: int, pod_uid: str, namespace: str, pod: str, container: str) -> None:
+        """The worker mapped an Xid's PID to its pod (the ledger's records and the timeline's events)."""
+        self.xids.attribute_pod(pid, pod_uid, namespace, pod, container)
+        self.record(self.recorder.pod, pid, pod_uid, namespace, pod, container)
+
+    def record(self, call: Callable[..., None], *args: Any) -> None:
+        """Hand ``call`` (a :attr:`recorder` method) its event: a failure is counted (``timeline``), never raised."""
+        try:
+            call(*args)
+        except Exception:  # noqa: BLE001 - a timeline bug must not cost the exposition
+            self.count_error("timeline", "recording on the timeline")
 
     def take_pid_lookups(self) -> list[int]:
         """PIDs of new Xids, for the worker to map to pods (each once, then forgotten here)."""
@@ -271,10 +301,11 @@ class ServedState:
                 ext.on_snapshot(snap)
             except Exception:  # noqa: BLE001 - one extension's bug must not cost the snapshot
                 self.count_error(ext.component, "handing it a snapshot")
-        hung = self.health.on_snapshot(snap)
+        hung = list(self.health.on_snapshot(snap))
         for g in snap.gpus:
             if g.state == "removed":  # the GPU left the node: its Xid and event series go with it
                 self.xids.forget(g.uuid or g.key)
+        self.record(self.recorder.snapshot, snap, self)
         return hung
 
     @property

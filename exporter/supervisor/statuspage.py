@@ -346,6 +346,34 @@ def _selfcheck(state: ServedState) -> str:
     )
 
 
+TIMELINE_ROWS = 15
+
+
+def _timeline(state: ServedState) -> str:
+    """The last events of the timeline (every GPU and the node), newest first, with the links to the
+    whole timeline and each GPU's incident record."""
+    timeline = state.recorder.timeline
+    events = timeline.events()[-TIMELINE_ROWS:]
+    rows = [
+        f'<tr data-kind="{_e(e.kind)}"><td class="num">{_e(e.seq)}</td><td>{_e(_utc(e.ts))}</td>'
+        f"<td>{_e(e.gpu or '-')}</td><td>{_e(e.kind)}</td><td>{_e(e.summary)}"
+        f"{f' (x{e.count})' if e.count > 1 else ''}</td></tr>"
+        for e in reversed(events)
+    ]
+    links = [('<a href="/api/v1/incidents/node?format=markdown">node</a>')]
+    for lane in timeline.gpu_lanes():
+        index = _e(lane.identity.get("index", "?"))
+        links.append(f'<a href="/api/v1/incidents/{_e(lane.key)}?format=markdown">GPU {index}</a>')
+    where = "in memory only (NVGPU_STATE_FILE is empty)" if not timeline.path else f"kept in {timeline.path}"
+    return (
+        f'<p class="small">The last {len(rows)} events, newest first ({_e(where)}); all of them: '
+        '<a href="/api/v1/timeline">/api/v1/timeline</a>. Incident records: ' + " · ".join(links) + "</p>"
+        '<table id="timeline"><tr><th>seq</th><th>time</th><th>gpu</th><th>kind</th><th>what</th></tr>'
+        + ("".join(rows) or '<tr><td colspan="5">nothing recorded yet</td></tr>')
+        + "</table>"
+    )
+
+
 def _build(state: ServedState) -> str:
     s = state.system
     items = [
@@ -378,7 +406,8 @@ def render(state: ServedState) -> str:
 <title>nvgpu-exporter</title><style>{CSS}</style></head>
 <body>
 <header><h1>nvgpu-exporter {_e(__version__)}</h1>
-<nav><a href="{metrics}">{metrics}</a> · <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></nav>
+<nav><a href="{metrics}">{metrics}</a> · <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a> ·
+ <a href="/api/v1/timeline">/api/v1/timeline</a></nav>
 <span id="ready">{ready_badge}</span>
 <span class="meta">driver {_e(state.system.driver_version or "?")}
  · page rendered {_e(_utc(time.time()))}</span></header>
@@ -386,6 +415,7 @@ def render(state: ServedState) -> str:
 {_section("", _driver_banner, state, "driver")}
 {_section("", _quarantine_banner, state, "quarantine")}
 {_section("GPUs", _gpus, state, "gpus")}
+{_section("Timeline", _timeline, state, "timeline")}
 <div class="cols"><div>
 {_section("Features", _features, state, "features")}
 </div><div>

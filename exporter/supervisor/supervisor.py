@@ -193,7 +193,7 @@ class Supervisor:
         elif isinstance(msg, NativeLibrary):
             unavailable.native_reported(self.state, msg)
         elif isinstance(msg, Attribution):
-            self.state.xids.attribute_pod(msg.pid, msg.pod_uid, msg.namespace, msg.pod, msg.container)
+            self.state.attribute_pod(msg.pid, msg.pod_uid, msg.namespace, msg.pod, msg.container)
 
     def _ask_attributions(self) -> None:
         """Ask the worker to map the PIDs of new Xids to pods (it answers with ``attribution``)."""
@@ -210,7 +210,7 @@ class Supervisor:
         st.system = msg.system
         st.nvml.kernel_module_version = msg.kernel_module_version or st.nvml.kernel_module_version
         st.worker_states = dict(msg.feature_states)
-        st.health.on_hello(msg.gpus)
+        st.worker_ready(msg)
         unavailable.native_reported(self.state, msg.native)
         log.info(
             "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
@@ -237,7 +237,7 @@ class Supervisor:
         st = self.state
         gpu, uuid = _event_gpu(st.health, msg)
         if msg.event_type != "xid" or msg.xid is None:
-            st.xids.record_event(gpu, uuid, msg.event_type)
+            st.record_event(gpu, uuid, msg.event_type)
         elif all(ext.accept_xid(uuid, msg.xid, msg.ts) for ext in st.active_extensions()):
             st.record_xid(gpu, uuid, msg.xid, msg.ts, source="NVML event")
 
@@ -397,6 +397,7 @@ class Supervisor:
             self._stale_timer.cancel()
         self.crumbs.close()
         self.prober.close()
+        self.state.record(self.state.recorder.close)
 
 
 def _event_gpu(health: GpuHealth, msg: NvmlEvent) -> tuple[str, str]:

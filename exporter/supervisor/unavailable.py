@@ -37,6 +37,7 @@ def record(state: ServedState, msg: InitFailed, unhealthy_after_s: float) -> str
     nvml.init_failures[msg.error] += 1
     nvml.last_error = msg.error
     nvml.kernel_module_version = msg.kernel_module_version or nvml.kernel_module_version
+    state.record(state.recorder.init_failed, msg.error, msg.message)
     if msg.error == "UNKNOWN" and nvml.ever_worked:
         if nvml.broken_since is None:
             nvml.broken_since = time.monotonic()

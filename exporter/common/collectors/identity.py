@@ -1,7 +1,10 @@
 """GPU identity: ``nvgpu_gpu_info`` (name, PCI bus id, serial, architecture, versions).
 
 Sources: nvmlDeviceGetName, nvmlDeviceGetPciInfo (``busId``), nvmlDeviceGetSerial (boards with an
-inforom only), nvmlDeviceGetArchitecture. Read once, and again only at a re-probe: these do not
+inforom only), nvmlDeviceGetArchitecture; the VBIOS and InfoROM image versions
+(nvmlDeviceGetVbiosVersion, nvmlDeviceGetInforomImageVersion: ``nvidia-smi -q``'s "VBIOS Version"
+and "Inforom Version / Image Version") go into the incident record's versions, not into a label.
+Read once, and again only at a re-probe: these do not
 change without a driver reload, which restarts the worker anyway. System versions come with the snapshot.
 """
 
@@ -61,10 +64,19 @@ class Reading:
     pci_bus_id: str | None
     serial: str | None
     architecture: int | None
+    vbios_version: str | None = None
+    inforom_version: str | None = None
 
 
 CHECKS: tuple[Check, ...] = (
-    Exempt("name", "pci_bus_id", "serial", why="driver strings, made printable where they are read"),
+    Exempt(
+        "name",
+        "pci_bus_id",
+        "serial",
+        "vbios_version",
+        "inforom_version",
+        why="driver strings, made printable where they are read",
+    ),
     Exempt("architecture", why="an enum (NVML_DEVICE_ARCH_*); families() shows a value it does not know as its number"),
 )
 
@@ -85,12 +97,16 @@ def read(dev: DeviceClient) -> Reading | None:
     pci = dev.get(FEATURE, "nvmlDeviceGetPciInfo")
     serial = dev.get(FEATURE, "nvmlDeviceGetSerial")
     arch = dev.get(FEATURE, "nvmlDeviceGetArchitecture")
+    vbios = dev.get(FEATURE, "nvmlDeviceGetVbiosVersion")
+    inforom = dev.get(FEATURE, "nvmlDeviceGetInforomImageVersion")
     bus = getattr(pci, "busId", None) if pci is not None else None
     reading = Reading(
         name=_text(name) if name is not None else None,
         pci_bus_id=_text(bus) if bus is not None else None,
         serial=_text(serial) if serial is not None else None,
         architecture=int(arch) if arch is not None else None,
+        vbios_version=_text(vbios) if vbios is not None else None,
+        inforom_version=_text(inforom) if inforom is not None else None,
     )
     static.reading = reading
     return reading

@@ -1,5 +1,7 @@
-"""HTTP side (aiohttp): ``/metrics``, ``/healthz``, ``/readyz``, the status page ``/`` and the verdicts
-``/api/v1/verdicts`` (versioned JSON, docs/verdicts.md).
+"""HTTP side (aiohttp): ``/metrics``, ``/healthz``, ``/readyz``, the status page ``/``, the verdicts
+``/api/v1/verdicts`` (versioned JSON, docs/verdicts.md), the timeline ``/api/v1/timeline`` and the
+incident records ``/api/v1/incidents/<gpu|node>`` (JSON, or Markdown with ``?format=markdown``;
+docs/incidents.md).
 
 Nothing here waits on NVML. ``/metrics`` (``--web.telemetry-path``) returns bytes rendered once
 per change of state, and at least every :data:`REFRESH_S` on request (the ``process_*`` series
@@ -159,11 +161,47 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def verdicts_json(request: web.Request) -> web.Response:
-    """Every GPU's verdict with its evidence (:func:`exporter.supervisor.verdicts.document`)."""
-    from exporter.supervisor import verdicts
+    """Every GPU's verdict with its evidence (:func:`exporter.supervisor.verdictdoc.document`)."""
+    from exporter.supervisor import verdictdoc
 
     state = request.app[SUPERVISOR].state
-    return web.json_response(verdicts.document(state.verdicts, state), dumps=_dumps)
+    return web.json_response(verdictdoc.document(state.verdicts, state), dumps=_dumps)
+
+
+async def timeline_json(request: web.Request) -> web.Response:
+    """The timeline, filtered by GPU, time and kind (:mod:`exporter.supervisor.timelinedoc`)."""
+    from exporter.supervisor import timelinedoc
+
+    timeline = request.app[SUPERVISOR].state.recorder.timeline
+    try:
+        doc = timelinedoc.document(timeline, timelinedoc.parse_query(dict(request.query)))
+    except timelinedoc.QueryError as exc:
+        return web.Response(status=400, text=f"{exc}\n")
+    except KeyError:
+        return web.Response(status=404, text=f"no GPU {request.query.get('gpu')!r} on the timeline\n")
+    return web.json_response(doc, dumps=_dumps)
+
+
+async def incident(request: web.Request) -> web.Response:
+    """One GPU's (UUID, index or PCI bus id) or the node's incident record (:mod:`exporter.supervisor.incident`)."""
+    from exporter.supervisor import incident as records
+    from exporter.supervisor.incidentmd import markdown
+
+    state = request.app[SUPERVISOR].state
+    target = request.match_info["target"]
+    form = request.query.get("format", "json")
+    if form not in ("json", "markdown"):
+        return web.Response(status=400, text=f"format={form!r}: expected json or markdown\n")
+    recorder = state.recorder
+    try:
+        rec = records.record(
+            records.now_of(state), recorder.timeline, recorder.recovery, target, state.config.recurrence_window_s
+        )
+    except KeyError:
+        return web.Response(status=404, text=f"no GPU {target!r}: give a UUID, an index, a PCI bus id or node\n")
+    if form == "markdown":
+        return web.Response(text=markdown(rec), content_type="text/markdown", charset="utf-8")
+    return web.json_response(rec, dumps=_dumps)
 
 
 def _dumps(obj: object) -> str:
@@ -178,6 +216,8 @@ async def index(request: web.Request) -> web.Response:
 
 
 VERDICTS_PATH = "/api/v1/verdicts"
+TIMELINE_PATH = "/api/v1/timeline"
+INCIDENTS_PATH = "/api/v1/incidents"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -267,6 +307,8 @@ def make_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/", index)
     app.router.add_get(VERDICTS_PATH, verdicts_json)
+    app.router.add_get(TIMELINE_PATH, timeline_json)
+    app.router.add_get(INCIDENTS_PATH + "/{target}", incident)
     return app
 
 
