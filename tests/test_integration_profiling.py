@@ -82,7 +82,8 @@ def test_a_crash_in_a_gpm_call_quarantines_gpm_only(tmp_path: Path) -> None:
 
 
 def test_driver_without_gpm_or_fabric(tmp_path: Path) -> None:
-    """An older driver: every GPM and fabric function missing. The features are switched off as
+    """An older driver: every GPM and fabric function missing (the v1 fabric call too: the exporter
+    falls back to it where only the V call is missing). The features are switched off as
     unsupported, their series are absent and nothing else is affected."""
     scenario = load_scenario("h200x2")
     scenario["missing_functions"] = [
@@ -91,6 +92,7 @@ def test_driver_without_gpm_or_fabric(tmp_path: Path) -> None:
         "nvmlGpmSampleGet",
         "nvmlGpmMetricsGet",
         "nvmlDeviceGetGpuFabricInfoV",
+        "nvmlDeviceGetGpuFabricInfo",
     ]
     with Exporter(write_scenario(tmp_path, scenario), tmp_path, interval=0.5) as exp:
         s = exp.wait_for(
