@@ -8,15 +8,15 @@ scenario) from a ladder of servers, each one step closer to the exporter, on the
     aiohttp ``AppRunner`` + ``TCPSite`` (``loop.create_server``), one route, a handler returning a
     ``web.Response`` of the cached bytes with our Content-Type. The floor.
 ``handler``
-    the same server with our ``/metrics`` handler (``exporter.web.metrics``: the renderer's age
+    the same server with our ``/metrics`` handler (``exporter.supervisor.http.web.metrics``: the renderer's age
     check, Accept negotiation, Accept-Encoding parsing, the ``Vary`` header) on a stand-in renderer
     holding the same bytes.
 ``app``
-    our whole application (``exporter.web.make_app``): the edge middleware (rate limit, client
+    our whole application (``exporter.supervisor.http.web.make_app``): the edge middleware (rate limit, client
     certificate, basic auth when a web config is set; the header-timer hooks), the ``Server``
     header hook, the four routes.
 ``edge``
-    ``app`` behind our own accept loop (``exporter.httpedge.Listener``: connection cap, header
+    ``app`` behind our own accept loop (``exporter.supervisor.http.httpedge.Listener``: connection cap, header
     timeout, ``connect_accepted_socket`` per connection) as ``exporter.cli.serve`` builds it.
 ``exporter``
     the exporter itself (``python -m exporter`` on the fake scenario; it samples and renders in the
@@ -83,14 +83,14 @@ class _Body:
 
 
 class _Renderer:
-    """Stand-in for ``exporter.web.Renderer``: ``fresh()`` with the same age check."""
+    """Stand-in for ``exporter.supervisor.http.web.Renderer``: ``fresh()`` with the same age check."""
 
     def __init__(self, body: bytes) -> None:
         self.current = _Body(body)
         self.rendered_mono = time.monotonic()
 
     def fresh(self) -> _Body:
-        if time.monotonic() - self.rendered_mono > 5.0:  # exporter.web.REFRESH_S
+        if time.monotonic() - self.rendered_mono > 5.0:  # exporter.supervisor.http.web.REFRESH_S
             self.rendered_mono = time.monotonic()
         return self.current
 
@@ -107,13 +107,13 @@ async def _serve(level: str, port: int, body: bytes) -> None:
         app = web.Application()
         app.router.add_get("/metrics", handler)
     elif level == "handler":
-        from exporter import web as our_web
+        from exporter.supervisor.http import web as our_web
 
         app = web.Application()
         app[our_web.RENDERER] = _Renderer(body)  # type: ignore[assignment]
         app.router.add_get("/metrics", our_web.metrics)
     else:
-        from exporter import web as our_web
+        from exporter.supervisor.http import web as our_web
 
         supervisor = SimpleNamespace(state=SimpleNamespace(liveness=lambda: (True, "ok"), ready=lambda: (True, "ok")))
         edge = our_web.Edge()
@@ -121,12 +121,12 @@ async def _serve(level: str, port: int, body: bytes) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=75.0)
     await runner.setup()
     if level == "edge":
-        from exporter.httpedge import HttpEdge, Listener
+        from exporter.supervisor.http.httpedge import HttpEdge, Listener
 
         assert runner.server is not None
-        listener = Listener(runner.server, HttpEdge(), 4096, 10.0)
+        listener = Listener(HttpEdge(), 4096, 10.0)
         app[our_web.EDGE].listener = listener
-        await listener.start("127.0.0.1", port, backlog=4096)
+        await listener.start(runner.server, "127.0.0.1", port, backlog=4096)
     else:
         await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
     print("serving", flush=True)
@@ -234,23 +234,23 @@ async def _keep_loading(url: str, seconds: float) -> None:
 PHASES: list[tuple[str, tuple[str, ...]]] = [
     (
         "our handler (negotiate, Accept-Encoding, headers)",
-        ("metrics (exporter/web.py", "negotiate (exporter/", "accepts_gzip", "Renderer.fresh", "Rendered.body"),
+        (
+            "metrics (exporter/supervisor/http/web.py",
+            "negotiate (exporter/",
+            "accepts_gzip",
+            "Renderer.fresh",
+            "Rendered.body",
+        ),
     ),
     ("our middleware (edge, header timer)", ("edge_middleware",)),
     ("Server header hook (on_response_prepare)", ("_response_headers",)),
-    ("our accept loop and connection guard (httpedge)", ("exporter/httpedge.py",)),
+    ("our accept loop and connection guard (httpedge)", ("exporter/supervisor/http/httpedge.py",)),
     (
         "sampling side: decode, apply, render (exporter only)",
         (
-            "exporter/snapshot.py",
-            "exporter/exposition.py",
-            "exporter/collectors/",
-            "exporter/selfmetrics.py",
-            "exporter/metric.py",
+            "exporter/common/",
+            "exporter/supervisor/",
             "prometheus_client/",
-            "exporter/supervisor.py",
-            "exporter/workerproc.py",
-            "exporter/served.py",
             "exporter/",
         ),
     ),
