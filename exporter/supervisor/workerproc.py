@@ -2,7 +2,8 @@
 
 :meth:`WorkerProcess.run` starts ``python -m exporter.worker`` (spawn/exec: NVML state is not
 fork-safe) with the message pipe and the breadcrumb memory passed as descriptors, decodes each
-message once (:func:`exporter.common.snapshot.decode_message`) and hands it to ``on_message``, echoes the
+message once (:class:`exporter.common.snapshot.SnapshotDecoder`: one per worker, so repeated readings
+are reused from its last snapshot) and hands it to ``on_message``, echoes the
 worker's stderr while keeping its tail (the faulthandler stack of a crash), and watches the
 deadline: ``init_deadline_s`` until the worker's ``hello``, then ``interval_s + sample_deadline_s``
 after each snapshot. A worker past its deadline is asked to stop (SIGTERM), then killed (SIGKILL);
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from exporter.common import protocol
 from exporter.common.breadcrumb import Breadcrumb, BreadcrumbReader
 from exporter.common.logs import WorkerLogRelay, log_once
-from exporter.common.snapshot import Hello, Message, Progress, Snapshot, decode_message
+from exporter.common.snapshot import Hello, Message, Progress, Snapshot, SnapshotDecoder
 from exporter.common.workerconfig import ENV_VAR, CollectorOptions, Exclusion, GpuRef, ProcessOptions, WorkerConfig
 from exporter.supervisor.policy import Outcome
 
@@ -95,6 +96,7 @@ class WorkerProcess:
         self.last_message_mono = 0.0
         self.spawned_mono = 0.0
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        self.decoder = SnapshotDecoder()
 
     @property
     def pid(self) -> int | None:
@@ -218,7 +220,7 @@ class WorkerProcess:
             if not line:
                 return
             try:
-                msg = decode_message(protocol.decode(line))
+                msg = self.decoder.decode_message(protocol.decode(line))
             except protocol.ProtocolError as exc:
                 log_once(log, logging.ERROR, ("protocol", str(exc)[:80]), "%s", exc)
                 continue
