@@ -51,6 +51,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
                     "kernel_xid",
                     "pods",
                     "exposition",
+                    "textformat",
                     "selfmetrics",
                     "procmetrics",
                     "statuspage",

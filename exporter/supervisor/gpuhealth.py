@@ -34,8 +34,7 @@ from exporter.common.metric import GpuKey, MetricDef
 from exporter.common.workerconfig import Exclusion
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.common.snapshot import GpuSample, Snapshot
 
 log = logging.getLogger("exporter.supervisor")

@@ -25,8 +25,7 @@ from exporter.supervisor.extensions import Extension, Host
 from guards import features as gf
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.common.snapshot import Snapshot
     from exporter.config import Config
     from exporter.supervisor.xid.parse import KernelXidEvent

@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING
 from exporter.common.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
     from exporter.common.collectors.base import SystemInfo
+    from exporter.common.metric import Family as Metric
     from exporter.worker.nvml.client import DeviceClient
 
 FEATURE = "ecc"

@@ -72,9 +72,8 @@ from exporter.common.logs import log_once
 from exporter.common.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
     from exporter.common.collectors.base import SystemInfo
+    from exporter.common.metric import Family as Metric
     from exporter.worker.nvml.client import DeviceClient
 
 log = logging.getLogger(__name__)
