@@ -147,6 +147,7 @@ class Supervisor:
         self.selfcheck = selfcheck.run_in_process("supervisor")
         if config.selfcheck != "off":
             self.state.selfchecks["supervisor"] = self.selfcheck
+        state.subscribe(self._follow_changes)
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -238,6 +239,13 @@ class Supervisor:
         self._stale_timer = loop.call_later(self.config.stale_s + 0.05, self.state.changed)
 
     # -- worker lifecycle --------------------------------------------------------------------
+
+    def _follow_changes(self) -> None:
+        """After every change of the served state: wake what waits on a condition that may have
+        turned (the worker's watch on stopping or replacing it, the probe schedule); nothing polls."""
+        if self.current is not None and (self._stopped() or self.accountant.replace_worker):
+            self.current.wake()
+        self.prober.poke()
 
     def _stopped(self) -> bool:
         return self._stopping or self.fatal_exit is not None
@@ -367,6 +375,7 @@ class Supervisor:
         """Stop the worker in order (drain, nvmlShutdown, exit) and end :meth:`run`."""
         self._stopping = True
         self._wake.set()
+        self._follow_changes()
 
     def close(self) -> None:
         """Release the shared memory."""

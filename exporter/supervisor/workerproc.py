@@ -6,9 +6,12 @@ message once (:class:`exporter.common.snapshot.SnapshotDecoder`: one per worker,
 are reused from its last snapshot) and hands it to ``on_message``, echoes the
 worker's stderr while keeping its tail (the faulthandler stack of a crash), and watches the
 deadline: ``init_deadline_s`` until the worker's ``hello``, then ``interval_s + sample_deadline_s``
-after each snapshot. A worker past its deadline is asked to stop (SIGTERM), then killed (SIGKILL);
-one that survives SIGKILL (uninterruptible sleep in the driver) is reported as not reaped and left
-to the caller. It returns how the worker ended; what happens next is :mod:`exporter.supervisor.policy`'s call.
+after each snapshot, on a timer armed for the deadline itself (no polling: the loop wakes when the
+worker exits, when the deadline passes, or when :meth:`WorkerProcess.wake` is called because the
+caller's ``stopping()`` may have turned true). A worker past its deadline is asked to stop
+(SIGTERM), then killed (SIGKILL); one that survives SIGKILL (uninterruptible sleep in the driver) is
+reported as not reaped and left to the caller. It returns how the worker ended; what happens next is
+:mod:`exporter.supervisor.policy`'s call.
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ log = logging.getLogger("exporter.supervisor")
 KILL_GRACE_S = 2.0  # SIGTERM -> SIGKILL
 REAP_WAIT_S = 5.0  # SIGKILL -> "cannot be reaped"
 STDERR_LINES = 400
-POLL_S = 0.25
 _CURRENT_THREAD = re.compile(r"Current thread (0x[0-9a-fA-F]+)")
 STDERR_CHUNK = 64 << 10  # bytes read from the worker's stderr at a time
 MAX_LINE = 8 << 10  # bytes of one stderr line kept; the rest is dropped and counted
@@ -97,6 +99,7 @@ class WorkerProcess:
         self.spawned_mono = 0.0
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         self.decoder = SnapshotDecoder()
+        self._wake = asyncio.Event()
 
     @property
     def pid(self) -> int | None:
@@ -145,8 +148,13 @@ class WorkerProcess:
             raise
         return reader
 
+    def wake(self) -> None:
+        """Make :meth:`run` look at ``stopping()`` now (the caller changed what it returns)."""
+        self._wake.set()
+
     async def run(self, reader: asyncio.StreamReader, stopping: Callable[[], bool], drain_s: float) -> Outcome:
-        """Watch the spawned worker until it ends (or ``stopping()``); returns how it ended."""
+        """Watch the spawned worker until it ends (or ``stopping()``, looked at on :meth:`wake`);
+        returns how it ended."""
         proc = self.proc
         assert proc is not None and proc.stderr is not None
         msg_task = asyncio.ensure_future(self._read_messages(reader))
@@ -154,16 +162,27 @@ class WorkerProcess:
         wait_task = asyncio.ensure_future(proc.wait())
         crumb: Breadcrumb | None = None
         reaped = True
-        while not stopping():
-            done, _ = await asyncio.wait({wait_task}, timeout=POLL_S)
-            if done:
-                break
-            if time.monotonic() > self._deadline():
-                crumb = self.blame("")
-                self._log_hang(crumb)
-                self.killed_for_hang = True
-                reaped = await self.kill(wait_task)
-                break
+        woken: asyncio.Future[Any] | None = None
+        try:
+            while not stopping():
+                left = self._deadline() - time.monotonic()
+                if left < 0:
+                    crumb = self.blame("")
+                    self._log_hang(crumb)
+                    self.killed_for_hang = True
+                    reaped = await self.kill(wait_task)
+                    break
+                if woken is None or woken.done():
+                    self._wake.clear()
+                    woken = asyncio.ensure_future(self._wake.wait())
+                # the deadline only moves later while this waits (each message), except at the
+                # hello, which wakes it (the init deadline gives way to the sample deadline)
+                done, _ = await asyncio.wait({wait_task, woken}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if wait_task in done:
+                    break
+        finally:
+            if woken is not None:
+                woken.cancel()
         if stopping() and not wait_task.done():
             reaped = await self.stop(wait_task, drain_s)
         if reaped:
@@ -229,7 +248,9 @@ class WorkerProcess:
                 continue
             if isinstance(msg, (Hello, Snapshot)):  # sampling runs; events come from another thread
                 self.last_message_mono = time.monotonic()
-                self.hello = True
+                if not self.hello:
+                    self.hello = True
+                    self._wake.set()  # the sample deadline replaces the init deadline: it may be sooner
             elif isinstance(msg, Progress):  # an init step finished: the init deadline starts again
                 self.last_message_mono = time.monotonic()
             try:
