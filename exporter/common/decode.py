@@ -323,8 +323,10 @@ def _make_mapping(tp: Any, complete: bool) -> Conv:
             if type(v) is not dict:
                 raise _MISMATCH
             out = {}
-            for k, x in v.items():
-                if type(k) is not str or not _is_int_key(k):
+            for k, x in v.items():  # as _is_int_key, inline (one call per key: a link index each)
+                if type(k) is not str or not (
+                    (k.isdigit() and k.isascii()) or (k[:1] == "-" and k[1:].isdigit() and k.isascii())
+                ):
                     raise _MISMATCH
                 out[int(k)] = val(x)
             return out

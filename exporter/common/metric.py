@@ -12,6 +12,7 @@ with or without the suffix and writes it once.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ class MetricDef:
         """True for counters (the name ends in ``_total``)."""
         return self.name.endswith("_total")
 
-    @property
+    @functools.cached_property
     def all_labels(self) -> tuple[str, ...]:
         """Label names in exposition order."""
         return (*GPU_LABELS, *self.labels) if self.per_gpu else self.labels
