@@ -156,3 +156,17 @@ def test_pod_labels_are_never_taken_from_kept_lines() -> None:
         same(st, cache)
         assert 'pod="train-0"' in exposition.render(st, cache).text.decode()
     assert cache.rendered == cache.reused == 0
+
+
+def test_a_family_of_the_supervisor_that_cannot_be_encoded_is_counted_every_time(state: ServedState) -> None:
+    """nvgpu_build_info carries the driver version: a lone surrogate there drops that series on
+    every rendering (its lines are never kept), while the families around it are reused."""
+    decoder, cache = SnapshotDecoder(), exposition.RenderCache()
+    msg = copy.deepcopy(BASE)
+    msg["system"]["driver_version"] = "580.\udc80"
+    feed(state, decoder, msg)
+    for n in (1, 2, 3):
+        text = exposition.render(state, cache).text
+        assert state.render_errors["nvgpu_build_info"] == n
+        assert b"nvgpu_build_info{" not in text and b"nvgpu_up 1.0" in text
+    assert ("nvgpu_up", 0) in cache.written and ("nvgpu_build_info", 0) not in cache.written

@@ -15,10 +15,11 @@ Given a :class:`RenderCache` (the :class:`~exporter.supervisor.http.web.Renderer
 collector's written lines are kept per feature with the readings they were made from, and reused
 while every GPU's reading of that feature is equal to those (and the system versions are the same):
 ``families()`` is pure, so equal readings give equal bytes. Only features whose readings changed are
-rendered again (at a 1 s interval on an idle GPU, about one feature in three); the GPUs' state, the
-counters, the extensions and the self-metrics are rendered every time. A feature whose rendering
-failed or dropped a series is never kept (its errors are counted on every rendering, as without a
-cache), nor is anything while pod labels are added to the GPU series (``NVGPU_POD_LABELS``).
+rendered again (at a 1 s interval on an idle GPU, about one feature in three). The GPUs' state, the
+counters, the extensions and the self-metrics are built every time, and written again only when
+their rows differ from the last rendering's. A feature whose rendering failed or a family that
+dropped a series is never kept (its errors are counted on every rendering, as without a cache), nor
+is a collector's while pod labels are added to the GPU series (``NVGPU_POD_LABELS``).
 """
 
 from __future__ import annotations
@@ -89,15 +90,39 @@ class _Exposition:
     """The families of one rendering in order, written as they are added; a family added again
     under the same name gets its lines appended (one header). Series that cannot be encoded are
     counted in :attr:`pending` and added to the render-error counter after the counter's own
-    family is written (as it always was: a rendering shows the drops of the renderings before it)."""
+    family is written (as it always was: a rendering shows the drops of the renderings before it).
 
-    def __init__(self) -> None:
+    Args:
+        written: the lines of each family of the last rendering with the rows they were written
+            from (:attr:`RenderCache.written`), reused for a family whose rows are equal; None: none.
+    """
+
+    def __init__(self, written: dict[tuple[str, int], tuple[list[Any], tuple[str, ...], bytes]] | None = None) -> None:
         self.parts: dict[str, _Part] = {}
         self.pending: collections.Counter[str] = collections.Counter()
+        self._written = written
+        self._seen: collections.Counter[str] = collections.Counter()
 
     def add(self, families: Iterable[Family]) -> None:
         for fam in families:
-            self.add_lines(fam.spec, fam.labels, textformat.encode_lines(fam, self.pending))
+            self.add_lines(fam.spec, fam.labels, self._lines(fam))
+
+    def _lines(self, fam: Family) -> bytes:
+        if self._written is None:
+            return textformat.encode_lines(fam, self.pending)
+        key = (fam.spec.name, self._seen[fam.spec.name])  # the n-th family of this name in the rendering
+        self._seen[fam.spec.name] += 1
+        have = self._written.get(key)
+        if have is not None and have[1] == fam.labels and have[0] == fam.rows:
+            return have[2]
+        drops = collections.Counter[str]()
+        lines = textformat.encode_lines(fam, drops)
+        if drops:  # counted on every rendering: never kept
+            self.pending.update(drops)
+            self._written.pop(key, None)
+        else:
+            self._written[key] = (fam.rows, fam.labels, lines)
+        return lines
 
     def add_lines(self, spec: MetricDef, labels: tuple[str, ...], lines: bytes) -> None:
         part = self.parts.get(spec.name)
@@ -158,6 +183,8 @@ class RenderCache:
 
     def __init__(self) -> None:
         self._kept: dict[str, _Kept] = {}
+        self.written: dict[tuple[str, int], tuple[list[Any], tuple[str, ...], bytes]] = {}
+        """The other families' lines, by (name, n-th of that name), with the rows they were written from."""
         self.reused = 0
         self.rendered = 0
 
@@ -361,7 +388,7 @@ def _with_pod_labels(fam: Family, ext: Extension) -> Family:
 
 def render(state: ServedState, cache: RenderCache | None = None) -> Rendered:
     """Both encodings of the current state; ``cache``: see the module docstring."""
-    out = _Exposition()
+    out = _Exposition(cache.written if cache is not None else None)
     if cache is not None and not any(e.relabels_gpus for e in state.active_extensions()):
         failed = _cached_gpu_families(out, state, cache)
     else:

@@ -331,7 +331,7 @@ class PodAttribution(Extension):
             unsupported_reason,
         )
 
-        # grpcio and protobuf cost the supervisor about 10 MB (docs/performance.md): they load only
+        # h2 and protobuf cost the supervisor a few MB (docs/performance.md): they load only
         # once the kubelet's socket is there (never on a node without a kubelet).
         while True:
             try:

@@ -87,20 +87,24 @@ class Plan:
     order: tuple[tuple[int, str], ...]
 
 
-_PLANS: dict[tuple[MetricDef, tuple[str, ...]], Plan] = {}
+# id(declaration) -> (the declaration, kept so that its id is not reused; label names -> plan):
+# hashing a MetricDef hashes all its fields, once per family per rendering otherwise.
+_PLANS: dict[int, tuple[MetricDef, dict[tuple[str, ...], Plan]]] = {}
 
 
 def plan(spec: MetricDef, labels: tuple[str, ...]) -> Plan:
     """The :class:`Plan` of ``spec`` with label names ``labels`` (made once)."""
-    key = (spec, labels)
-    have = _PLANS.get(key)
+    entry = _PLANS.get(id(spec))
+    if entry is None or entry[0] is not spec:
+        entry = _PLANS[id(spec)] = (spec, {})
+    have = entry[1].get(labels)
     if have is None:
         kind = "counter" if spec.counter else "gauge"
         base = family_name(spec)
         text = f"# HELP {spec.name} {_help(spec.help, False)}\n# TYPE {spec.name} {kind}\n"
         om = f"# HELP {base} {_help(spec.help, True)}\n# TYPE {base} {kind}\n"
         order = tuple((i, f'{name}="') for i, name in sorted(enumerate(labels), key=lambda x: x[1]))
-        have = _PLANS[key] = Plan(text.encode(), om.encode(), spec.name, order)
+        have = entry[1][labels] = Plan(text.encode(), om.encode(), spec.name, order)
     return have
 
 
