@@ -160,29 +160,7 @@ class WorkerProcess:
         msg_task = asyncio.ensure_future(self._read_messages(reader))
         err_task = asyncio.ensure_future(self._read_stderr(proc.stderr))
         wait_task = asyncio.ensure_future(proc.wait())
-        crumb: Breadcrumb | None = None
-        reaped = True
-        woken: asyncio.Future[Any] | None = None
-        try:
-            while not stopping():
-                left = self._deadline() - time.monotonic()
-                if left < 0:
-                    crumb = self.blame("")
-                    self._log_hang(crumb)
-                    self.killed_for_hang = True
-                    reaped = await self.kill(wait_task)
-                    break
-                if woken is None or woken.done():
-                    self._wake.clear()
-                    woken = asyncio.ensure_future(self._wake.wait())
-                # the deadline only moves later while this waits (each message), except at the
-                # hello, which wakes it (the init deadline gives way to the sample deadline)
-                done, _ = await asyncio.wait({wait_task, woken}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                if wait_task in done:
-                    break
-        finally:
-            if woken is not None:
-                woken.cancel()
+        crumb, reaped = await _watch(self, wait_task, stopping)
         if stopping() and not wait_task.done():
             reaped = await self.stop(wait_task, drain_s)
         if reaped:
@@ -479,6 +457,35 @@ class _StderrBlock:
             log.warning("worker %s wrote to stderr: %s", pid, text, extra={"worker_pid": pid})
         else:
             log.warning("worker %s wrote to stderr: %s", pid, last, extra={"worker_pid": pid, "stderr": text})
+
+
+async def _watch(
+    w: WorkerProcess, wait_task: asyncio.Future[Any], stopping: Callable[[], bool]
+) -> tuple[Breadcrumb | None, bool]:
+    """:meth:`WorkerProcess.run`'s wait: until the worker exits, ``stopping()`` (looked at on
+    :meth:`WorkerProcess.wake`) or its deadline passes (then it is killed); returns (the call to
+    blame for a hang, whether the process was reaped)."""
+    woken: asyncio.Future[Any] | None = None
+    try:
+        while not stopping():
+            left = w._deadline() - time.monotonic()
+            if left < 0:
+                crumb = w.blame("")
+                w._log_hang(crumb)
+                w.killed_for_hang = True
+                return crumb, await w.kill(wait_task)
+            if woken is None or woken.done():
+                w._wake.clear()
+                woken = asyncio.ensure_future(w._wake.wait())
+            # the deadline only moves later while this waits (each message), except at the
+            # hello, which wakes it (the init deadline gives way to the sample deadline)
+            done, _ = await asyncio.wait({wait_task, woken}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if wait_task in done:
+                break
+    finally:
+        if woken is not None:
+            woken.cancel()
+    return None, True
 
 
 def _log_error(doing: str) -> None:
