@@ -38,10 +38,12 @@ within 20 % of the floor; and issue 30's: our idle CPU (all processes) at most n
 when both sample every second (N/A at other intervals), our RSS and PSS (all processes, idle, pod
 attribution loaded) at most 1.5 times its.
 
-Device run (one H200; see docs/performance.md)::
+Device run (one H200; see docs/performance.md): ``bash bench/hw_eff.sh`` runs it with ``--gpu-load``
+after the footprint, the wheels installed and compiled, ``exporter/`` byte-compiled; by hand::
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
+    python3 -m compileall -q exporter
     PYTHONUNBUFFERED=1 python3 bench/peer.py --out $OUT/peer-h200x1.json
 
 Dry run without a GPU (the floor and nvitop-exporter fail cleanly; ours runs on the fake)::
