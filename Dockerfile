@@ -39,6 +39,13 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 # .dockerignore admits only pyproject.toml, README/LICENSE, exporter/ and guards/.
 COPY . .
+# The commit and the build time, baked into the package for `nvgpu-exporter --version`
+# (exporter/buildinfo.py); release/release.py passes both.
+ARG REVISION=unknown
+ARG CREATED=unknown
+RUN python -c 'import sys; from exporter.buildinfo import write; write(sys.argv[1], sys.argv[2])' "${REVISION}" "${CREATED}"
+# (kept apart: tests/test_dockerfile.py replays the wheel step as written)
+# hadolint ignore=DL3059
 RUN pip wheel --wheel-dir /wheels ".[kubernetes,fast]"
 
 # ---------------------------------------------------------------------------------------------

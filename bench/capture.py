@@ -48,7 +48,7 @@ def capture(
     read_fd, write_fd = os.pipe()
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
     env["NVGPU_WORKER_CONFIG"] = json.dumps(worker_config(scenario, interval_s, samples))
-    env["NVGPU_FAKE_EPOCH"] = repr(time.time())
+    env["NVGPU_FAKE_EPOCH"] = repr(time.monotonic())  # scenario time 0, on the monotonic clock
     env["NVGPU_WORKER_FD"] = str(write_fd)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen(

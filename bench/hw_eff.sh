@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Issue 30's measurements on an H200 machine in one device call (about 7 minutes, under 9):
+# The efficiency measurements (CPU at equal cadence, footprint, sample time) on an H200 machine
+# in one device call (about 7 minutes, under 9):
 #   1. the footprint with pod attribution loaded (bench/footprint.py --backend nvml: RSS/USS/PSS of
 #      all processes, idle at 1 s, the fake kubelet of bench/kubelet.py; goals PASS/MISS);
-#   2. the side-by-side (bench/peer.py --gpu-load, as issue 30's table was measured): the raw NVML
-#      floor against our time per sample, ours at 1 s against nvitop-exporter at its 1 s default,
+#   2. the side-by-side (bench/peer.py --gpu-load: under load, as the earlier H200 figures were):
+#      the raw NVML floor against our time per sample, ours at 1 s against nvitop-exporter at its 1 s default,
 #      one after the other in one run: idle CPU and RSS/PSS of all processes, sequential and 1000
 #      concurrent; goals PASS/MISS;
 #   3. if time is left, the two allocator variants of the footprint (MALLOC_ARENA_MAX=2; malloc_trim

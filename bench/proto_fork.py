@@ -225,7 +225,7 @@ def run(mode: str, seconds: float, interval: float, scenario: str) -> dict[str, 
         err = tempfile.TemporaryFile()
         env = {
             "NVGPU_WORKER_CONFIG": json.dumps(capture.worker_config(scenario, interval, 0) | {"samples": None}),
-            "NVGPU_FAKE_EPOCH": repr(time.time()),
+            "NVGPU_FAKE_EPOCH": repr(time.monotonic()),
         }
         t0 = time.monotonic()
         if zygote is not None:

@@ -1406,8 +1406,9 @@ def exporter_health() -> dict[str, Any]:
         .with_panel(
             stat_panel(
                 "Oldest sample",
-                "Largest time() - nvgpu_last_sample_timestamp_seconds over the selected exporters.",
-                f"max(time() - nvgpu_last_sample_timestamp_seconds{{{HEALTH}}})",
+                "Largest nvgpu_last_sample_age_seconds over the selected exporters (the exporter's own age of "
+                "its last sample: a node clock off from Prometheus's does not skew it).",
+                f"max(nvgpu_last_sample_age_seconds{{{HEALTH}}})",
                 "s",
                 _thresholds((None, "green"), (30, "orange"), (120, "red")),
             )
@@ -1443,8 +1444,9 @@ def exporter_health() -> dict[str, Any]:
         .with_panel(
             timeseries_panel(
                 "Sample age",
-                "time() - nvgpu_last_sample_timestamp_seconds: grows when the worker is down or hung.",
-                [(f"time() - nvgpu_last_sample_timestamp_seconds{{{HEALTH}}}", "{{instance}}")],
+                "nvgpu_last_sample_age_seconds (the exporter's monotonic age of its last sample): grows when the "
+                "worker is down or hung.",
+                [(f"nvgpu_last_sample_age_seconds{{{HEALTH}}}", "{{instance}}")],
                 "s",
                 w=8,
             )

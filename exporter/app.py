@@ -35,7 +35,7 @@ from exporter.supervisor.http.webauth import peer_problem
 from exporter.supervisor.http.webtls import WebConfigWatcher
 from exporter.supervisor.kernel_xid import KernelXid
 from exporter.supervisor.pods import PodAttribution
-from exporter.supervisor.quarantine import QuarantineStore
+from exporter.supervisor.quarantine import QuarantineStore, log_reloaded
 from exporter.supervisor.served import ComponentErrors, ServedState, provisional_states
 from exporter.supervisor.stuck import StuckDetector
 from exporter.supervisor.supervisor import Supervisor
@@ -80,6 +80,7 @@ def build_supervisor(
         config.quarantine_ttl_s,
         on_error=errors.count,  # a failed save is counted as component "state"
     )
+    log_reloaded(quarantine)
     provisional = provisional_states(config.feature_modes, quarantine.details())
     state = ServedState(config, quarantine, extensions(config, provisional, http or HttpEdge()), errors)
     return Supervisor(config, state, proc_state_fn)

@@ -12,16 +12,17 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from exporter import __version__
 from exporter.checks import environment_problems, state_file_problem
 from exporter.common import protocol
-from exporter.config import SETTINGS, Config, ConfigError, Setting
+from exporter.config import DEFAULT_PORT, SETTINGS, Config, ConfigError, Setting
 
 if TYPE_CHECKING:  # imported where used: the CLI's subcommands must not pay for aiohttp
     from exporter.app import Exporter
+    from exporter.supervisor.http.httpedge import Listener
     from exporter.supervisor.http.webtls import WebConfigWatcher
     from exporter.supervisor.supervisor import Supervisor
 
@@ -29,7 +30,8 @@ log = logging.getLogger("exporter")
 
 
 class _Flag(argparse.Action):
-    """Stores the value and the spelling used (``--listen-address`` or ``--web.listen-address``)."""
+    """Stores the value and the spelling used (``--listen-address`` or ``--web.listen-address``);
+    a repeated ``--web.listen-address`` keeps every address (comma-joined), later flags win elsewhere."""
 
     def __call__(
         self,
@@ -38,16 +40,34 @@ class _Flag(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
+        if self.dest == "listen_addresses" and getattr(namespace, self.dest, None) is not None:
+            values = f"{getattr(namespace, self.dest)},{values}"  # repeated: listen on each (exporter-toolkit)
         setattr(namespace, self.dest, values)
         names = dict(getattr(namespace, "_flag_names", {}))
         names[self.dest] = option_string or self.option_strings[0]
         namespace._flag_names = names
 
 
+class _Version(argparse.Action):
+    """``--version``: :func:`exporter.buildinfo.version_text`, read only when asked."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        from exporter.buildinfo import version_text
+
+        print(version_text())
+        parser.exit()
+
+
 def _metavar(s: Setting) -> str:
     if s.attr.endswith("_s"):
-        return "SECONDS"
-    if s.attr == "listen_address":
+        return "DURATION"
+    if s.attr == "listen_addresses":
         return "HOST:PORT"
     if s.default in ("true", "false"):
         return "BOOL"
@@ -76,7 +96,12 @@ def _parser() -> argparse.ArgumentParser:
         "NVGPU_FEATURE_<NAME>=auto|on|off. Exit codes: 0 ok, 1 error, 2 bad configuration, 3 strict self-check.",
         epilog="Without a GPU, try the demo: nvgpu-exporter --nvml-backend fake:h200x2",
     )
-    p.add_argument("--version", action="version", version=f"nvgpu-exporter {__version__}")
+    p.add_argument(
+        "--version",
+        action=_Version,
+        nargs=0,
+        help="print version, branch, revision, build date, Python and platform (as the Prometheus exporters do)",
+    )
     p.add_argument(
         "--check-config",
         action="store_true",
@@ -94,7 +119,30 @@ def _parser() -> argparse.ArgumentParser:
         help="print a bcrypt hash for basic_auth_users in the web config file (reads the password from the "
         "terminal, or one line of standard input)",
     )
-    hp.add_argument("--cost", type=int, default=10, choices=range(4, 32), metavar="4-31", help="bcrypt cost [10]")
+    from exporter.supervisor.http.webconfig import BCRYPT_MAX_COST, BCRYPT_MIN_COST
+
+    hp.add_argument(
+        "--cost",
+        type=int,
+        default=10,
+        choices=range(BCRYPT_MIN_COST, BCRYPT_MAX_COST + 1),
+        metavar=f"{BCRYPT_MIN_COST}-{BCRYPT_MAX_COST}",
+        help="bcrypt cost [10]; the web config accepts no more (each wrong password costs a core for 2^cost rounds)",
+    )
+    npd = sub.add_parser(
+        "npd-check",
+        help="node-problem-detector custom plugin: ask the local exporter's /api/v1/verdicts; exit 0 ok, 1 a GPU "
+        "needs action, 2 unknown (not reachable, or the exporter's own pod is wrong)",
+    )
+    npd.add_argument("--url", default=None, help="the verdicts URL [http://127.0.0.1:<listen port>/api/v1/verdicts]")
+    npd.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS", help="HTTP timeout [3]")
+    npd.add_argument(
+        "--min-verdict",
+        default="stop_scheduling",
+        choices=("watch", "stop_scheduling", "reset_gpu", "reboot_node"),
+        help="the least verdict that is a problem [stop_scheduling]",
+    )
+    npd.add_argument("--max-output", type=int, default=80, help="cut the message to this length (NPD's) [80]")
     q = sub.add_parser("quarantine", help="list or clear crash quarantines in the state file")
     q.add_argument(
         "--state-file",
@@ -139,9 +187,15 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "selfcheck":
         from exporter.common import selfcheck
 
-        return selfcheck.command(args.json, args.strict)
+        try:
+            backend = _config(args).nvml_backend
+        except ConfigError:
+            backend = "nvml"  # the module check still runs; --check-config says what is wrong
+        return selfcheck.command(args.json, args.strict, backend)
     if args.command == "hash-password":
         return _hash_password(args.cost)
+    if args.command == "npd-check":
+        return _npd_check(args)
     try:
         config = _config(args)
     except ConfigError as exc:
@@ -199,6 +253,19 @@ def _hash_password(cost: int) -> int:
         print(f"nvgpu-exporter hash-password: {exc}", file=sys.stderr)
         return protocol.EXIT_CONFIG
     return protocol.EXIT_OK
+
+
+def _npd_check(args: argparse.Namespace) -> int:
+    from exporter import npdcheck
+
+    url = args.url
+    if url is None:
+        try:
+            port = _config(args).listen_address[1]
+        except ConfigError:
+            port = DEFAULT_PORT
+        url = f"http://127.0.0.1:{port}/api/v1/verdicts"
+    return npdcheck.run(url, args.timeout, args.min_verdict, args.max_output)
 
 
 def _quarantine(config: Config, args: argparse.Namespace) -> int:
@@ -266,20 +333,16 @@ async def serve(config: Config) -> int:
 async def _run_built(config: Config, built: Exporter) -> int:
     """Listen, run the supervisor until a signal (or its loop ends), drain, clean up."""
     supervisor, listener, server = built.supervisor, built.listener, built.server
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the port opens: a signal from then on is a clean stop
+        loop.add_signal_handler(sig, stop.set)
     factory = await server.setup()
-    host, port = config.listen_address
-    try:
-        await listener.start(factory, host, port, backlog=4096)
-    except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", host or "*", port, exc)
+    if not await _listen(config, listener, factory):
         await server.cleanup()
         supervisor.close()
         return protocol.EXIT_ERROR
     _log_listening(config, built.watcher, built.cap, built.soft_limit)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     task = asyncio.ensure_future(supervisor.run())
     stop_wait = asyncio.ensure_future(stop.wait())
     await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -293,6 +356,18 @@ async def _run_built(config: Config, built: Exporter) -> int:
     if task.done() and not task.cancelled() and task.exception() is not None:
         return protocol.EXIT_ERROR
     return protocol.EXIT_OK
+
+
+async def _listen(config: Config, listener: Listener, factory: Callable[[], asyncio.Protocol]) -> bool:
+    """Listen on every ``--web.listen-address``; False (logged, every socket closed) when one fails."""
+    for host, port in config.listen_addresses:
+        try:
+            await listener.start(factory, host, port, backlog=4096)
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", host or "*", port, exc)
+            listener.close()
+            return False
+    return True
 
 
 def _startup_checks(config: Config, supervisor: Supervisor) -> int | None:
@@ -318,19 +393,21 @@ def _startup_checks(config: Config, supervisor: Supervisor) -> int | None:
 
 def _log_listening(config: Config, watcher: WebConfigWatcher | None, cap: int, soft_limit: int) -> None:
     """The one start-up line an operator reads, and the warnings that go with it."""
-    host, port = config.listen_address
     log.info(
-        "nvgpu-exporter %s listening on %s:%d, metrics at %s (%s; NVML backend %s, sample interval %g s, "
+        "nvgpu-exporter %s listening on %s, metrics at %s (%s; NVML backend %s, sample interval %g s, "
         "stale after %g s)",
         __version__,
-        host or "*",
-        port,
+        ", ".join(f"{host or '*'}:{port}" for host, port in config.listen_addresses),
         config.telemetry_path,
         watcher.current.describe() if watcher is not None else "plain HTTP, no auth",
         config.nvml_backend,
         config.interval_s,
         config.stale_s,
     )
+    if watcher is not None:
+        from exporter.supervisor.http.webtls import log_cautions
+
+        log_cautions(watcher.current)
     if watcher is not None and watcher.current.users and watcher.current.tls is None:
         log.warning("basic auth without TLS: passwords cross the network in clear text; add tls_server_config")
     if cap < config.web_max_connections:

@@ -1,9 +1,12 @@
 """Configuration: ``NVGPU_*`` environment variables and flags -> one frozen :class:`Config`.
 
 :meth:`Config.from_env` is the one reader of the environment. Flags override variables. Parsing is
-strict (``NVGPU_LOG_FORMAT=jsn`` is an error, not a default), durations are float seconds with
-``_SECONDS`` in the variable name, and every problem is reported together in one
-:class:`ConfigError` before anything starts.
+strict (``NVGPU_LOG_FORMAT=jsn`` is an error, not a default), durations are seconds with
+``_SECONDS`` in the variable name, written as a number (``5``, ``0.5``) or as a Go duration the way
+the Prometheus tools take them (``500ms``, ``1s``, ``2m``, ``1h30m``), and every problem is
+reported together in one :class:`ConfigError` before anything starts. The spellings of
+exporter-toolkit and ``prometheus/common/promslog`` work as they do there: ``--log.level=warn``,
+``--log.format=logfmt``, ``--web.listen-address`` given more than once.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.common.durations import parse_go_duration
 from exporter.common.workerconfig import ENV_VAR as WORKER_CONFIG_VAR
 from guards import features as gf
 
 DEFAULT_PORT = 19400
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# promslog's spellings (debug, info, warn, error) and Python's, any case -> Python's level name
+_LOG_LEVEL_NAMES = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "warning": "WARNING", "error": "ERROR"}
+LOG_FORMATS = ("text", "logfmt", "json")
 
 
 class ConfigError(ValueError):
@@ -64,22 +71,40 @@ def _interval(name: str, text: str) -> float:
     return value
 
 
+def seconds(text: str) -> float:
+    """A duration in seconds: a number (``5``, ``0.5``) or a Go duration (``500ms``, ``1h30m``).
+
+    Raises:
+        ValueError: neither.
+    """
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    return parse_go_duration(text)
+
+
 def _duration(name: str, text: str, most: float = MAX_DURATION_S, why: str = "ten years") -> float:
     try:
-        value = float(text)
+        value = seconds(text)
     except ValueError:
-        raise ValueError(f"{name}={text!r}: expected seconds as a number, e.g. 5 or 0.5") from None
+        raise ValueError(
+            f"{name}={text!r}: expected a duration: seconds as a number (5, 0.5) or with a unit (500ms, 5s, 2m, 1h30m)"
+        ) from None
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={text!r}: expected a positive, finite number of seconds")
+        raise ValueError(f"{name}={text!r}: expected a positive, finite duration")
     if value > most:
         raise ValueError(f"{name}={text!r}: expected at most {most:g} s ({why})")
     return value
 
 
 def _duration_or_off(name: str, text: str) -> float:
-    """Seconds, or 0 to switch the behaviour off."""
-    if text.strip() in ("0", "0.0"):
-        return 0.0
+    """A duration, or 0 (``0s``) to switch the behaviour off."""
+    try:
+        if seconds(text) == 0:
+            return 0.0
+    except ValueError:
+        pass
     return _duration(name, text)
 
 
@@ -119,14 +144,51 @@ def _bool(name: str, text: str) -> bool:
     raise ValueError(f"{name}={text!r}: expected true or false")
 
 
-def _choice(*choices: str, upper: bool = False) -> Callable[[str, str], str]:
+def _choice(*choices: str) -> Callable[[str, str], str]:
     def parse(name: str, text: str) -> str:
-        value = text.strip().upper() if upper else text.strip().lower()
+        value = text.strip().lower()
         if value not in choices:
             raise ValueError(f"{name}={text!r}: expected one of {', '.join(choices)}")
         return value
 
     return parse
+
+
+def _log_level(name: str, text: str) -> str:
+    level = _LOG_LEVEL_NAMES.get(text.strip().lower())
+    if level is None:
+        raise ValueError(f"{name}={text!r}: expected one of debug, info, warn (or warning), error")
+    return level
+
+
+def parse_listen_addresses(name: str, text: str) -> tuple[tuple[str, int], ...]:
+    """One or more listen addresses, comma-separated (a flag given several times is joined so):
+    each as :func:`parse_listen_address` reads it; the exporter listens on every one, as the
+    exporter-toolkit exporters do with a repeated ``--web.listen-address``.
+
+    Raises:
+        ValueError: an address is malformed, or one is given twice.
+    """
+    parts = text.split(",")
+    if len(parts) == 1:
+        return (parse_listen_address(name, text),)
+    found: list[tuple[str, int]] = []
+    for part in parts:
+        try:
+            address = parse_listen_address(name, part)
+        except ValueError as exc:  # name the whole value, then the part
+            why = str(exc).removeprefix(f"{name}={part.strip()!r}: ")
+            raise ValueError(f"{name}={text!r}: {part.strip() or 'an empty address'}: {why}") from None
+        if address in found:
+            raise ValueError(f"{name}={text!r}: {part.strip()} is given twice")
+        found.append(address)
+    return tuple(found)
+
+
+def format_address(address: tuple[str, int]) -> str:
+    """``host:port`` as given to :func:`parse_listen_address` (``[v6]:port``, ``:port``)."""
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_listen_address(name: str, text: str) -> tuple[str, int]:
@@ -181,7 +243,7 @@ def _backend(name: str, text: str) -> str:
                 path = str(scenarios.path(path))
             except KeyError as exc:
                 raise ValueError(f"{name}={text!r}: {exc.args[0]}; or give a file path") from None
-        elif not os.path.isfile(path):
+        elif not os.path.lexists(path):  # a FIFO or a directory: load_scenario says what it is
             raise ValueError(
                 f"{name}={text!r}: scenario file {path!r} does not exist "
                 f"(shipped scenarios by name: {', '.join(scenarios.names())})"
@@ -231,10 +293,10 @@ def _web_config(name: str, text: str) -> str:
     if not path:
         return ""
     from exporter.supervisor.http.webconfig import WebConfigError
-    from exporter.supervisor.http.webtls import load_with_context  # reads the file and every file it names
+    from exporter.supervisor.http.webtls import load_bounded  # reads the file and every file it names
 
     try:
-        load_with_context(path)
+        load_bounded(path)  # without blocking on a FIFO, within a deadline; any failure is a WebConfigError
     except WebConfigError as exc:  # one line per problem of the file, each naming the setting
         raise ConfigError([f"{name}={text!r}: {problem}" for problem in exc.problems]) from None
     return os.path.abspath(path)
@@ -242,12 +304,13 @@ def _web_config(name: str, text: str) -> str:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
-        "listen_address",
+        "listen_addresses",
         "NVGPU_LISTEN_ADDRESS",
         "--web.listen-address",
         DEFAULT_LISTEN,
-        parse_listen_address,
-        "host:port to serve on; the host is an IP literal, ':19400' is every interface",
+        parse_listen_addresses,
+        "host:port to serve on; the host is an IP literal, ':19400' is every interface; repeat the flag "
+        "(or separate with commas) to listen on several",
         ("--listen-address",),
     ),
     Setting(
@@ -256,7 +319,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--sample-interval",
         "5",
         _interval,
-        "seconds between NVML samples",
+        "time between NVML samples (5, 5s, 500ms)",
     ),
     Setting(
         "stale_s",
@@ -287,8 +350,8 @@ SETTINGS: tuple[Setting, ...] = (
         "NVGPU_LOG_LEVEL",
         "--log.level",
         "INFO",
-        _choice(*LOG_LEVELS, upper=True),
-        "log level: DEBUG, INFO, WARNING or ERROR",
+        _log_level,
+        "log level: debug, info, warn (or warning), error; any case",
         ("--log-level",),
     ),
     Setting(
@@ -296,8 +359,9 @@ SETTINGS: tuple[Setting, ...] = (
         "NVGPU_LOG_FORMAT",
         "--log.format",
         "text",
-        _choice("text", "json"),
-        "text, or json: one JSON object per stderr line (the worker's output included)",
+        _choice(*LOG_FORMATS),
+        "text; logfmt: key=value per line as Prometheus's exporters write it (time, level, logger, msg, fields); "
+        "json: one JSON object per line (the worker's output included)",
         ("--log-format",),
     ),
     Setting(
@@ -407,6 +471,23 @@ SETTINGS: tuple[Setting, ...] = (
         "how often to ask the kubelet for pod assignments",
     ),
     Setting(
+        "dra_resourceslices",
+        "NVGPU_DRA_RESOURCESLICES",
+        "--dra-resourceslices",
+        "false",
+        _bool,
+        "attribute GPUs of DRA ResourceClaims by reading this node's ResourceSlices from the API server (list "
+        "on resourceslices.resource.k8s.io; deploy/kubernetes/components/dra-resourceslices); needs NVGPU_NODE_NAME",
+    ),
+    Setting(
+        "node_name",
+        "NVGPU_NODE_NAME",
+        "--node-name",
+        "",
+        _path,
+        "this node's name (the downward API's spec.nodeName): the ResourceSlices NVGPU_DRA_RESOURCESLICES reads",
+    ),
+    Setting(
         "gpu_retry_s",
         "NVGPU_GPU_RETRY_SECONDS",
         "--gpu-retry",
@@ -429,6 +510,23 @@ SETTINGS: tuple[Setting, ...] = (
         "300",
         _duration,
         "how often features a GPU did not support are asked again (also at once after MIG changes and resets)",
+    ),
+    Setting(
+        "enumerate_s",
+        "NVGPU_REENUMERATE_SECONDS",
+        "--reenumerate",
+        "60",
+        _duration_between(1.0, 86400.0),
+        "how often the worker reads every GPU's UUID per NVML index again (also at once when the GPU count "
+        "changes, a GPU is lost, reset or falls off the bus): GPUs that left or arrived are seen",
+    ),
+    Setting(
+        "expected_gpus",
+        "NVGPU_EXPECTED_GPUS",
+        "--expected-gpus",
+        "",
+        _integer(0, "an integer from 0 to 1024 (GPUs NVML should enumerate on this node), or empty", maximum=1024),
+        'GPUs this node should have (nvgpu_gpus{view="expected"}; NvgpuGpuCountDropped fires below it); empty: unknown',
     ),
     Setting(
         "unhealthy_after_s",
@@ -555,7 +653,7 @@ SETTINGS: tuple[Setting, ...] = (
 class Config:
     """Everything the exporter needs, parsed and checked. See :data:`SETTINGS` for meanings."""
 
-    listen_address: tuple[str, int] = ("", DEFAULT_PORT)
+    listen_addresses: tuple[tuple[str, int], ...] = (("", DEFAULT_PORT),)
     interval_s: float = 5.0
     stale_s: float = 15.0
     sample_deadline_s: float = 10.0
@@ -576,9 +674,13 @@ class Config:
     pod_resources_socket: str = ""
     pod_labels: bool = False
     pod_refresh_s: float = 15.0
+    dra_resourceslices: bool = False
+    node_name: str = ""
     gpu_retry_s: float = 30.0
     gpu_retry_max_s: float = 600.0
     reprobe_s: float = 300.0
+    enumerate_s: float = 60.0
+    expected_gpus: int | None = None
     unhealthy_after_s: float = 600.0
     proc_path: str = "/proc"
     container_log_dir: str = "/var/log/containers"
@@ -594,6 +696,11 @@ class Config:
     web_keepalive_s: float = 120.0
     web_header_timeout_s: float = 10.0
     feature_modes: Mapping[str, gf.Mode] = field(default_factory=dict)
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        """The first of :attr:`listen_addresses` (host, port)."""
+        return self.listen_addresses[0]
 
     @classmethod
     def from_env(
@@ -658,6 +765,11 @@ class Config:
             )
         if values.get("backoff_max_s", 60.0) < values.get("backoff_initial_s", 1.0):
             problems.append("NVGPU_RESTART_BACKOFF_MAX_SECONDS must be at least NVGPU_RESTART_BACKOFF_SECONDS")
+        if values.get("dra_resourceslices") and not values.get("node_name"):
+            problems.append(
+                "NVGPU_DRA_RESOURCESLICES=true needs NVGPU_NODE_NAME (set it from the downward API: "
+                "fieldRef spec.nodeName)"
+            )
         if values.get("gpu_retry_max_s", 600.0) < values.get("gpu_retry_s", 30.0):
             problems.append("NVGPU_GPU_RETRY_MAX_SECONDS must be at least NVGPU_GPU_RETRY_SECONDS")
         if problems:
@@ -669,11 +781,12 @@ class Config:
         lines = []
         for s in SETTINGS:
             value = getattr(self, s.attr)
-            if s.attr == "listen_address":
-                host, port = value
-                value = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            if s.attr == "listen_addresses":
+                value = ",".join(format_address(a) for a in value)
             elif isinstance(value, bool):
                 value = str(value).lower()
+            elif value is None:  # unset (NVGPU_EXPECTED_GPUS: unknown)
+                value = ""
             lines.append(f"{s.env}={value}")
         lines.extend(f"{gf.env_var(k)}={v.value}" for k, v in self.feature_modes.items())
         return lines

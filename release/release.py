@@ -233,13 +233,14 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def build(dist: Path) -> dict[str, Any]:
+def build(dist: Path, revision: str = "unknown", created: str = "unknown") -> dict[str, Any]:
     """Builds and checks the sdist, the wheel and the chart archive into ``dist``.
 
     The Python distributions are built (``python -m build --no-isolation``: the build backend
     installed here, no download) from a copy of the files git tracks, then checked with ``twine
     check --strict`` and :func:`wheel_problems` / :func:`sdist_problems`; the chart is linted and
-    packaged by Helm's engine (helm-python-sdk).
+    packaged by Helm's engine (helm-python-sdk). ``revision`` and ``created`` are baked into the
+    package (``exporter/build_info.json``, what ``nvgpu-exporter --version`` prints).
 
     Returns:
         ``{"version", "artefacts": [{"file", "sha256"}]}``.
@@ -256,6 +257,8 @@ def build(dist: Path) -> dict[str, Any]:
         for rel in _source_files():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, src / rel)
+        stamp = {"revision": revision, "branch": "unknown", "date": created, "user": "unknown"}
+        (src / "exporter" / "build_info.json").write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
         _run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(dist), "."], src)
         data = expected_package_data(src)
     (wheel,) = dist.glob(f"{DIST_NAME}-*.whl")
@@ -426,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         p = plan(args.repository, args.revision, args.created, args.source)
         if args.command in ("build", "ci"):
-            manifest = build(args.dist)
+            manifest = build(args.dist, p.build_args["REVISION"], p.build_args["CREATED"])
             if args.command == "ci":
                 hadolint()
             manifest["plan"] = asdict(p)

@@ -58,8 +58,9 @@ class FakeKmsg:
 
 
 def device_reader(fake: FakeKmsg, cursor: Path | None, **kwargs: object) -> KmsgReader:
-    """A reader on /dev/null (a real character device) whose reads the fake answers."""
-    options: dict[str, object] = {"boot_wall_time": BOOT_WALL, "read_fn": fake.read}
+    """A reader on /dev/null (a real character device, accepted with ``devices=None``) whose reads
+    the fake answers."""
+    options: dict[str, object] = {"boot_wall_time": BOOT_WALL, "read_fn": fake.read, "devices": None}
     if cursor is not None and cursor.parent.is_dir():
         boot_id = cursor.parent / "boot_id"
         boot_id.write_text(BOOT_ID + "\n", encoding="ascii")

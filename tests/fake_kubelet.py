@@ -1,6 +1,10 @@
 """A kubelet PodResourcesLister with canned answers (the generated servicer of our own
 proto/podresources/v1/api.proto, served by a real gRPC server in the tests that use it).
 
+The messages are the upstream v1 ones, ``dynamic_resources`` included: :func:`dra_pod` builds a pod
+whose container got its devices through a ResourceClaim, as a kubelet with Dynamic Resource
+Allocation reports it (driver, pool, device and CDI device names per claim).
+
 Needs grpcio (the ``kubernetes`` extra): importing this module without it raises ImportError.
 """
 
@@ -10,6 +14,23 @@ from collections.abc import Callable
 from typing import Any
 
 from exporter.supervisor.podresources.v1 import api_pb2, api_pb2_grpc
+
+
+def dra_pod(namespace: str, name: str, container: str, claim: str, *devices: tuple[str, str, str, list[str]]) -> Any:
+    """A pod with one container holding one ResourceClaim ``namespace/claim``; each device is
+    (driver, pool, device, CDI device names)."""
+    resources = [
+        api_pb2.ClaimResource(
+            driver_name=driver, pool_name=pool, device_name=device, cdi_devices=[api_pb2.CDIDevice(name=n) for n in cdi]
+        )
+        for driver, pool, device, cdi in devices
+    ]
+    dynamic = api_pb2.DynamicResource(claim_name=claim, claim_namespace=namespace, claim_resources=resources)
+    return api_pb2.PodResources(
+        namespace=namespace,
+        name=name,
+        containers=[api_pb2.ContainerResources(name=container, dynamic_resources=[dynamic])],
+    )
 
 
 class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]

@@ -18,6 +18,10 @@ class of bug or environment failure that the component must contain:
   (tests/test_feature_authority.py: it points the worker's known-issue rules at a test table);
 - ``fd_hog``: SIGUSR1 takes every free file descriptor (RLIMIT_NOFILE lowered to 256 first),
   SIGUSR2 gives them back, so a worker respawn meets EMFILE for real.
+- ``hung_mount``: ``open``, ``stat`` and ``lstat`` of any path under ``$FAULT_HUNG_DIR`` block (the
+  calling thread sleeps, as in a hung NFS mount) while the file ``$FAULT_HUNG_FLAG`` exists;
+- ``slow_bcrypt``: a bcrypt check of the password ``slow`` takes an hour (sleeping, the GIL released,
+  as bcrypt does; it creates ``$FAULT_BCRYPT_STARTED`` first), any other is checked for real.
 """
 
 from __future__ import annotations
@@ -87,9 +91,6 @@ def _kernel_log() -> None:
     KmsgReader.poll = poll  # type: ignore[method-assign]
 
 
-Assignments = tuple[dict[str, tuple[Any, ...]], dict[str, tuple[Any, ...]]]
-
-
 def _no_kubelet_needed() -> None:
     """The pod extension waits for the kubelet's socket before it loads gRPC: there is no
     kubelet here, and the client's List is replaced anyway."""
@@ -99,33 +100,33 @@ def _no_kubelet_needed() -> None:
 
 
 def _pods() -> None:
-    from exporter.supervisor.podresources import PodRef, PodResourcesClient
+    from exporter.supervisor.podresources import Assignments, PodRef, PodResourcesClient
 
     seen = [0]
     uuid = os.environ["FAULT_POD_UUID"]
 
-    def list_device_assignments(self: PodResourcesClient) -> Assignments:
+    def list_assignments(self: PodResourcesClient, dra_uuids: Any = None) -> Assignments:
         seen[0] += 1
         if seen[0] == 1:
             raise RuntimeError("injected: the kubelet client failed")
-        return {uuid: (PodRef("ml", "train-0", "trainer"),)}, {}
+        return Assignments({uuid: (PodRef("ml", "train-0", "trainer"),)})
 
     _no_kubelet_needed()
-    PodResourcesClient.list_device_assignments = list_device_assignments  # type: ignore[method-assign]
+    PodResourcesClient.list_assignments = list_assignments  # type: ignore[method-assign]
 
 
 def _render() -> None:
     from exporter.common.collectors import temperature
-    from exporter.supervisor.podresources import PodRef, PodResourcesClient
+    from exporter.supervisor.podresources import Assignments, PodRef, PodResourcesClient
     from exporter.supervisor.stuck import StuckDetector
 
     uuid = os.environ["FAULT_POD_UUID"]
 
-    def list_device_assignments(self: PodResourcesClient) -> Assignments:
-        return {uuid: (PodRef("ml", "bad-\udc80", "trainer"), PodRef("ml", "train-0", "trainer"))}, {}
+    def list_assignments(self: PodResourcesClient, dra_uuids: Any = None) -> Assignments:
+        return Assignments({uuid: (PodRef("ml", "bad-\udc80", "trainer"), PodRef("ml", "train-0", "trainer"))})
 
     _no_kubelet_needed()
-    PodResourcesClient.list_device_assignments = list_device_assignments  # type: ignore[method-assign]
+    PodResourcesClient.list_assignments = list_assignments  # type: ignore[method-assign]
 
     real = temperature.families
 
@@ -164,6 +165,56 @@ def _fd_hog() -> None:
     signal.signal(signal.SIGUSR2, give_back)
 
 
+def _hung_mount() -> None:
+    import time
+
+    hung_dir = os.environ["FAULT_HUNG_DIR"].rstrip("/") + "/"
+    flag = os.environ["FAULT_HUNG_FLAG"]
+    real_stat, real_lstat, real_open = os.stat, os.lstat, os.open
+
+    def hung(path: Any) -> None:
+        if isinstance(path, (str, os.PathLike)) and os.fspath(path).startswith(hung_dir):
+            while True:
+                try:
+                    real_stat(flag)
+                except OSError:
+                    return
+                time.sleep(0.05)  # the kernel waits for the server; here, for the flag to go
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> Any:
+        hung(path)
+        return real_stat(path, *args, **kwargs)
+
+    def lstat(path: Any, *args: Any, **kwargs: Any) -> Any:
+        hung(path)
+        return real_lstat(path, *args, **kwargs)
+
+    def open_(path: Any, *args: Any, **kwargs: Any) -> Any:
+        hung(path)
+        return real_open(path, *args, **kwargs)
+
+    os.stat, os.lstat, os.open = stat, lstat, open_  # type: ignore[assignment]
+
+
+def _slow_bcrypt() -> None:
+    import time
+
+    import bcrypt
+
+    real = bcrypt.checkpw
+
+    started = os.environ.get("FAULT_BCRYPT_STARTED")
+
+    def checkpw(password: bytes, hashed: bytes) -> bool:
+        if password == b"slow":
+            if started:
+                open(started, "w").close()  # noqa: SIM115 - a marker for the test
+            time.sleep(3600)  # bcrypt at a cost nobody should use: the GIL is released meanwhile
+        return bool(real(password, hashed))
+
+    bcrypt.checkpw = checkpw
+
+
 FAULTS = {
     "dispatch": _dispatch,
     "decode": _decode,
@@ -174,6 +225,8 @@ FAULTS = {
     "long_stderr": _worker_python,  # the wrapper writes a 70 KB stderr line first
     "worker_python": _worker_python,
     "fd_hog": _fd_hog,
+    "hung_mount": _hung_mount,
+    "slow_bcrypt": _slow_bcrypt,
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
@@ -81,3 +82,68 @@ HOSTILE_TEXT = st.one_of(
     st.builds(lambda n: b'{"a":' * n, st.integers(min_value=900, max_value=20_000)),
     st.sampled_from([b"", b"\xff\xfe{}", b"{", b"NaN", b'{"version": 1, "history": [[1e400, "fan", "f"]]}']),
 )
+
+
+# -- kinds of file at a path a setting names ----------------------------------------------------------
+
+# What an operator's path can turn out to be. "unreadable" is a file of mode 000 for an unprivileged
+# user; root reads any mode, so there it is a path through a regular file (ENOTDIR), which no
+# process can open either. "huge" is sparse: a terabyte that takes no disk.
+FILE_KINDS = (
+    "regular",
+    "fifo",
+    "device",
+    "symlink_loop",
+    "directory",
+    "huge",
+    "unreadable",
+    "socket",
+    "dangling_link",
+    "missing",
+)
+file_kinds = st.sampled_from(FILE_KINDS)
+
+
+def make_file_kind(directory: Any, kind: str, content: bytes = b"", name: str = "f") -> str:
+    """A path of ``kind`` under ``directory`` (a ``pathlib.Path``), holding ``content`` when regular.
+
+    The caller removes ``directory``; a socket's listener is closed at once (its path stays a socket).
+    """
+    import socket
+
+    path = directory / name
+    if kind == "regular":
+        path.write_bytes(content)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":  # like /dev/zero (1:5): never runs dry, a reader that trusts it reads forever
+        if os.geteuid() != 0:
+            return "/dev/zero"  # nobody but root could replace it by mistake
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 5))  # root: a node of our own, not the machine's
+    elif kind == "symlink_loop":
+        os.symlink(path, path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "huge":
+        with open(path, "wb") as fh:
+            fh.truncate(1 << 40)
+    elif kind == "unreadable":
+        path.write_bytes(content)
+        if os.geteuid() == 0:
+            return str(path / "inside")
+        path.chmod(0)
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(str(path))
+    elif kind == "dangling_link":
+        os.symlink(directory / "nowhere", path)
+    else:
+        assert kind == "missing", kind
+    return str(path)
+
+
+# -- signals from outside -----------------------------------------------------------------------------
+
+# What ends a running exporter from outside, and when within a window it arrives.
+STOP_SIGNALS = st.sampled_from(["SIGTERM", "SIGINT"])
+signal_delays = st.floats(min_value=0.0, max_value=2.0, allow_nan=False)

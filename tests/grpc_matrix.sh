@@ -13,9 +13,9 @@ python="${PYTHON:-python3}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 combos=(
-  "grpcio==1.62.3 protobuf==4.25.9 h2==4.1.0"   # the extra's lower bounds
-  "grpcio==1.70.0 protobuf==5.29.6 h2==4.2.0"
-  "grpcio==1.84.2 protobuf==6.33.6 h2==4.3.0"   # the H200 image's grpcio
+  "grpcio==1.66.2 protobuf==4.25.8 h2==4.4.1"   # the extra's lower bounds
+  "grpcio==1.70.0 protobuf==5.29.6 h2==4.4.1"
+  "grpcio==1.84.2 protobuf==6.33.6 h2==4.4.1"   # the H200 image's grpcio
   "grpcio protobuf h2"                           # the newest
 )
 status=0

@@ -39,7 +39,7 @@ STORY_FIXTURE = ROOT / "tests" / "fixtures" / "kmsg" / "boot_xid13_31_43.kmsg"
 PROMQL_WORDS = {
     # functions and aggregations the rules use
     "time", "increase", "changes", "floor", "max", "min", "sum", "count", "avg", "min_over_time",
-    "max_over_time", "absent", "label_replace", "vector", "scalar", "rate", "humanize",
+    "max_over_time", "absent", "label_replace", "vector", "scalar", "rate", "humanize", "abs", "timestamp",
     # keywords
     "and", "or", "unless", "offset", "bool", "without", "by", "ignoring", "on", "group_left",
     "group_right",

@@ -92,3 +92,66 @@ def test_values_at_the_bounds_are_accepted(tmp_path: Path) -> None:
         NVGPU_SHUTDOWN_TIMEOUT_SECONDS="1",
     )
     assert proc.returncode == 0, proc.stderr
+
+
+# -- every file a setting names is refused by name, at once, never with a traceback ----------------
+
+COST_31 = "$2b$31$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy"
+
+
+def _inputs(tmp_path: Path, case: str) -> tuple[dict[str, str], str]:
+    """(environment, what the one problem line must say) for one bad input."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    web = tmp_path / "web.yml"
+    if case == "state-fifo":
+        return {"NVGPU_STATE_FILE": str(fifo)}, f"NVGPU_STATE_FILE={fifo}: is a FIFO, not a regular file"
+    if case == "state-dev-null":
+        return {"NVGPU_STATE_FILE": "/dev/null"}, "NVGPU_STATE_FILE=/dev/null: is a character device 1:3, not a regular"
+    if case == "web-config-fifo":
+        return {"NVGPU_WEB_CONFIG_FILE": str(fifo)}, f"cannot read '{fifo}': is a FIFO, not a regular file"
+    if case == "key-fifo":
+        web.write_text(f"tls_server_config: {{cert_file: {fifo}, key_file: {fifo}}}\n")
+        return {"NVGPU_WEB_CONFIG_FILE": str(web)}, f"tls_server_config.key_file {fifo} is a FIFO"
+    if case == "cost-31":
+        web.write_text(f"basic_auth_users:\n  prometheus: {COST_31}\n")
+        return {"NVGPU_WEB_CONFIG_FILE": str(web)}, "basic_auth_users.prometheus: bcrypt cost 31 is above 14"
+    if case == "web-config-nested":
+        web.write_text("a: " + "[" * 20000)
+        return {"NVGPU_WEB_CONFIG_FILE": str(web)}, f"{web}: nested too deeply"
+    if case == "scenario-fifo":
+        return {"NVGPU_NVML_BACKEND": f"fake:{fifo}"}, f"scenario {fifo}: cannot read: is a FIFO"
+    if case == "kmsg-cursor-fifo":
+        env = {"NVGPU_FEATURE_KERNEL_XID": "on", "NVGPU_KMSG_PATH": str(tmp_path / "kern.log")}
+        return {**env, "NVGPU_KMSG_CURSOR_FILE": str(fifo)}, f"NVGPU_KMSG_CURSOR_FILE {fifo}: is a FIFO"
+    if case == "kmsg-fifo":
+        return {"NVGPU_FEATURE_KERNEL_XID": "on", "NVGPU_KMSG_PATH": str(fifo)}, f"NVGPU_KMSG_PATH={fifo}: is a FIFO"
+    assert case == "kmsg-dev-zero"
+    env = {"NVGPU_FEATURE_KERNEL_XID": "on", "NVGPU_KMSG_PATH": "/dev/zero"}
+    return env, "NVGPU_KMSG_PATH=/dev/zero: is a character device 1:5, not a regular file"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "state-fifo",
+        "state-dev-null",
+        "web-config-fifo",
+        "key-fifo",
+        "cost-31",
+        "web-config-nested",
+        "scenario-fifo",
+        "kmsg-cursor-fifo",
+        "kmsg-fifo",
+        "kmsg-dev-zero",
+    ],
+)
+def test_each_bad_input_file_is_refused_by_name_and_never_hangs(tmp_path: Path, case: str) -> None:
+    """A FIFO where a file should be (a plain open() waits for a writer: the check used to hang),
+    a device node as the state file (/dev/null passed and was later replaced by a JSON file), a
+    cost-31 bcrypt hash, YAML nested 20,000 deep: exit 2, one problem naming the input."""
+    env, says = _inputs(tmp_path, case)
+    env.setdefault("NVGPU_STATE_FILE", str(tmp_path / "state" / "state.json"))
+    proc = _check(tmp_path, **env)  # a hang fails here (subprocess timeout)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -50,7 +50,15 @@ def test_derived_bounds_follow_the_interval() -> None:
         ("NVGPU_POD_LABELS", "ture"),
         ("NVGPU_POD_LABELS", ""),
         ("NVGPU_POD_LABELS", "2"),
-        ("NVGPU_SAMPLE_INTERVAL_SECONDS", "5s"),
+        ("NVGPU_SAMPLE_INTERVAL_SECONDS", "5x"),
+        ("NVGPU_SAMPLE_INTERVAL_SECONDS", "5 s"),
+        ("NVGPU_SAMPLE_INTERVAL_SECONDS", "s"),
+        ("NVGPU_SAMPLE_INTERVAL_SECONDS", "-5s"),
+        ("NVGPU_SAMPLE_INTERVAL_SECONDS", "0s"),
+        ("NVGPU_SAMPLE_INTERVAL_SECONDS", "50ms"),
+        ("NVGPU_SAMPLE_INTERVAL_SECONDS", "2h"),
+        ("NVGPU_RESTART_BACKOFF_SECONDS", "1d"),
+        ("NVGPU_UNHEALTHY_AFTER_SECONDS", "-1m"),
         ("NVGPU_SAMPLE_INTERVAL_SECONDS", "0"),
         ("NVGPU_SAMPLE_INTERVAL_SECONDS", "-1"),
         ("NVGPU_SAMPLE_INTERVAL_SECONDS", "nan"),
@@ -64,7 +72,17 @@ def test_derived_bounds_follow_the_interval() -> None:
         ("NVGPU_STUCK_UTILIZATION_RATIO", "0"),
         ("NVGPU_STUCK_UTILIZATION_RATIO", "99"),
         ("NVGPU_LOG_FORMAT", "jsn"),
+        ("NVGPU_REENUMERATE_SECONDS", "0.5"),
+        ("NVGPU_REENUMERATE_SECONDS", "a minute"),
+        ("NVGPU_EXPECTED_GPUS", "-1"),
+        ("NVGPU_EXPECTED_GPUS", "four"),
         ("NVGPU_LOG_LEVEL", "verbose"),
+        ("NVGPU_LOG_LEVEL", "warnings"),
+        ("NVGPU_LOG_LEVEL", "critical"),
+        ("NVGPU_LOG_FORMAT", "logfmtt"),
+        ("NVGPU_DRA_RESOURCESLICES", "maybe"),
+        ("NVGPU_LISTEN_ADDRESS", ":9400,:9400"),
+        ("NVGPU_LISTEN_ADDRESS", ":9400,"),
         ("NVGPU_SELFCHECK", "on"),
         ("NVGPU_NVML_BACKEND", "cuda"),
         ("NVGPU_NVML_BACKEND", "fake:"),
@@ -197,7 +215,7 @@ def test_flags_override_env() -> None:
         "NVGPU_LOG_LEVEL": "ERROR",
         "NVGPU_LISTEN_ADDRESS": "127.0.0.1:1",
     }
-    config = Config.from_env(environ, {"interval_s": "2", "log_level": "debug", "listen_address": "[::1]:9400"})
+    config = Config.from_env(environ, {"interval_s": "2", "log_level": "debug", "listen_addresses": "[::1]:9400"})
     assert config.interval_s == 2.0 and config.stale_s == 6.0
     assert config.log_level == "DEBUG"
     assert config.listen_address == ("::1", 9400)
@@ -205,7 +223,54 @@ def test_flags_override_env() -> None:
 
 def test_bad_flag_is_named_by_its_flag() -> None:
     found = problems({"NVGPU_SAMPLE_INTERVAL_SECONDS": "5"}, {"interval_s": "soon"})
-    assert found == ["--sample-interval='soon': expected seconds as a number, e.g. 5 or 0.5"]
+    assert found == [
+        "--sample-interval='soon': expected a duration: seconds as a number (5, 0.5) or with a unit "
+        "(500ms, 5s, 2m, 1h30m)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("2", 2.0), ("1.5", 1.5), ("1s", 1.0), ("1500ms", 1.5), ("2m", 120.0), ("1h", 3600.0), ("1m30s", 90.0)],
+)
+def test_every_duration_setting_takes_seconds_or_a_go_duration(text: str, seconds: float) -> None:
+    """Every *_SECONDS setting takes Go's spelling, as the Prometheus tools do, and plain numbers."""
+    durations = [s for s in SETTINGS if s.env.endswith("_SECONDS")]
+    assert len(durations) == 18 and all(s.attr.endswith("_s") for s in durations)
+    for s in durations:
+        assert s.parse(s.env, text) == seconds, s.env
+
+
+def test_go_durations_through_the_environment_and_the_flags() -> None:
+    config = Config.from_env({"NVGPU_QUARANTINE_WINDOW_SECONDS": "1h30m"}, {"interval_s": "500ms"})
+    assert config.interval_s == 0.5 and config.quarantine_window_s == 5400.0 and config.stale_s == 1.5
+
+
+def test_zero_switches_off_in_either_spelling() -> None:
+    for text in ("0", "0.0", "0s", "0ms"):
+        assert Config.from_env({"NVGPU_UNHEALTHY_AFTER_SECONDS": text}).unhealthy_after_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "level"),
+    [("debug", "DEBUG"), ("info", "INFO"), ("warn", "WARNING"), ("WARN", "WARNING"), ("warning", "WARNING"),
+     ("Warning", "WARNING"), ("error", "ERROR"), ("ERROR", "ERROR")],
+)  # fmt: skip
+def test_log_levels_take_promslogs_and_pythons_names(text: str, level: str) -> None:
+    assert Config.from_env({"NVGPU_LOG_LEVEL": text}).log_level == level
+    assert Config.from_env({}, {"log_level": text}).log_level == level
+
+
+def test_log_formats() -> None:
+    for fmt in ("text", "logfmt", "json", "LOGFMT"):
+        assert Config.from_env({"NVGPU_LOG_FORMAT": fmt}).log_format == fmt.lower()
+
+
+def test_several_listen_addresses() -> None:
+    config = Config.from_env({"NVGPU_LISTEN_ADDRESS": "127.0.0.1:9400, [::1]:9400,:19400"})
+    assert config.listen_addresses == (("127.0.0.1", 9400), ("::1", 9400), ("", 19400))
+    assert config.listen_address == ("127.0.0.1", 9400)
+    assert "NVGPU_LISTEN_ADDRESS=127.0.0.1:9400,[::1]:9400,:19400" in config.describe()
 
 
 def test_every_setting_has_env_flag_and_help() -> None:
@@ -378,7 +443,7 @@ def test_a_file_named_like_a_scenario_wins(tmp_path: Path, monkeypatch: pytest.M
 
 def test_exporter_toolkit_flag_names_and_the_old_ones_agree() -> None:
     spelled = {s.attr: (s.flag, *s.aliases) for s in SETTINGS}
-    assert spelled["listen_address"] == ("--web.listen-address", "--listen-address")
+    assert spelled["listen_addresses"] == ("--web.listen-address", "--listen-address")
     assert spelled["log_level"] == ("--log.level", "--log-level")
     assert spelled["log_format"] == ("--log.format", "--log-format")
     assert spelled["web_config_file"][0] == "--web.config.file"

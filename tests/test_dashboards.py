@@ -198,7 +198,7 @@ def test_the_health_dashboard_covers_the_issue(dashboards: dict[str, dict[str, A
     exprs = "\n".join(_exprs(dashboards[HEALTH]))
     for needle in [
         'up{job=~"$job"',
-        "time() - nvgpu_last_sample_timestamp_seconds",
+        "nvgpu_last_sample_age_seconds",  # the exporter's own age: no node-vs-Prometheus clock skew
         "sum by (reason) (increase(nvgpu_worker_restarts_total",
         "nvgpu_worker_crashes_total",
         'reason="quarantined"',

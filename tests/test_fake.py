@@ -179,6 +179,28 @@ INVALID: dict[str, tuple[Any, str, str]] = {
         "events[0]",
         "numbers at_s and gpu",
     ),
+    "enumeration_not_a_list": ({"gpus": [gpu()], "enumeration": {"gpus": [0]}}, "enumeration", "a non-empty list"),
+    "enumeration_past_the_gpus": (
+        {"gpus": [gpu()], "enumeration": [{"gpus": [0, 1]}]},
+        "enumeration[0].gpus",
+        "a list of positions in gpus (integers from 0 to 0)",
+    ),
+    "enumeration_twice": ({"gpus": [gpu()], "enumeration": [{"gpus": [0, 0]}]}, "enumeration[0].gpus", "each GPU"),
+    "enumeration_open_phase_first": (
+        {"gpus": [gpu()], "enumeration": [{"gpus": [0]}, {"gpus": []}]},
+        "enumeration[0].until_s",
+        "a number of seconds on every phase but the last",
+    ),
+    "enumeration_back_in_time": (
+        {"gpus": [gpu()], "enumeration": [{"until_s": 5, "gpus": [0]}, {"until_s": 5, "gpus": []}, {"gpus": [0]}]},
+        "enumeration[1].until_s",
+        "above the previous phase's (5)",
+    ),
+    "enumeration_reset_absent": (
+        {"gpus": [gpu()], "enumeration": [{"gpus": [], "reset": [0]}]},
+        "enumeration[0].reset",
+        "GPUs this phase enumerates",
+    ),
 }
 
 
@@ -460,6 +482,86 @@ def test_fault_after_calls_and_per_gpu(tmp_path: Path) -> None:
     assert code_of(lambda: fake.nvmlDeviceGetPowerUsage(h1)) == errors.GPU_IS_LOST
 
 
+def four(**top: Any) -> dict[str, Any]:
+    """GPUs A-D (positions 0-3) with their letter as power reading and a bus id each."""
+    gpus = [
+        {"uuid": f"GPU-{c}", "pci_bus_id": f"00000000:0{i}:00.0", "values": {"nvmlDeviceGetPowerUsage": i}}
+        for i, c in enumerate("ABCD")
+    ]
+    return {"gpus": gpus, **top}
+
+
+def test_a_drain_renumbers_and_the_drained_gpus_handle_is_lost(tmp_path: Path) -> None:
+    """B is drained at t = 10: index 1 answers C, index 2 D, index 3 is gone; B's old handle answers
+    GPU_IS_LOST, C's and D's old handles keep working (a handle is the GPU, not the index)."""
+    clock = Clock(0.0)
+    fake = make(tmp_path, four(enumeration=[{"until_s": 10, "gpus": [0, 1, 2, 3]}, {"gpus": [0, 2, 3]}]), clock)
+    fake.nvmlInit()
+    before = [fake.nvmlDeviceGetHandleByIndex(i) for i in range(fake.nvmlDeviceGetCount())]
+    assert [fake.nvmlDeviceGetUUID(h) for h in before] == ["GPU-A", "GPU-B", "GPU-C", "GPU-D"]
+    clock.t = 10.0
+    assert fake.nvmlDeviceGetCount() == 3
+    assert [fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(i)) for i in range(3)] == ["GPU-A", "GPU-C", "GPU-D"]
+    assert code_of(lambda: fake.nvmlDeviceGetHandleByIndex(3)) == errors.INVALID_ARGUMENT
+    assert code_of(lambda: fake.nvmlDeviceGetPowerUsage(before[1])) == errors.GPU_IS_LOST
+    assert code_of(lambda: fake.nvmlDeviceGetUUID(before[1])) == errors.GPU_IS_LOST
+    assert [fake.nvmlDeviceGetPowerUsage(before[i]) for i in (0, 2, 3)] == [0, 2, 3]
+    assert code_of(lambda: fake.nvmlDeviceGetHandleByPciBusId("00000000:01:00.0")) == errors.NOT_FOUND
+    assert fake.nvmlDeviceGetHandleByPciBusId("00000000:02:00.0") == before[2]
+
+
+def test_a_reset_gpu_comes_back_with_a_new_handle_and_a_hot_added_one_appears(tmp_path: Path) -> None:
+    """C is reset at t = 5 (same index, old handle stale); D is hot-added at t = 8 at index 3."""
+    clock = Clock(0.0)
+    phases = [
+        {"until_s": 5, "gpus": [0, 1, 2]},
+        {"until_s": 8, "gpus": [0, 1, 2], "reset": [2]},
+        {"gpus": [0, 1, 2, 3]},
+    ]
+    fake = make(tmp_path, four(enumeration=phases), clock)
+    fake.nvmlInit()
+    old_c = fake.nvmlDeviceGetHandleByIndex(2)
+    assert fake.nvmlDeviceGetCount() == 3 and fake.nvmlDeviceGetPowerUsage(old_c) == 2
+    clock.t = 5.0
+    assert code_of(lambda: fake.nvmlDeviceGetPowerUsage(old_c)) == errors.GPU_IS_LOST
+    new_c = fake.nvmlDeviceGetHandleByIndex(2)
+    assert new_c != old_c and fake.nvmlDeviceGetPowerUsage(new_c) == 2
+    clock.t = 8.0
+    assert fake.nvmlDeviceGetCount() == 4 and fake.nvmlDeviceGetPowerUsage(new_c) == 2
+    assert fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(3)) == "GPU-D"
+
+
+def test_a_fault_follows_its_gpu_not_its_index(tmp_path: Path) -> None:
+    """A fault's gpu is the scenario GPU: after the drain, C's calls at index 1 do not match the
+    fault written for B (position 1); C at position 2 does."""
+    clock = Clock(0.0)
+    data = four(
+        enumeration=[{"until_s": 10, "gpus": [0, 1, 2, 3]}, {"gpus": [0, 2, 3]}],
+        faults=[{"function": "nvmlDeviceGetPowerUsage", "gpu": 1, "action": "error", "error": "UNKNOWN"}],
+    )
+    fake = make(tmp_path, data, clock)
+    fake.nvmlInit()
+    assert code_of(lambda: fake.nvmlDeviceGetPowerUsage(fake.nvmlDeviceGetHandleByIndex(1))) == errors.UNKNOWN
+    clock.t = 10.0
+    assert fake.nvmlDeviceGetPowerUsage(fake.nvmlDeviceGetHandleByIndex(1)) == 2
+
+
+def test_scenario_time_runs_on_the_monotonic_clock_and_timestamps_on_the_wall_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without an injected clock, a wall-clock step of an hour moves NVML's timestamps (as real NVML's
+    would) but not scenario time: a scenario's windows and cycles do not jump with the clock."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"gpus": [gpu()]}))
+    fake = FakeNvml(str(path), epoch=time.monotonic() - 100.0)
+    t0, stamp0 = fake.now(), fake.timestamp_us()
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + 3600.0)
+    assert fake.now() - t0 < 5.0
+    assert 99.0 < t0 < 105.0
+    assert fake.timestamp_us() - stamp0 > 3599 * 1_000_000
+
+
 def test_fault_time_window_and_wildcard(tmp_path: Path) -> None:
     clock = Clock(0.0)
     data = {
@@ -527,7 +629,7 @@ def test_events_delivered_once_after_registration(tmp_path: Path) -> None:
     clock.t = 7.0
     got = [fake.nvmlEventSetWait_v2(events, 10) for _ in range(2)]
     assert [(e.eventType, e.eventData) for e in got] == [(0x8, 79), (0x2, 0)]
-    assert got[0].device.index == 0 and got[0].gpuInstanceId == 0xFFFFFFFF
+    assert got[0].device.gpu == 0 and got[0].gpuInstanceId == 0xFFFFFFFF
     assert code_of(lambda: fake.nvmlEventSetWait_v2(events, 10)) == errors.TIMEOUT  # each once
 
 

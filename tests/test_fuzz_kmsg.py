@@ -191,14 +191,14 @@ def test_device_restart_from_cursor_neither_loses_nor_repeats(records: list[byte
     with tempfile.TemporaryDirectory() as tmp:
         cursor = Path(tmp) / "cursor.json"
         fake = FakeKmsg(records[:split])
-        with KmsgReader("/dev/null", cursor, boot_id_path=None, read_fn=fake.read) as first:
+        with KmsgReader("/dev/null", cursor, boot_id_path=None, read_fn=fake.read, devices=None) as first:
             got = first.poll()
         fake.records = list(records)
         fake.reads.clear()  # a new open of /dev/kmsg starts at the oldest record
-        with KmsgReader("/dev/null", cursor, boot_id_path=None, read_fn=fake.read) as second:
+        with KmsgReader("/dev/null", cursor, boot_id_path=None, read_fn=fake.read, devices=None) as second:
             got += second.poll()
         whole = FakeKmsg(records)
-        with KmsgReader("/dev/null", None, boot_id_path=None, read_fn=whole.read) as reference:
+        with KmsgReader("/dev/null", None, boot_id_path=None, read_fn=whole.read, devices=None) as reference:
             expected = reference.poll()
     _same_but_79_repeats(got, expected)
 

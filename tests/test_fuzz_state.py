@@ -33,14 +33,16 @@ QUARANTINE = st.fixed_dictionaries(
 HISTORY = st.one_of(
     st.tuples(TIME, FEATURE, TEXT).map(list),
     st.tuples(TIME, FEATURE, TEXT, TEXT).map(list),
+    st.tuples(TIME, FEATURE, TEXT, TEXT, TIME).map(list),
     JSON_VALUES,
 )
 STATE = st.fixed_dictionaries(
     {
-        "version": st.one_of(st.just(1), JSON_VALUES),
+        "version": st.one_of(st.sampled_from([1, 2]), JSON_VALUES),
         "history": st.one_of(st.lists(HISTORY, max_size=8), JSON_VALUES),
         "quarantine": st.one_of(st.dictionaries(FEATURE, st.one_of(QUARANTINE, JSON_VALUES), max_size=4), JSON_VALUES),
-    }
+    },
+    optional={"boot_id": st.one_of(st.just("boot-a"), TEXT, JSON_VALUES)},
 )
 FILES = st.one_of(
     STATE.map(lambda d: json.dumps(d).encode()), JSON_VALUES.map(lambda v: json.dumps(v).encode()), HOSTILE_TEXT
@@ -52,7 +54,7 @@ def _finite(x: Any) -> bool:
 
 
 def _store(path: Path) -> QuarantineStore:
-    return QuarantineStore(str(path), 3, 600.0, 86400.0, clock=lambda: NOW)
+    return QuarantineStore(str(path), 3, 600.0, 86400.0, clock=lambda: NOW, boot_id="boot-a")
 
 
 @given(content=FILES)
@@ -70,8 +72,11 @@ def test_any_state_file_loads_into_values_that_compute(content: bytes) -> None:
             assert _finite(q.since) and _finite(q.until) and q.since <= q.until <= NOW + MAX_TTL_S
             assert isinstance(q.crashes, int) and q.crashes >= 0
             assert isinstance(details[feature], str)
-        for t, feature, function, uuid in store.history:
+        for t, feature, function, uuid, mono in store.history:
             assert _finite(t) and feature in FEATURES and isinstance(function, str) and isinstance(uuid, str)
+            assert _finite(mono) and NOW - 600.0 <= mono <= NOW  # on the store's clock, within the window
+        for feature, until in store.until_mono.items():
+            assert feature in store.active and NOW <= until <= NOW + 86400.0  # never beyond the TTL
         # it goes on working: a crash is recorded and saved, and the saved file loads back the same
         store.record("fan", "nvmlDeviceGetFanSpeed_v2", "GPU-1")
         again = _store(path)
@@ -169,3 +174,51 @@ def test_failed_save_leaves_no_temporary_file(tmp_path: Path, how: str) -> None:
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == (["state.json"] if how == "target is a directory" else [])  # no .state-* file
     assert len(store.history) == 5
+
+
+# -- clock steps: the wall clock never decides ------------------------------------------------
+
+WALL_STEP = st.one_of(st.sampled_from([3600.0, -3600.0]), st.floats(min_value=-86400.0, max_value=86400.0))
+EVENTS = st.lists(
+    st.one_of(
+        st.tuples(st.just("crash"), st.sampled_from(["fan", "power"]), st.sampled_from(["", "GPU-a", "GPU-b"])),
+        st.tuples(st.just("wait"), st.floats(min_value=0.0, max_value=2000.0)),
+        st.tuples(st.just("step"), WALL_STEP),
+        st.tuples(st.just("restart")),
+    ),
+    max_size=30,
+)
+
+
+@given(events=EVENTS)
+def test_wall_clock_steps_change_no_quarantine_decision(events: list[tuple[Any, ...]]) -> None:
+    """Two stores see the same crashes at the same monotonic times; one's wall clock also steps
+    (forwards and back, by an hour or anything up to a day) and both restart now and then (same boot).
+    Every crash gets the same answer and the same features are quarantined at every point."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mono, offsets = [10_000.0], {"steady": NOW, "stepped": NOW}
+
+        def make(name: str) -> QuarantineStore:
+            return QuarantineStore(
+                str(Path(tmp) / f"{name}.json"),
+                2,
+                600.0,
+                3600.0,
+                clock=lambda: mono[0] + offsets[name] - 10_000.0,
+                mono=lambda: mono[0],
+                boot_id="boot-a",
+            )
+
+        stores = {name: make(name) for name in offsets}
+        for event in events:
+            if event[0] == "crash":
+                got = {name: s.record(event[1], "f", event[2]) is not None for name, s in stores.items()}
+                assert got["steady"] == got["stepped"], event
+            elif event[0] == "wait":
+                mono[0] += event[1]
+            elif event[0] == "step":
+                offsets["stepped"] += event[1]
+            else:
+                stores = {name: make(name) for name in offsets}
+            assert set(stores["steady"].details()) == set(stores["stepped"].details())
+            assert [h.feature for h in stores["steady"].history] == [h.feature for h in stores["stepped"].history]

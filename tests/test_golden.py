@@ -37,6 +37,7 @@ import pytest
 from goldens import DOCS, GOLDEN, GOLDENS, Doc, Family
 
 from exporter.app import build_supervisor
+from exporter.common import fileio
 from exporter.common.breadcrumb import Breadcrumb
 from exporter.common.snapshot import InitFailed, decode_message
 from exporter.config import Config
@@ -45,6 +46,7 @@ from exporter.supervisor.http.httpedge import HttpEdge
 from exporter.supervisor.kernel_xid import KernelXid
 from exporter.supervisor.pods import PodAttribution
 from exporter.supervisor.policy import Outcome
+from exporter.supervisor.stuck import StuckDetector
 from exporter.supervisor.supervisor import Supervisor
 from guards import features as gf
 
@@ -104,10 +106,13 @@ def _supervisor_side_faults(sup: Supervisor, fixture: dict[str, Any]) -> None:
         sup.state.count_error("lifecycle", "starting a worker")
     edge = _extension(sup, HttpEdge)  # a web config in force, a few refusals
     edge.open, edge.max_connections = 3, 1024
-    edge.dropped.update({"header_timeout": 1, "tls_handshake": 2})
-    edge.denied.update({"unauthorized": 4})
+    edge.dropped.update({"header_timeout": 1, "tls_handshake": 2, "evicted": 5})
+    edge.denied.update({"unauthorized": 4, "failed_logins": 1})
     edge.watcher = SimpleNamespace(last_reload_ok=False, last_reload_time=1_699_999_000.0)
     sup.state.worker.pid = 4242  # the worker's process_* series
+    # A kernel-log Xid 13 naming its process, which the worker mapped to a pod.
+    sup.state.record_xid("0", uuid0, 13, 1_699_999_995.0, "kernel log", 31337, "python3")
+    sup.state.xids.attribute_pod(31337, "0f0e0d0c-0b0a-4908-8706-050403020100", "ml", "train-0", "trainer")
 
 
 def _supervisor_side_pods(sup: Supervisor, fixture: dict[str, Any]) -> None:
@@ -176,12 +181,21 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
     async def build() -> str:
         sup = build_supervisor(config)  # the extensions attached, not run: no kernel log or kubelet here
         state = sup.state
+        state.verdicts.wall = lambda: 1_700_000_000.0  # the verdicts' since-timestamps: fixed like the others
         try:
             state.python_version = PLACEHOLDER_VERSION
             state.selfchecks = {"supervisor": decode_message({"type": "selfcheck", **fixture["supervisor_selfcheck"]})}
             if name == "faults":
                 _before_worker(sup)
+            # Replayed messages arrive as far apart as they were taken: every monotonic clock that
+            # decides (the stuck signature's hold, the Xid windows) runs on the fixture's times.
+            arrival = [1_700_000_000.0]
+            stuck = _extension(sup, StuckDetector)
+            if stuck is not None:
+                stuck.clock = lambda: arrival[0]
+            state.verdicts.clock = state.xids.clock = state.xids.wall = lambda: arrival[0]
             for msg in fixture["messages"]:
+                arrival[0] = float(msg.get("ts", arrival[0])) if msg["type"] == "snapshot" else arrival[0]
                 sup.handle(decode_message(msg))
             state.worker.started_at = 1_699_999_940.0
             if name == "faults":
@@ -190,9 +204,14 @@ def render_golden(name: str, openmetrics: bool = False) -> str:
                 _supervisor_side_pods(sup, fixture)
             if name == "h200x2-mig":
                 _supervisor_side_mig_pods(sup, fixture)
+            # file reads are counted per process: the faults golden shows one refused web config reload
+            file_failures = {("web_config", "not_regular"): 1} if name == "faults" else {}
+            state.verdicts.update(state)  # after the supervisor-side state added above
             with (
                 mock.patch.object(selfmetrics, "__version__", PLACEHOLDER_VERSION),
                 mock.patch.object(procmetrics, "read", _fixed_process_stats),
+                mock.patch.object(state, "sample_age", lambda: 0.25),  # rendered a moment after the last sample
+                mock.patch.dict(fileio.FAILURES, file_failures, clear=True),
             ):
                 exposition.render(state)  # the first rendering counts what it had to drop
                 rendered = exposition.render(state)
@@ -410,3 +429,20 @@ def test_promtool_check_metrics(name: str) -> None:
         proc.stdout.decode(),
         proc.stderr.decode(),
     )
+
+
+@pytest.mark.parametrize("name", golden_names())
+def test_the_openmetrics_body_of_every_golden(name: str) -> None:
+    """Our OpenMetrics body against prometheus_client's OpenMetrics writer fed with the parsed text golden."""
+    from prometheus_client.openmetrics import exposition as client_om
+    from prometheus_client.parser import text_string_to_metric_families
+
+    parsed = list(text_string_to_metric_families((GOLDEN / f"{name}.prom").read_text()))
+
+    class Parsed:
+        def collect(self) -> list[Any]:
+            return parsed
+
+    got = render_golden(name, openmetrics=True).encode()
+    assert got == client_om.generate_latest(Parsed())  # type: ignore[no-untyped-call]
+    assert got.endswith(b"\n# EOF\n")

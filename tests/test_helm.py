@@ -182,6 +182,12 @@ MATRIX: dict[str, tuple[dict[str, Any], str, str]] = {
          "image": {"tag": "0.1.0-rc1"}},
         RELEASE, NAMESPACE,
     ),
+    # nvidia_gpu_exporter's chart defaults: promslog's names and a Go duration
+    "toolkit spellings": (
+        {"logFormat": "logfmt", "logLevel": "warn",
+         "extraEnv": [{"name": "NVGPU_SAMPLE_INTERVAL_SECONDS", "value": "1s"}]},
+        RELEASE, NAMESPACE,
+    ),
 }  # fmt: skip
 
 

@@ -143,15 +143,20 @@ def test_server_header_names_no_version(edge: Exporter) -> None:
         assert "Python" not in head and "aiohttp" not in head
 
 
-def test_connections_over_the_cap_get_503_and_the_cap_frees_up(edge: Exporter) -> None:
+def test_connections_over_the_cap_get_an_answer_and_the_cap_frees_up(edge: Exporter) -> None:
+    """Cap 8 (2 kept free), 8 connections that send nothing, then a request on a ninth: it is
+    answered, 503 while the 8 are younger than the eviction grace, else 200 after the one idle
+    longest is closed (tests/test_hostile_inputs.py holds each case apart); then the cap frees up."""
     held = [connect(edge) for _ in range(8)]
     try:
         wait_until(lambda: accept_queue(edge.port) == 0, 5, "the 8 connections accepted")
         with connect(edge) as extra:
             extra.sendall(REQUEST)
             answer = read_all(extra, 3)
-        assert answer.startswith(b"HTTP/1.1 503"), answer
-        assert b"too many open connections" in answer and b"Server: nvgpu-exporter" in answer
+        assert answer.startswith((b"HTTP/1.1 503", b"HTTP/1.1 200")), answer
+        assert b"Server: nvgpu-exporter" in answer
+        if answer.startswith(b"HTTP/1.1 503"):
+            assert b"too many open connections" in answer
     finally:
         for s in held:
             s.close()
@@ -202,7 +207,8 @@ def test_idle_connections_cannot_starve_the_worker_of_descriptors(tmp_path: Path
                 what="a new worker after the crash",
             )
             assert scrape.value("nvgpu_http_connections_max") == cap
-            assert (scrape.value("nvgpu_http_connections_dropped_total", reason="limit") or 0) >= 1
+            # the connections past the cap: the ones idle longest closed to make room (none was serving)
+            assert (scrape.value("nvgpu_http_connections_dropped_total", reason="evicted") or 0) >= 250 - cap
             assert exp.proc.poll() is None
         finally:
             for s in held:

@@ -31,6 +31,7 @@ _W = "exporter.worker."
 _C = "exporter.common."
 LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
     {"entry": ("exporter.__main__", "exporter.cli", "exporter.app", _W + "__main__", _W + "main")},
+    {"npd check": ("exporter.npdcheck",)},
     {
         "supervisor side": (
             *(
@@ -48,6 +49,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
                     "xids",
                     "extensions",
                     "stuck",
+                    "verdicts",
                     "kernel_xid",
                     "pods",
                     "exposition",
@@ -62,7 +64,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             "exporter.config",
             "exporter.checks",
         ),
-        "worker side": (_W + "sampler", _W + "gpuslot", _W + "nvml_events"),
+        "worker side": (_W + "sampler", _W + "gpuslot", _W + "enumeration", _W + "nvml_events"),
     },
     {
         "contract and collectors": (
@@ -70,9 +72,10 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             _C + "selfcheck",
             _C + "collectors*",
             _W + "process_attribution",  # the processes collector's read() half (worker only)
+            _W + "implausible",  # applies the collectors' checks; collectors count joins through it
         )
     },
-    {"nvml": (_W + "nvml", _W + "nvml.*", _W + "fakenvml*", _C + "gpustate")},
+    {"nvml": (_W + "nvml", _W + "nvml.*", _W + "fakenvml*", _C + "gpustate", _C + "plausibility")},
     {
         "worker data": (_W + "procfs", _W + "containerlogs", _W + "process_records"),
         "supervisor data": (_S + "xid", _S + "xid.*", _S + "podresources*"),
@@ -83,11 +86,16 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             "exporter.common",
             "exporter.supervisor",
             "exporter.worker",
+            "exporter.buildinfo",
+            _C + "durations",
             _C + "protocol",
             _C + "decode",
             _C + "workerconfig",
+            _C + "gpuid",
             _C + "breadcrumb",
             _C + "logs",
+            _C + "fileio",
+            _C + "nativelib",
             _C + "metric",
             _C + "nvml",
             _C + "nvml.errors",

@@ -88,6 +88,7 @@ SURVIVING = {
     "nvgpu_device_state",
     "nvgpu_device_faults_total",
     "nvgpu_gpu_info",
+    "nvgpu_gpu_health_verdict",  # the verdict is the supervisor's: it outlives the readings
 }
 
 PROMETHEUS3_ACCEPT = (

@@ -441,6 +441,7 @@ def test_boot_wall_time_from_uptime_and_clock(tmp_path: Path) -> None:
         clock=lambda: 1_800_000_000.5,
         boot_id_path=None,
         read_fn=fake.read,
+        devices=None,
     )
     with reader:
         events = reader.poll()
@@ -458,15 +459,28 @@ def test_missing_path_is_unavailable(tmp_path: Path) -> None:
 
 
 def test_directory_is_unavailable(tmp_path: Path) -> None:
-    with pytest.raises(KernelLogUnavailable, match="neither a character device nor a regular file"):
+    with pytest.raises(KernelLogUnavailable, match="is a directory: expected /dev/kmsg or a regular text file"):
         KmsgReader(tmp_path).open()
+
+
+def test_a_fifo_or_another_device_is_refused_at_open_without_blocking(tmp_path: Path) -> None:
+    """A FIFO at NVGPU_KMSG_PATH is refused at once (opened with O_NONBLOCK, then fstat); so is a
+    character device other than /dev/kmsg (1:11), unless the caller accepts any (devices=None)."""
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    with pytest.raises(KernelLogUnavailable, match="is a FIFO: expected /dev/kmsg"):
+        KmsgReader(fifo).open()
+    with pytest.raises(KernelLogUnavailable, match=r"character device 1:3, not /dev/kmsg \(1:11\)"):
+        KmsgReader("/dev/null").open()
+    with KmsgReader("/dev/null", devices=None) as reader:
+        assert reader.fileno() >= 0
 
 
 def test_read_error_is_unavailable() -> None:
     def denied(fd: int, size: int) -> bytes:
         raise PermissionError(1, "Operation not permitted")
 
-    reader = KmsgReader("/dev/null", None, read_fn=denied, boot_id_path=None)
+    reader = KmsgReader("/dev/null", None, read_fn=denied, boot_id_path=None, devices=None)
     with pytest.raises(KernelLogUnavailable, match="read failed: Operation not permitted"):
         reader.poll()
     reader.close()

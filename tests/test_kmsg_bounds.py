@@ -127,8 +127,11 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
 
 
 def test_dev_zero_is_refused_after_one_bounded_poll() -> None:
-    """/dev/zero is a character device that never runs dry and holds no kmsg record."""
-    with KmsgReader("/dev/zero", None, boot_id_path=None) as reader:
+    """/dev/zero is a character device that never runs dry and holds no kmsg record: refused at
+    open (it is not /dev/kmsg, 1:11); accepted as any device, refused after one bounded poll."""
+    with pytest.raises(KernelLogUnavailable, match=r"character device 1:5, not /dev/kmsg"):
+        KmsgReader("/dev/zero", None, boot_id_path=None).open()
+    with KmsgReader("/dev/zero", None, boot_id_path=None, devices=None) as reader:
         with pytest.raises(KernelLogUnavailable, match="not a kernel log"):
             reader.poll()
 
@@ -143,7 +146,7 @@ def test_device_that_never_runs_dry_returns_within_a_bound(tmp_path: Path) -> No
         seq += 1
         return f"4,{seq},{seq},-;NVRM: Xid (PCI:0000:00:06): 13, pid=1, name=a, flood\n".encode()
 
-    reader = KmsgReader("/dev/null", tmp_path / "cursor.json", boot_id_path=None, read_fn=flood)
+    reader = KmsgReader("/dev/null", tmp_path / "cursor.json", boot_id_path=None, read_fn=flood, devices=None)
     with reader:
         first = reader.poll()
         second = reader.poll()
@@ -230,7 +233,8 @@ def test_symlink_at_the_cursor_path_is_replaced_not_written_through(tmp_path: Pa
 
 def test_dev_zero_on_the_real_exporter_costs_no_core_and_sigterm_works(tmp_path: Path) -> None:
     """The issue: NVGPU_KMSG_PATH=/dev/zero burnt a core and the exporter was alive 4 minutes after
-    SIGTERM. Now the feature goes unsupported after one bounded poll; nothing else changes."""
+    SIGTERM. Now the feature goes unsupported at once (a character device that is not /dev/kmsg is
+    refused at open; accepted as any device it would be after one bounded poll); nothing else changes."""
     import time
 
     import psutil
@@ -248,7 +252,62 @@ def test_dev_zero_on_the_real_exporter_costs_no_core_and_sigterm_works(tmp_path:
         after = supervisor.cpu_times()
         used = (after.user - before.user) + (after.system - before.system)
         assert used < 1.0, f"supervisor used {used:.2f} CPU-s in 3 s"
-        assert "not a kernel log" in exp.logs()
+        assert "character device 1:5, not /dev/kmsg (1:11)" in exp.logs()
         t0 = time.monotonic()
         assert exp.terminate(timeout=20) == 0
         assert time.monotonic() - t0 < 15
+
+
+# -- nothing here blocks, and a stuck poll costs the kernel log, not the supervisor ----------------
+
+
+def test_a_fifo_cursor_is_ignored_at_once_and_replaced(tmp_path: Path) -> None:
+    """A FIFO at the cursor path: a plain open() would wait for a writer (and hold the poll thread
+    forever). Opened without blocking, it is ignored (history counted), and the first save
+    replaces it with a regular file (os.replace replaces the name, never writes through it)."""
+    log_file = tmp_path / "kern.log"
+    log_file.write_bytes(XID)
+    cursor = tmp_path / "cursor.json"
+    os.mkfifo(cursor)
+    with KmsgReader(log_file, cursor, boot_id_path=None) as reader:
+        assert xids(reader.poll()) == [13]
+    assert cursor.is_file() and json.loads(cursor.read_text())["seq"] == 1
+
+
+def test_a_poll_that_does_not_answer_costs_the_kernel_log_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll stuck on a hung mount: the loop goes on, nvgpu_kernel_log_up turns 0 and the stuck
+    poll is logged once; no second poll starts while it is stuck (the reader is not thread-safe);
+    once it answers, its events are counted."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from exporter.common import fileio
+    from exporter.config import Config
+    from exporter.supervisor import kernel_xid
+
+    monkeypatch.setattr(kernel_xid, "POLL_DEADLINE_S", 0.1)
+    monkeypatch.setattr(fileio, "FAILURES", fileio.FAILURES.__class__())
+    ext = kernel_xid.KernelXid(Config(kmsg_path="/nonexistent", state_file=""))
+    release = threading.Event()
+    polls = [0]
+
+    def stuck_poll() -> list[object]:
+        polls[0] += 1
+        release.wait()
+        return []
+
+    monkeypatch.setattr(ext.reader, "poll", stuck_poll)
+    changed = [0]
+    host = SimpleNamespace(snapshot=None, changed=lambda: changed.__setitem__(0, changed[0] + 1))
+
+    async def main() -> None:
+        task = asyncio.ensure_future(ext._poll(host))  # type: ignore[arg-type]
+        while ext.up is not False:
+            await asyncio.sleep(0.01)  # the loop runs while the poll is stuck
+        assert polls[0] == 1 and changed[0] == 1 and not task.done()
+        release.set()
+        assert await task == []
+
+    asyncio.run(main())
+    assert fileio.FAILURES[("kernel_log", "timeout")] == 1

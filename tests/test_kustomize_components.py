@@ -39,7 +39,10 @@ COMPATIBLE = {
         "web-tls", "servicemonitor", "restricted", "networkpolicy", "dcgm-compat", "prometheusrule",
         "runtime-class-nvidia",
     ),
-    "podmonitor-set": ("web-tls", "podmonitor", "pod-attribution-root", "process-attribution", "runtime-class-nvidia"),
+    "podmonitor-set": (
+        "web-tls", "podmonitor", "pod-attribution-root", "process-attribution", "runtime-class-nvidia",
+        "dra-resourceslices",
+    ),
 }  # fmt: skip
 CONFLICTS = [("restricted", "pod-attribution-root"), ("restricted", "process-attribution")]
 

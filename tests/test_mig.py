@@ -405,3 +405,23 @@ def test_scenario_h200x2_mig_is_one_mig_gpu_with_mixed_profiles_and_one_not() ->
     assert "mig" in g0 and "mig" not in g1 and g1["values"]["nvmlDeviceGetMigMode"] == [0, 0]
     profiles = {i["profile_id"] for i in g0["mig"]["layouts"][0]["instances"]}
     assert len(profiles) >= 3
+
+
+def test_a_gpm_sample_of_a_gpu_instance_gone_since_the_layout_is_counted_not_zero(tmp_path: Path) -> None:
+    """The layout of this pass lists GPU instance 9; by the time GPM samples it, it is gone."""
+    from exporter.common import plausibility
+
+    clock = Clock()
+    layouts = [{"until_s": 10, "instances": copy.deepcopy(LAYOUT)}, {"instances": copy.deepcopy(LAYOUT[:3])}]
+    dev = device(tmp_path, mig_gpu(layouts=layouts), clock)
+    for t in (0.0, 5.0):
+        clock.t = t
+        mig.read(dev)
+        gpm.read(dev)
+    clock.t = 9.9
+    mig.read(dev)  # still lists GPU instance 9
+    clock.t = 10.0
+    r = gpm.read(dev)
+    assert r is not None and 9 not in {g.gpu_instance_id for g in r.instances}
+    assert dev.state_of(plausibility.Dropped).by_feature() == {"gpm": {"join_unmatched": 1}}
+    assert not dev.client.errors and ("nvmlGpmMigSampleGet",) not in dev.unsupported

@@ -77,7 +77,7 @@ def test_the_issue_case_six_pods_the_mig_one_included() -> None:
     assert mig_row["uuid"] == GPU2 and mig_row["mig_uuid"] == MIG_A
     assert (mig_row["compute_instance_id"], mig_row["mig_profile"]) == ("0", "3g.71gb")
     unmapped = {s.labels["reason"]: s.value for s in fams["nvgpu_pod_attribution_unmapped_devices"].samples}
-    assert unmapped == {"not_a_uuid": 0.0, "unknown_gpu": 0.0, "unknown_mig_device": 0.0}
+    assert unmapped == {"not_a_uuid": 0.0, "unknown_gpu": 0.0, "unknown_mig_device": 0.0, "dra_unresolved": 0.0}
 
 
 def test_the_pre_r470_mig_uuid_form_is_placed_too() -> None:
@@ -99,7 +99,7 @@ def test_device_ids_that_cannot_be_placed_are_counted_and_logged_once(caplog: py
             ext.on_snapshot(snap)
             fams = families([*ext.gpu_families(snap), *ext.self_families()])
     unmapped = {s.labels["reason"]: s.value for s in fams["nvgpu_pod_attribution_unmapped_devices"].samples}
-    assert unmapped == {"not_a_uuid": 2.0, "unknown_gpu": 1.0, "unknown_mig_device": 1.0}
+    assert unmapped == {"not_a_uuid": 2.0, "unknown_gpu": 1.0, "unknown_mig_device": 1.0, "dra_unresolved": 0.0}
     logged = [r.getMessage() for r in caplog.records if "cannot be mapped" in r.getMessage()]
     assert len(logged) == 4  # once per device id, however often it is rendered
     assert any("deviceIDStrategy=index" in m and "legacy/index/app" in m for m in logged)

@@ -145,7 +145,8 @@ def test_gpu_ids_that_are_not_uuids_are_reported_not_dropped(serve: Servers) -> 
     ]
     path = serve(FakeKubelet(pods))
     with PodResourcesClient(path, timeout_s=5) as client:
-        gpus, unmapped = client.list_device_assignments()
+        found = client.list_assignments()
+        gpus, unmapped = found.gpus, found.not_a_uuid
     assert gpus == client.list_gpu_assignments()
     assert unmapped == {
         "0": (PodRef("legacy", "index-0", "app"),),
@@ -435,7 +436,7 @@ def test_kubernetes_extra_admits_what_the_stubs_need_and_was_tested() -> None:
     assert oldest, "tests/grpc_matrix.sh does not run the lower bounds"
     assert lowest(tests["grpcio"]) == tuple(int(p) for p in oldest.group(1).split("."))
     assert reqs["protobuf"].specifier.contains(oldest.group(2))
-    assert lowest(reqs["h2"]) == tuple(int(p) for p in oldest.group(3).split("."))[:2]
+    assert lowest(reqs["h2"]) == tuple(int(p) for p in oldest.group(3).split("."))
     assert "8.0.0" not in reqs["protobuf"].specifier, "protobuf 8 is untested"
 
 
@@ -486,7 +487,10 @@ def test_wire_contract_matches_the_kubelet_api() -> None:
 
     assert fields("ListPodResourcesResponse") == {"pod_resources": 1}
     assert fields("PodResources") == {"name": 1, "namespace": 2, "containers": 3}
-    assert fields("ContainerResources") == {"name": 1, "devices": 2}
+    assert fields("ContainerResources") == {"name": 1, "devices": 2, "dynamic_resources": 5}
+    assert fields("DynamicResource") == {"claim_name": 2, "claim_namespace": 3, "claim_resources": 4}
+    assert fields("ClaimResource") == {"cdi_devices": 1, "driver_name": 2, "pool_name": 3, "device_name": 4}
+    assert fields("CDIDevice") == {"name": 1}
     assert fields("ContainerDevices") == {"resource_name": 1, "device_ids": 2, "topology": 3}
     assert fields("TopologyInfo") == {"nodes": 1}
     assert fields("NUMANode") == {"ID": 1}

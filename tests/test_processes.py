@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from fakeproc import CONTAINER_PID_NS, Container, make_container_logs, make_proc
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.common import plausibility
 from exporter.common.breadcrumb import BreadcrumbWriter
 from exporter.common.collectors import processes
 from exporter.common.logs import _once_keys
@@ -198,7 +200,7 @@ def test_churning_processes_stay_bounded(tmp_path: Path) -> None:
         {V3: spec, UTIL: {"per_process": {"smUtil": 1}}},
         {"per_process": True, "per_pod": True, "series_per_gpu": 8},
     )
-    gpu.backend._fake._clock, gpu.backend._fake._epoch = (lambda: clock[0]), 0.0
+    gpu.backend._fake._scenario_clock = lambda: clock[0]
     seen: set[int] = set()
     for step in range(200):
         clock[0] = step * 0.05
@@ -331,3 +333,33 @@ def test_the_drop_counter_and_the_fallback_survive_the_gpu_attached_again(tmp_pa
 def test_forked_clients_keep_the_options(tmp_path: Path) -> None:
     gpu = Gpu(tmp_path, {V3: TRUTH}, {"per_process": True})
     assert gpu.client.fork(3).options is gpu.client.options
+
+
+@pytest.mark.usefixtures("fresh_log_once")
+def test_a_sample_stamped_in_the_future_is_dropped_and_never_moves_the_last_seen(tmp_path: Path) -> None:
+    """A future timeStamp passed back as lastSeenTimeStamp would make NVML return nothing newer ever
+    again: the sample is dropped (counted), its process's utilization unknown this time, not 0."""
+    future = int(time.time() * 1e6) + 3600 * 10**6
+    samples = [
+        {"pid": 1184, "timeStamp": future, "smUtil": 99, "memUtil": 1, "encUtil": 0, "decUtil": 0},
+        {"pid": 16040, "smUtil": 40, "memUtil": 2, "encUtil": 0, "decUtil": 0},  # stamped now by the fake
+    ]
+    gpu = Gpu(tmp_path, {V3: TRUTH[:2], UTIL: samples}, {"per_process": True})
+    first = gpu.read()
+    assert first.processes[1184] == (3 << 30, None, None, None, None)
+    assert first.processes[16040] == (7 << 30, 40, 2, 0, 0)
+    assert first.dropped == {"timestamp_in_future": 1}
+    gpu.read()
+    assert 0 < gpu.asked[1] < future  # the next call asked for samples newer than the plausible one
+
+
+def test_a_utilization_sample_for_a_pid_in_no_list_is_counted_not_used(tmp_path: Path) -> None:
+    samples = [
+        {"pid": 1184, "smUtil": 50, "memUtil": 1, "encUtil": 0, "decUtil": 0},
+        {"pid": 4242, "smUtil": 70, "memUtil": 3, "encUtil": 0, "decUtil": 0},  # left between the two calls
+        {"pid": 4243, "smUtil": 70, "memUtil": 3, "encUtil": 0, "decUtil": 0},
+    ]
+    gpu = Gpu(tmp_path, {V3: TRUTH[:1], UTIL: samples}, {"per_process": True})
+    r = gpu.read()
+    assert set(r.processes) == {1184} and r.other is None
+    assert gpu.dev.state_of(plausibility.Dropped).by_feature() == {"processes": {"join_unmatched": 2}}

@@ -3,6 +3,8 @@ the PID namespace check, the kubelet's container log names."""
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from fakeproc import (
     make_container_logs,
     make_proc,
 )
+from waiting import wait_until
 
 from exporter.worker.containerlogs import ContainerLogIndex, ContainerRef, parse_link_name
 from exporter.worker.procfs import PodCgroup, ProcFs, clean_name, parse_cgroup
@@ -132,3 +135,44 @@ def test_container_log_index_without_the_directory(tmp_path: Path) -> None:
     index = ContainerLogIndex(str(tmp_path / "nope"))
     assert index.lookup(TRAINER.id) is None and index.readable is False and not index.check()
     assert index.lookup("") is None
+
+
+# -- a /proc read that blocks costs that process's attribution, never the GPU's sample -------------
+
+
+def test_a_fifo_in_the_tree_is_refused_without_blocking(tmp_path: Path) -> None:
+    root = make_proc(tmp_path / "proc", {42: ("python3", TRAINER)}, pid_max=32768)
+    (root / "42" / "comm").unlink()
+    os.mkfifo(root / "42" / "comm")
+    assert ProcFs(str(root)).name(42) is None and ProcFs(str(root)).pod(42) == PodCgroup(TRAINER.uid, TRAINER.id)
+
+
+def test_a_read_that_blocks_costs_only_that_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pid 43's cgroup read never answers (a kernel lock, a hung mount): resolve() returns within
+    its budget with what it read before; in the next samples pid 43 is skipped (unattributed)
+    and every other pid is attributed; once the read answers, pid 43 is read again."""
+    from exporter.worker.process_attribution import HostView
+
+    others = {pid: ("python3", Container("ml", f"trainer-{pid}", "main")) for pid in (42, 44, 45)}
+    root = make_proc(tmp_path / "proc", {**others, 43: ("python3", TRAINER)}, pid_max=32768)
+    host = HostView(str(root), "", budget_s=0.2)
+    release = threading.Event()
+    real = host.proc.pod
+
+    def pod(pid: int) -> PodCgroup | None:
+        if pid == 43 and not release.is_set():
+            release.wait()  # what a read of /proc/43/cgroup does when the kernel waits
+        return real(pid)
+
+    monkeypatch.setattr(host.proc, "pod", pod)
+    _own, first = host.resolve([42, 43, 44, 45], names=True)
+    assert set(first) == {42} and host.stuck_pids == {43} and host.timeouts == 1
+    for _ in range(3):  # later samples: 43 skipped, the others attributed, no new thread stuck
+        _own, later = host.resolve([42, 43, 44, 45], names=True)
+        assert set(later) == {42, 44, 45} and later[44].name == "python3"
+        assert later[44].cgroup == PodCgroup(others[44][1].uid, others[44][1].id)
+    assert host.io.stuck == 1 and host.timeouts == 1
+    release.set()
+    wait_until(lambda: host.io.stuck == 0 and not host.stuck_pids, 5, "the stuck read to answer")
+    _own, again = host.resolve([42, 43, 44, 45], names=True)
+    assert set(again) == {42, 43, 44, 45}

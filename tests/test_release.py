@@ -11,6 +11,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -219,6 +220,16 @@ def test_the_wheel_holds_the_package_data(ci_run: tuple[Path, dict[str, Any]]) -
         assert required in data and required in names, required
     assert "exporter/supervisor/podresources/v1/api_pb2.py" in names
     assert not [n for n in names if n.startswith(("tests/", "deploy/")) or "__pycache__" in n]
+
+
+def test_the_wheel_carries_the_revision_and_date_for_version(ci_run: tuple[Path, dict[str, Any]]) -> None:
+    """``nvgpu-exporter --version`` of an installed wheel says which commit it was built from, and when."""
+    dist, manifest = ci_run
+    (wheel,) = dist.glob("*.whl")
+    stamp = json.loads(zipfile.ZipFile(wheel).read("exporter/build_info.json"))
+    args = manifest["plan"]["build_args"]
+    assert stamp["revision"] == args["REVISION"] and stamp["date"] == args["CREATED"], (stamp, args)
+    assert re.fullmatch(r"[0-9a-f]{40}", stamp["revision"]), stamp
 
 
 def test_the_chart_archive_loads_with_the_release_version(ci_run: tuple[Path, dict[str, Any]]) -> None:

@@ -41,7 +41,8 @@ def _stats(pid: int) -> procmetrics.ProcStats:
 def state() -> Iterator[ServedState]:
     st = ServedState(Config(state_file=""), QuarantineStore("", 3, 600.0, 86400.0), [])
     st.nvml_up = True
-    with mock.patch.object(procmetrics, "read", _stats):
+    # process_* and the sample's age would move between two renderings
+    with mock.patch.object(procmetrics, "read", _stats), mock.patch.object(ServedState, "sample_age", lambda _: 0.5):
         yield st
 
 
@@ -149,7 +150,7 @@ def test_pod_labels_are_never_taken_from_kept_lines() -> None:
     st = ServedState(Config(state_file=""), QuarantineStore("", 3, 600.0, 86400.0), [ext])
     st.nvml_up = True
     decoder, cache = SnapshotDecoder(), exposition.RenderCache()
-    with mock.patch.object(procmetrics, "read", _stats):
+    with mock.patch.object(procmetrics, "read", _stats), mock.patch.object(ServedState, "sample_age", lambda _: 0.5):
         feed(st, decoder, BASE)
         same(st, cache)
         ext.pods[BASE["gpus"][0]["uuid"]] = ("ml", "train-0", "main")

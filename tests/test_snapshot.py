@@ -146,7 +146,7 @@ def test_other_messages() -> None:
     hello = decode_message(
         {"type": "hello", "pid": 7, "system": {"driver_version": "580"}, "gpus": [{"index": 0, "uuid": "GPU-a"}]}
     )
-    assert hello == Hello(7, SystemInfo(driver_version="580"), ((0, "GPU-a"),), {})
+    assert hello == Hello(7, SystemInfo(driver_version="580"), ((0, "GPU-a", ""),), {})
     assert decode_message(
         {"type": "init_failed", "code": 9, "error": "DRIVER_NOT_LOADED", "message": "m"}
     ) == InitFailed(9, "DRIVER_NOT_LOADED", "m")

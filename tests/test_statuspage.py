@@ -3,7 +3,7 @@
 The browser tests run the real exporter on h200x2-nvlink-crash.json (two H200s; the NVLink
 throughput query segfaults the worker) with NVGPU_QUARANTINE_AFTER=1, so nvlink_throughput is
 quarantined after the first crash. Chromium (Debian's `chromium`) dumps the DOM it built and takes
-a screenshot. NVGPU_UPDATE_SCREENSHOT=1 copies the screenshot to docs/statuspage.png.
+a screenshot (the reference pictures in docs/ are tests/test_statuspage_layout.py's).
 
 The unit tests render the page from a stand-in supervisor for the states a live exporter rarely
 shows (no fresh sample, a section that fails, hostile text).
@@ -11,19 +11,16 @@ shows (no fresh sample, a section that fails, hostile text).
 
 from __future__ import annotations
 
-import os
 import shutil
-import struct
 import subprocess
-import zlib
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
-from exporter_proc import ROOT, SCENARIOS, Exporter, load_scenario, write_scenario
+from exporter_proc import SCENARIOS, Exporter, load_scenario, write_scenario
+from pngs import png_info
 
-from exporter.common.metric import GpuKey
 from exporter.common.snapshot import Snapshot, SystemInfo
 from exporter.config import Config
 from exporter.supervisor import statuspage
@@ -104,31 +101,6 @@ def chromium(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProce
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
-def png_info(data: bytes) -> tuple[int, int, int]:
-    """(width, height, distinct scanlines) of an 8-bit RGB/RGBA PNG, read with the standard library."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    pos, idat, width, height, color = 8, b"", 0, 0, 0
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
-        body = data[pos + 8 : pos + 8 + length]
-        crc = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])[0]
-        assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind!r}"
-        if kind == b"IHDR":
-            width, height, depth, color = struct.unpack(">IIBB", body[:10])
-            assert depth == 8 and color in (2, 6), (depth, color)
-        elif kind == b"IDAT":
-            idat += body
-        elif kind == b"IEND":
-            break
-        pos += 12 + length
-    raw = zlib.decompress(idat)
-    stride = 1 + width * (3 if color == 2 else 4)
-    assert len(raw) == stride * height, "truncated image data"
-    # Scanlines are filtered, so equal rows of a flat image still compress to identical bytes.
-    lines = {raw[i * stride + 1 : (i + 1) * stride] for i in range(height)}
-    return width, height, len(lines)
-
-
 # -- the real exporter in a real browser ------------------------------------------------------
 
 
@@ -196,13 +168,6 @@ def test_screenshot_is_a_real_picture_of_the_page(crashing_exporter: Exporter, t
     width, height, distinct_lines = png_info(shot.read_bytes())
     assert (width, height) == (1400, 1000)
     assert distinct_lines > 100, f"only {distinct_lines} distinct scanlines: a blank or error page?"
-    if os.environ.get("NVGPU_UPDATE_SCREENSHOT") == "1":
-        shutil.copyfile(shot, ROOT / "docs" / "statuspage.png")
-
-
-def test_committed_screenshot_is_a_valid_png() -> None:
-    width, height, distinct_lines = png_info((ROOT / "docs" / "statuspage.png").read_bytes())
-    assert (width, height) == (1400, 1000) and distinct_lines > 100
 
 
 def test_page_answers_while_the_worker_hangs_in_nvml(tmp_path: Path) -> None:
@@ -233,14 +198,14 @@ def stand_in() -> ServedState:
     import time
 
     stuck = StuckDetector(0.99, 64 << 20, 60.0)
-    stuck.gpus[GpuKey("1", UUID1)] = _GpuState(since=1_699_999_900.0, holding=True, evaluable=True)
+    stuck.gpus[UUID1] = _GpuState(since=1_699_999_900.0, holding=True, evaluable=True, index="1", uuid=UUID1)
     state = ServedState(Config(state_file=""), QuarantineStore("", 3, 600.0, 86400.0), [stuck])
     state.system = SystemInfo("580.159.04", "13.580.159.04", "", "13.580.82")
     state.python_version = "3.11.7"
-    state.gpu_index = {UUID0: "0", UUID1: "1"}
+    state.health.on_hello([(0, UUID0, ""), (1, UUID1, "")])
     state.xids.xids = {
-        ("1", UUID1, 43): XidCount(1, 1_700_000_000.0),
-        ("1", UUID1, 13): XidCount(2, 1_699_999_000.0),
+        (UUID1, 43): XidCount(1, 1_700_000_000.0, "1"),
+        (UUID1, 13): XidCount(2, 1_699_999_000.0, "1"),
     }
     state.selfchecks = {"supervisor": SelfCheckResult("supervisor", (), ())}
     state.worker.pid, state.worker.started_at = 42, 1_700_000_000.0

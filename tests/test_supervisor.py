@@ -4,16 +4,23 @@ process, quarantine accounting through the supervisor, and extensions following 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import shlex
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from exporter.app import build_supervisor
+from exporter.common import logs
 from exporter.common.breadcrumb import Breadcrumb
 from exporter.common.collectors.base import SystemInfo
-from exporter.common.snapshot import Hello, Snapshot
+from exporter.common.snapshot import Hello, InitFailed, Snapshot
 from exporter.config import Config
+from exporter.supervisor import unavailable
 from exporter.supervisor.extensions import Extension
 from exporter.supervisor.policy import Outcome, RestartPolicy
 from exporter.supervisor.quarantine import QuarantineStore
@@ -145,6 +152,49 @@ def test_account_counts_and_quarantine_beats_explicit_on(tmp_path: Path) -> None
     again.close()
 
 
+def test_the_quarantine_warning_ends_with_a_command_that_clears_it_and_a_reload_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hint is a whole shell command naming the state file in use, with no field after it; pasted
+    (as ``python -m exporter``) it clears the quarantine; a quarantine read back at start is logged."""
+    state_dir = tmp_path / "state dir"  # a space: the command quotes the path
+    state_dir.mkdir()
+    state_file = str(state_dir / "state.json")
+    config = _config(tmp_path, NVGPU_QUARANTINE_AFTER=1, NVGPU_STATE_FILE=state_file)
+    sup = build_supervisor(config)
+    crumb = Breadcrumb("nvlink_throughput", "nvmlDeviceGetFieldValues", "GPU-x", 0.0, True)
+    with caplog.at_level(logging.WARNING):
+        sup.account(Outcome("crash", -11, 11, crumb, 1.0, True, ""))
+    (record,) = [r for r in caplog.records if "QUARANTINED" in r.getMessage()]
+    command = f"nvgpu-exporter quarantine --state-file '{state_file}' --clear nvlink_throughput"
+    assert record.getMessage().endswith(": " + command), record.getMessage()
+    assert logs.TextFormatter().format(record).endswith(command)  # no key=value after it
+    sup.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        again = build_supervisor(config)
+    reloaded = [r.getMessage() for r in caplog.records if "read back from the state file" in r.getMessage()]
+    assert len(reloaded) == 1 and reloaded[0].endswith(command) and state_file in reloaded[0], reloaded
+    again.close()
+    argv = shlex.split(command)
+    assert argv[0] == "nvgpu-exporter"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVGPU_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", *argv[1:]], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and "cleared: nvlink_throughput" in proc.stdout, proc
+    assert QuarantineStore(state_file, 1, 600, 86400).details() == {}
+
+
+def test_the_no_gpu_hint_ends_with_the_demo_command_and_no_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(unavailable, "nvidia_present", lambda: False)
+    state = build_supervisor(Config.from_env({"NVGPU_STATE_FILE": ""})).state
+    failed = InitFailed(12, "LIBRARY_NOT_FOUND", "libnvidia-ml.so.1: not found")
+    text = unavailable.record(state, failed, 600)
+    assert text.endswith(": " + unavailable.DEMO_COMMAND), text
+    assert shlex.split(unavailable.DEMO_COMMAND)[1:] == ["--nvml-backend", "fake:h200x2"]
+
+
 def test_extension_override_and_quarantine_order(tmp_path: Path) -> None:
     """An extension's override (kernel log unreadable) shows, and a quarantine still wins over it."""
     sup = build_supervisor(_config(tmp_path, NVGPU_QUARANTINE_AFTER=1))
@@ -220,3 +270,28 @@ def test_feature_states_are_resolved_in_two_places_only() -> None:
         "exporter/supervisor/served.py",
         "exporter/worker/sampler.py",
     ], sites
+
+
+def test_without_new_samples_the_age_of_the_last_one_is_rendered_again_and_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot goes stale, then the exposition is rendered again every STALE_RENDER_S until the
+    next snapshot: nvgpu_last_sample_age_seconds keeps growing in what /metrics serves."""
+    from exporter.supervisor import supervisor as sup_mod
+
+    monkeypatch.setattr(sup_mod, "STALE_RENDER_S", 0.05)
+    sup = build_supervisor(_config(tmp_path, NVGPU_SAMPLE_INTERVAL_SECONDS="0.1", NVGPU_STALE_AFTER_SECONDS="0.1"))
+    renders: list[float | None] = []
+    sup.state.subscribe(lambda: renders.append(sup.state.sample_age()))
+
+    async def run() -> None:
+        sup.handle(Snapshot(1_800_000_000.0, 0.01, SystemInfo(), (), {}, {}, {}, 0, {}))
+        await asyncio.sleep(0.5)  # no snapshot for 0.5 s: letting time pass is the point
+
+    try:
+        asyncio.run(run())
+    finally:
+        sup.close()
+    ages = [a for a in renders if a is not None]
+    assert len(ages) >= 5, ages  # the snapshot, going stale, then again and again
+    assert ages == sorted(ages) and ages[-1] > 0.3

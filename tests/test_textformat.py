@@ -4,8 +4,8 @@ The reference is prometheus_client itself (a test dependency here): ``generate_l
 format and of OpenMetrics on the same families, with the old containment (a family that cannot be
 encoded is encoded sample by sample and the samples that fail are dropped and counted). Generated
 families use every real declaration (``MetricDef``) with label values that need escaping or cannot
-be encoded, and values at the edges of the float format; the goldens' OpenMetrics bodies are
-checked against prometheus_client's OpenMetrics writer fed with the parsed text golden.
+be encoded, and values at the edges of the float format (the goldens' OpenMetrics bodies are
+checked in tests/test_golden.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ from hypothesis import strategies as st
 from prometheus_client import exposition as client_text
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics import exposition as client_om
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
-from test_golden import golden_names, render_golden
 
 import exporter
 from exporter.common.metric import Family, MetricDef
@@ -145,13 +143,3 @@ def test_a_value_that_is_not_text_drops_only_its_series() -> None:
     counter.rows.append((("GPU-0", "0", "\udc80"), 1.0))
     textformat.encode([counter], dropped=dropped)
     assert dropped["nvgpu_test_things"] == 3  # a counter's family is named without _total, as client_python names it
-
-
-@pytest.mark.parametrize("name", golden_names())
-def test_the_openmetrics_body_of_every_golden(name: str) -> None:
-    """Our OpenMetrics body against prometheus_client's OpenMetrics writer fed with the parsed text golden."""
-    parsed = list(text_string_to_metric_families((GOLDEN / f"{name}.prom").read_text()))
-    want, _ = reference(parsed, openmetrics=True)
-    got = render_golden(name, openmetrics=True).encode()
-    assert got == want
-    assert got.endswith(b"\n# EOF\n")

@@ -52,7 +52,7 @@ async def stand_in(worker: WorkerProcess, lines: list[tuple[float, bytes]] = ())
 
     async def feed() -> None:
         for delay, line in lines:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay)  # the stand-in's lines arrive this much apart: the delay is the point
             reader.feed_data(line)
 
     asyncio.ensure_future(feed())
@@ -67,9 +67,9 @@ async def test_the_watch_ends_on_wake_once_stopping() -> None:
     w = worker((60.0, 60.0))
     stopping = [False]
     task = asyncio.ensure_future(w.run(await stand_in(w), lambda: stopping[0], 0.2))
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # time for the watch to start and wait
     w.wake()  # stopping() still false: nothing happens
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # time in which nothing may happen: the watch must still be waiting
     assert not task.done()
     stopping[0] = True
     w.wake()
@@ -113,9 +113,9 @@ def prober() -> Iterator[Prober]:
 
 async def test_the_probe_loop_sleeps_until_poked(prober: Prober) -> None:
     task = asyncio.ensure_future(prober._sleep())
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # time for the loop to start waiting
     prober.poke()  # nothing scheduled: the schedule did not change, no wake
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # time in which the poke must not end the wait
     assert not task.done()
     rec = prober.state.health.gpus[0] = GpuRecord(0, "GPU-0")
     rec.next_probe = prober.state.health.clock() - 1.0  # due
@@ -133,6 +133,7 @@ async def test_the_probe_loop_wakes_for_a_due_probe_by_itself(prober: Prober) ->
 async def test_a_kernel_log_that_cannot_be_polled_is_read_on_the_timer(tmp_path: Any) -> None:
     """/dev/null is a character device without poll support (epoll refuses it with EPERM)."""
     ext = KernelXid(Config(state_file="", kmsg_path=os.devnull))
+    ext.reader._devices = None  # the reader takes /dev/kmsg only: let it open the stand-in
     ext.reader.open()
     try:
         await asyncio.wait_for(ext._readable(), 5.0)

@@ -10,7 +10,7 @@ import pytest
 from tls_material import PASSWORD, USER, bcrypt_hash
 
 from exporter.supervisor.http import webauth
-from exporter.supervisor.http.webauth import BasicAuth, RateLimiter, peer_problem
+from exporter.supervisor.http.webauth import BasicAuth, FailedLogins, RateLimiter, peer_problem
 from exporter.supervisor.http.webconfig import BCRYPT_HASH, TlsSettings, load
 
 
@@ -110,3 +110,78 @@ def test_rate_limiter_is_a_token_bucket() -> None:
     now[0] += 1.0
     assert limiter.allow(1.0, 3) and not limiter.allow(1.0, 3)
     assert all(limiter.allow(0.0, 0) for _ in range(100)), "interval 0 disables it"
+
+
+# -- bounded bcrypt cost, wrong passwords limited per client, never the event loop's executor ------
+
+
+def test_failed_logins_are_a_token_bucket_per_client() -> None:
+    now = [0.0]
+    logins = FailedLogins(burst=3, refill_s=2.0, clients=2, clock=lambda: now[0])
+    for _ in range(3):
+        assert logins.retry_after("10.0.0.1") == 0.0
+        logins.failed("10.0.0.1")
+    assert logins.retry_after("10.0.0.1") == pytest.approx(2.0), "the bucket is empty: one more in 2 s"
+    assert logins.retry_after("10.0.0.2") == 0.0, "another client is not limited"
+    now[0] += 1.0
+    assert logins.retry_after("10.0.0.1") == pytest.approx(1.0)
+    now[0] += 1.0
+    assert logins.retry_after("10.0.0.1") == 0.0
+    logins.failed("10.0.0.2")
+    logins.failed("10.0.0.3")  # a third client: the least recently seen is forgotten
+    assert len(logins._buckets) == 2 and "10.0.0.1" not in logins._buckets
+
+
+def test_concurrent_checks_of_the_same_credentials_run_one_bcrypt() -> None:
+    """200 scrapes with the same (not yet verified) credentials after a restart: one bcrypt."""
+    users = {USER: bcrypt_hash().encode()}
+    check = CountingCheck()
+    auth = BasicAuth(check)
+
+    async def run() -> list[str | None]:
+        return await asyncio.gather(*(auth.check(users, _header(USER, PASSWORD)) for _ in range(200)))
+
+    assert asyncio.run(run()) == [USER] * 200 and len(check.calls) == 1
+    assert auth.cached(users, _header(USER, PASSWORD)) is True
+    assert auth.cached(users, _header(USER, "other")) is None and auth.cached(users, None) is False
+
+
+def test_bcrypt_runs_on_a_daemon_thread_that_shutdown_does_not_wait_for() -> None:
+    """asyncio.to_thread would put the check on the loop's default executor, which asyncio.run
+    joins when it ends: a SIGTERM would wait for the bcrypt. The check's thread is a daemon of its
+    own, and a loop that ends while it runs ends at once."""
+    import threading
+
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(password: bytes, hashed: bytes) -> bool:
+        started.set()
+        release.wait()
+        return False
+
+    auth = BasicAuth(slow)
+    users = {USER: bcrypt_hash().encode()}
+
+    async def main() -> None:
+        task = asyncio.ensure_future(auth.check(users, _header(USER, "wrong")))
+        while not started.is_set():
+            await asyncio.sleep(0.01)  # until the check is on its thread
+        task.cancel()
+
+    asyncio.run(main())  # returns although the check still runs
+    assert started.is_set() and not release.is_set()
+    threads = [t for t in threading.enumerate() if t.name == "nvgpu-bcrypt"]
+    assert threads and all(t.daemon for t in threads)
+    release.set()
+
+
+def test_the_dummy_hash_never_exceeds_the_cost_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Users built by hand past the loader (which refuses cost 31): the unknown-user dummy is made
+    at the bound, never at cost 31 (days of a core)."""
+    users = {USER: b"$2b$31$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy"}
+    made: list[int] = []
+    real = webauth._hash_random
+    monkeypatch.setattr(webauth, "_hash_random", lambda cost: (made.append(cost), real(4))[1])
+    asyncio.run(BasicAuth(lambda p, h: False).check(users, _header("mallory", "x")))
+    assert made == [webauth.BCRYPT_MAX_COST]

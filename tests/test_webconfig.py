@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from tls_material import Material, make_material
 
 from exporter.config import Config, ConfigError
 from exporter.supervisor.http import webconfig
+from exporter.supervisor.http.webauth import RateLimiter
 from exporter.supervisor.http.webconfig import WebConfigError, load
 from exporter.supervisor.http.webtls import load_with_context
 
@@ -67,10 +69,6 @@ def test_empty_file_is_plain_http_without_auth(tmp_path: Path) -> None:
         ("tls_server_config: {cert_file: c, key_file: k, client_auth_type: RequestClientCert}\n", "not supported"),
         ("tls_server_config: {cert_file: c, key_file: k, client_ca_file: ca}\n", "client_auth_type is NoClientCert"),
         (
-            "tls_server_config: {cert_file: c, key_file: k, client_auth_type: RequireAndVerifyClientCert}\n",
-            "needs client_ca_file",
-        ),
-        (
             "tls_server_config: {cert_file: c, key_file: k, client_auth_type: VerifyClientCertIfGiven, "
             "client_ca_file: ca, client_allowed_sans: [x]}\n",
             "client_allowed_sans needs client_auth_type RequireAndVerifyClientCert",
@@ -89,7 +87,6 @@ def test_empty_file_is_plain_http_without_auth(tmp_path: Path) -> None:
         ("basic_auth_users: [alice]\n", "mapping of user name"),
         ("rate_limit: {interval: fast, burst: 1}\n", "duration such as 100ms"),
         ("rate_limit: {interval: 1s, burst: -1}\n", "non-negative integer"),
-        ("rate_limit: {interval: 1s}\n", "every request would be refused"),
         ("tls_server_config: {cert_file: nope.crt, key_file: nope.key}\n", "does not exist"),
         ("a: [\n", "not valid YAML"),
         ("tls_server_config: {cert_file: c, key_file: k, client_auth_type: Yes}\n", "must be a string, got True"),
@@ -119,6 +116,32 @@ def test_check_config_reports_the_web_config_file(tmp_path: Path) -> None:
     assert len(web) == 3 and len(problems) == 4, problems  # the other one: NVGPU_LOG_FORMAT
     assert "did you mean key_file?" in web[0] and "key_file (or key) is missing" in web[1]
     assert "x.crt does not exist" in web[2]
+
+
+def test_what_the_toolkit_accepts_is_accepted_as_it_does_it_with_a_caution(tls: Material) -> None:
+    """The three cases where exporter-toolkit loads a file and then does something surprising."""
+    text = (
+        "tls_server_config: {cert_file: server.crt, key_file: server.key,\n"
+        "                    client_auth_type: RequireAndVerifyClientCert}\n"
+        "rate_limit: {interval: 1s}\n"
+    )
+    path = write(tls.dir, text, "toolkit.yml")
+    cfg = load_with_context(path)
+    assert cfg.tls is not None and cfg.tls.verifies_against_system_roots and cfg.context is not None
+    assert cfg.context.verify_mode == ssl.CERT_OPTIONAL
+    assert (cfg.rate_interval_s, cfg.rate_burst) == (1.0, 0)
+    assert len(cfg.cautions) == 2, cfg.cautions
+    assert "against this system's CA roots" in cfg.cautions[0] and "every request is answered 429" in cfg.cautions[1]
+    assert "client certificates RequireAndVerifyClientCert against the system roots" in cfg.describe()
+    headers = load(write(tls.dir, "http_server_config: {headers: {X-XSS-Protection: 1, Content-Security-Policy: "
+                         "yes, Strict-Transport-Security: 1.50}}\n", "numbers.yml")).headers  # fmt: skip
+    assert headers == {"X-XSS-Protection": "1", "Content-Security-Policy": "yes", "Strict-Transport-Security": "1.50"}
+    assert load(write(tls.dir, "http_server_config: {headers: {X-Frame-Options: deny}}\n", "plain.yml")).cautions == ()
+
+
+def test_a_limiter_with_burst_zero_refuses_every_request() -> None:
+    limiter = RateLimiter(clock=lambda: 0.0)
+    assert not any(limiter.allow(1.0, 0) for _ in range(3))
 
 
 def test_go_durations() -> None:
@@ -298,3 +321,86 @@ def test_the_corpus_covers_every_case_of_the_toolkits_testdata() -> None:
     for source in corpus("good") + corpus("bad"):
         covered |= toolkit(source)[0]
     assert covered == TOOLKIT_CASES, (TOOLKIT_CASES - covered, covered - TOOLKIT_CASES)
+
+
+# -- every exception of the loader is a problem; no file blocks; bounded bcrypt cost ---------------
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[" * 5000, "nested too deeply"),
+        ("a: " + "{b: " * 3000, "nested too deeply"),
+        ("basic_auth_users:\n  ? [a, b]\n  : x\n", "unhashable key"),
+        ("? {a: 1}\n: 1\n", "unhashable key"),
+        ('tls_server_config:\n  cert_file: "a\\0b"\n  key_file: k\n', "NUL byte"),
+        ("tls_server_config:\n  cert_file: !!binary aGVsbG8=\n  key_file: k\n", "must be a string"),
+        ("basic_auth_users: !!set {a}\n", "basic_auth_users must be a mapping"),
+    ],
+)
+def test_any_failure_of_the_loader_is_a_problem_of_the_file(tmp_path: Path, text: str, says: str) -> None:
+    """YAML nested thousands deep (a RecursionError), a list as a mapping key, a NUL byte in a path
+    (a ValueError from the OS layer): each is a WebConfigError naming the file, never another
+    exception."""
+    path = write(tmp_path, text)
+    with pytest.raises(WebConfigError) as info:
+        load_with_context(path)
+    assert str(tmp_path) in str(info.value) and says in str(info.value), info.value
+
+
+@pytest.mark.parametrize("which", ["web.yml", "server.key", "server.crt", "ca.crt"])
+def test_a_fifo_anywhere_is_refused_at_once_with_its_name(tls: Material, tmp_path: Path, which: str) -> None:
+    """A FIFO where the web config, a certificate, a key or the client CA should be: a problem
+    naming that path, at once (a plain open() would wait forever for a writer)."""
+    for name in ("server.crt", "server.key", "ca.crt"):
+        (tmp_path / name).write_bytes((tls.dir / name).read_bytes())
+    text = (
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
+    )
+    path = write(tmp_path, text)
+    os.unlink(tmp_path / which)
+    os.mkfifo(tmp_path / which)
+    with pytest.raises(WebConfigError) as info:
+        load_with_context(path)
+    assert f"{tmp_path / which}" in str(info.value) and "is a FIFO, not a regular file" in str(info.value)
+    assert info.value.reason == "not_regular"
+
+
+def test_a_device_node_is_refused_as_a_key(tls: Material, tmp_path: Path) -> None:
+    text = f"tls_server_config: {{cert_file: {tls.path('server.crt')}, key_file: /dev/zero}}\n"
+    with pytest.raises(WebConfigError, match="key_file /dev/zero is a character device 1:5, not a regular file"):
+        load_with_context(write(tmp_path, text))
+
+
+def test_bcrypt_cost_above_the_bound_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """A $2b$31$ hash would hold a core for days per wrong password: refused at load, saying why
+    and how to make a new one. 4 to 14 load (see webconfig.BCRYPT_MAX_COST for why 14)."""
+    salt = "N9qo8uLOickgx2ZMRZoMye"
+    digest = "IjZAgcfl7p92ldGxad68LJZdL17lhWy"
+    for cost, ok in ((4, True), (10, True), (12, True), (14, True), (15, False), (31, False)):
+        path = write(tmp_path, f"basic_auth_users:\n  alice: $2b${cost:02d}${salt}{digest}\n")
+        if ok:
+            assert set(load(path).users) == {"alice"}, cost
+            continue
+        with pytest.raises(WebConfigError) as info:
+            load(path)
+        (problem,) = info.value.problems
+        assert f"basic_auth_users.alice: bcrypt cost {cost} is above 14" in problem, problem
+        assert "hash-password --cost 12" in problem
+    assert "1.7 days" in webconfig._cost_problem("a", 31)
+
+
+def test_hash_password_is_bounded_the_same() -> None:
+    from exporter.supervisor.http.webauth import hash_password
+
+    with pytest.raises(ValueError, match="4 to 14"):
+        hash_password("pw", cost=15)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "hash-password", "--cost", "31"],
+        input="pw\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "invalid choice: 31" in proc.stderr and "Traceback" not in proc.stderr

@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tls_material import USER, Material, bcrypt_hash, make_material
+from waiting import wait_until
 
-from exporter.supervisor.http.webconfig import WebConfigError
+from exporter.supervisor.http.webconfig import WebConfig, WebConfigError
 from exporter.supervisor.http.webtls import WebConfigWatcher, load_with_context
 
 
@@ -94,6 +97,14 @@ def test_plain_http_has_no_context(tmp_path: Path) -> None:
 # -- reloads ---------------------------------------------------------------------------------------
 
 
+def settled(watcher: WebConfigWatcher) -> WebConfig:
+    """refresh() as the event loop calls it, until its look at the files is taken: the first call
+    starts a look on the file-reading thread, a later one takes the answer."""
+    watcher.refresh()
+    wait_until(lambda: (watcher.refresh(), not watcher.looking)[1], 10, "the look at the files", every=0.01)
+    return watcher.current
+
+
 def test_watcher_reloads_on_change_and_keeps_the_last_good(tls: Material, tmp_path: Path) -> None:
     now = [0.0]
     path = write(tmp_path, f"basic_auth_users:\n  {USER}: {bcrypt_hash()}\n")
@@ -101,18 +112,18 @@ def test_watcher_reloads_on_change_and_keeps_the_last_good(tls: Material, tmp_pa
     assert set(watcher.current.users) == {USER} and watcher.last_reload_ok
     # a new user: picked up at the next check
     Path(path).write_text(f"basic_auth_users:\n  {USER}: {bcrypt_hash()}\n  grafana: {bcrypt_hash()}\n")
-    assert set(watcher.refresh().users) == {USER}, "checked at most once a second"
+    assert set(watcher.refresh().users) == {USER} and not watcher.looking, "checked at most once a second"
     now[0] += 1.5
-    assert set(watcher.refresh().users) == {USER, "grafana"} and watcher.reloads == 1
+    assert set(settled(watcher).users) == {USER, "grafana"} and watcher.reloads == 1
     # a broken edit: the previous configuration stays, reload marked failed
     Path(path).write_text("basic_auth_users: {grafana: plaintext}\n")
     now[0] += 1.5
-    assert set(watcher.refresh().users) == {USER, "grafana"}
+    assert set(settled(watcher).users) == {USER, "grafana"}
     assert watcher.last_reload_ok is False
     # fixed again
     Path(path).write_text(f"basic_auth_users:\n  alice: {bcrypt_hash()}\n")
     now[0] += 1.5
-    assert set(watcher.refresh().users) == {"alice"} and watcher.last_reload_ok is True
+    assert set(settled(watcher).users) == {"alice"} and watcher.last_reload_ok is True
 
 
 def test_watcher_follows_certificate_rotation(tls: Material, tmp_path: Path) -> None:
@@ -127,11 +138,11 @@ def test_watcher_follows_certificate_rotation(tls: Material, tmp_path: Path) -> 
     (tmp_path / "server.crt").write_bytes((tls.dir / "client.crt").read_bytes())
     (tmp_path / "server.key").write_bytes((tls.dir / "client.key").read_bytes())
     now[0] += 2
-    assert watcher.refresh().context is not first and watcher.reloads == 1
+    assert settled(watcher).context is not first and watcher.reloads == 1
     # a half-written rotation (new certificate, old key) keeps the last good context
     (tmp_path / "server.crt").write_bytes((tls.dir / "server.crt").read_bytes())
     now[0] += 2
-    assert watcher.refresh().context is watcher.current.context and watcher.last_reload_ok is False
+    assert settled(watcher).context is watcher.current.context and watcher.last_reload_ok is False
 
 
 def test_a_failed_reload_logs_every_problem_once(
@@ -144,7 +155,7 @@ def test_a_failed_reload_logs_every_problem_once(
     with caplog.at_level(logging.ERROR, logger="exporter.supervisor.http.webconfig"):
         for _ in range(3):
             now[0] += 1.5
-            assert set(watcher.refresh().users) == {USER}
+            assert set(settled(watcher).users) == {USER}
     (record,) = caplog.records
     message = record.getMessage()
     for says in (
@@ -155,3 +166,98 @@ def test_a_failed_reload_logs_every_problem_once(
     ):
         assert says in message, message
     assert watcher.last_reload_ok is False
+
+
+# -- nothing blocks the caller; every failure keeps the last good configuration --------------------
+
+
+def test_refresh_never_waits_for_files_on_a_hung_mount(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A look at the files that does not answer (stat on a hung mount) never holds refresh(): the
+    configuration in force is returned at once; past the deadline the look is abandoned, counted
+    (timeout), logged once and the reload marked failed; once the mount answers, a changed file
+    loads again."""
+    from exporter.common import fileio
+    from exporter.supervisor.http import webtls
+
+    monkeypatch.setattr(fileio, "FAILURES", fileio.FAILURES.__class__())
+    now = [0.0]
+    path = write(tmp_path, f"basic_auth_users:\n  {USER}: {bcrypt_hash()}\n")
+    watcher = WebConfigWatcher(path, clock=lambda: now[0], deadline_s=5.0)
+    hung = threading.Event()
+    real = webtls._signature
+
+    def stat_on_a_hung_mount(files: tuple[str, ...]) -> Any:
+        hung.wait()  # what stat(2) does on a hung NFS mount: the kernel waits
+        return real(files)
+
+    monkeypatch.setattr(webtls, "_signature", stat_on_a_hung_mount)
+    Path(path).write_text(f"basic_auth_users:\n  grafana: {bcrypt_hash()}\n")
+    with caplog.at_level(logging.ERROR, logger="exporter.supervisor.http.webconfig"):
+        for step in range(4):  # a refresh() every 2 s of the fake clock: none of them waits
+            now[0] += 2.0
+            assert set(watcher.refresh().users) == {USER}, step
+        assert watcher.last_reload_ok is False and fileio.FAILURES[("web_config", "timeout")] >= 1
+        now[0] += 2.0
+        watcher.refresh()
+    assert sum("did not finish within 5 s" in r.getMessage() for r in caplog.records) == 1
+    hung.set()
+    monkeypatch.setattr(webtls, "_signature", real)
+    now[0] += 2.0
+    assert set(settled(watcher).users) == {"grafana"} and watcher.last_reload_ok is True
+
+
+@pytest.mark.parametrize(
+    "broken",
+    ["[" * 5000, 'tls_server_config: {cert_file: "a\\0b", key_file: k}\n', "basic_auth_users: {[a]: x}\n", "fifo"],
+)
+def test_a_change_that_fails_in_any_way_keeps_the_last_good(tmp_path: Path, broken: str) -> None:
+    """YAML nested thousands deep, a NUL byte in a path, a list as a key, the file replaced by a
+    FIFO: the previous configuration stays, the reload is marked failed; a good file loads again."""
+    now = [0.0]
+    path = write(tmp_path, f"basic_auth_users:\n  {USER}: {bcrypt_hash()}\n")
+    watcher = WebConfigWatcher(path, clock=lambda: now[0])
+    os.unlink(path)
+    if broken == "fifo":
+        os.mkfifo(path)
+    else:
+        Path(path).write_text(broken)
+    now[0] += 2
+    assert set(settled(watcher).users) == {USER} and watcher.last_reload_ok is False
+    os.unlink(path)
+    Path(path).write_text(f"basic_auth_users:\n  alice: {bcrypt_hash()}\n")
+    now[0] += 2
+    assert set(settled(watcher).users) == {"alice"} and watcher.last_reload_ok is True
+
+
+def test_a_key_file_that_becomes_a_fifo_keeps_the_context(tls: Material, tmp_path: Path) -> None:
+    for name in ("server.crt", "server.key"):
+        (tmp_path / name).write_bytes((tls.dir / name).read_bytes())
+    now = [0.0]
+    path = write(tmp_path, "tls_server_config: {cert_file: server.crt, key_file: server.key}\n")
+    watcher = WebConfigWatcher(path, clock=lambda: now[0])
+    first = watcher.current.context
+    os.unlink(tmp_path / "server.key")
+    os.mkfifo(tmp_path / "server.key")
+    now[0] += 2
+    assert settled(watcher).context is first and watcher.last_reload_ok is False
+    os.unlink(tmp_path / "server.key")
+    (tmp_path / "server.key").write_bytes((tls.dir / "server.key").read_bytes())
+    now[0] += 2
+    assert settled(watcher).context is not first and watcher.last_reload_ok is True
+
+
+def test_the_first_load_is_bounded_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--check-config and the start: a web config whose reading never answers is a problem naming
+    the file after the deadline, not a hang."""
+    from exporter.supervisor.http import webtls
+
+    release = threading.Event()
+    monkeypatch.setattr(webtls, "load_with_context", lambda path, **kw: release.wait())
+    path = write(tmp_path, "")
+    try:
+        with pytest.raises(WebConfigError, match="did not finish within 0.2 s"):
+            webtls.load_bounded(path, deadline_s=0.2)
+    finally:
+        release.set()

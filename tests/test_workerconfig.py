@@ -28,14 +28,15 @@ def test_the_round_trip_through_the_environment_keeps_every_field() -> None:
     config = worker_config(
         Config.from_env({"NVGPU_FEATURE_NVLINK_THROUGHPUT": "on", "NVGPU_PROC_PATH": "/host/proc"}),
         {"gpm": "crashed 3 times"},
-        exclude=(Exclusion(1, "GPU-b", "hung", "nvmlDeviceGetPowerUsage did not return"),),
-        only=(GpuRef(0, "GPU-a", "00000000:00:06.0"),),
+        exclude=(Exclusion(GpuRef("GPU-b", "", 1), "hung", "nvmlDeviceGetPowerUsage did not return"),),
+        only=(GpuRef("GPU-a", "00000000:00:06.0", 0),),
         samples=1,
     )
     back = WorkerConfig.from_environ(worker_env(config, 0.0))
     assert back == config
     assert back.modes["nvlink_throughput"] is gf.Mode.ON and back.collectors.processes.proc_path == "/host/proc"
     assert back.exclude[0].state == "hung" and back.only[0].bus_id == "00000000:00:06.0" and back.samples == 1
+    assert back.exclude[0].gpu.key == "GPU-b" and back.only[0].key == "GPU-a"
 
 
 def test_the_worker_gets_the_settings_it_needs() -> None:
@@ -50,6 +51,7 @@ def test_the_worker_gets_the_settings_it_needs() -> None:
     }
     config = worker_config(Config.from_env(env), {})
     assert (config.interval_s, config.deadline_s, config.drain_s, config.reprobe_s) == (2.0, 10.0, 4.0, 300.0)
+    assert worker_config(Config.from_env({"NVGPU_REENUMERATE_SECONDS": "30"}), {}).enumerate_s == 30.0
     assert config.collectors.processes == ProcessOptions("/host/proc", "/host/containers", 4)
     assert config.log_level == "DEBUG" and config.exclude == () and config.only == () and config.samples is None
 
@@ -83,7 +85,13 @@ def test_switches_travel_as_modes_and_quarantines_not_as_decisions() -> None:
         (lambda d: d["collectors"]["processes"].update(series_per_gpu=None), "series_per_gpu: expected an integer"),
         (lambda d: d["modes"].update(ecc="maybe"), "worker config.modes['ecc']: 'maybe' is not one of"),
         (lambda d: d["only"].append({"index": 0, "uuid": "GPU-a"}), "only[0]: missing field 'bus_id'"),
-        (lambda d: d["exclude"].append({"index": "0", "uuid": "", "state": "hung", "detail": ""}), "exclude[0].index"),
+        (
+            lambda d: d["exclude"].append(
+                {"gpu": {"index": "0", "uuid": "", "bus_id": ""}, "state": "hung", "detail": ""}
+            ),
+            "exclude[0].gpu.index",
+        ),
+        (lambda d: d["exclude"].append({"index": 0, "uuid": "GPU-a", "state": "hung", "detail": ""}), "exclude[0]"),
     ],
 )
 def test_a_renamed_missing_or_mistyped_key_fails_at_decode_with_the_field_named(change: Any, named: str) -> None:

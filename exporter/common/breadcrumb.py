@@ -1,8 +1,8 @@
 """Shared-memory breadcrumbs: which NVML call a worker thread is in, readable after it dies.
 
 The supervisor creates a small anonymous memory file (``memfd_create``) and hands its descriptor to
-the worker. Before every NVML call the worker writes (feature, NVML function, GPU UUID, time) into
-its thread's slot and marks it in flight; after the call it clears the flag. A native crash leaves
+the worker. Before every NVML call the worker writes (feature, NVML function, GPU UUID, monotonic
+time) into its thread's slot and marks it in flight; after the call it clears the flag. A native crash leaves
 the last record in place, so the supervisor can name the call that killed the worker, and a hung
 call can be named while it hangs. Writing costs two ``struct.pack_into`` calls per NVML call, no
 system call, so the pipe carries only snapshots.
@@ -22,14 +22,16 @@ from dataclasses import dataclass
 SLOT_SIZE = 256
 SLOT_SAMPLER = 0  # the worker's main thread: init, enumeration, coordination
 SLOT_EVENTS = 1  # the NVML event thread
-SLOT_GPU_BASE = 2  # one slot per GPU sampling thread, by enumeration position
+SLOT_ENUMERATION = 2  # the thread that reads each index's UUID (exporter.worker.enumeration)
+SLOT_GPU_BASE = 3  # one slot per GPU sampling thread, by a position the worker hands out
 MAX_GPU_SLOTS = 64
 SLOTS = SLOT_GPU_BASE + MAX_GPU_SLOTS
-SIZE = SLOT_SIZE * SLOTS  # 16.5 KiB
+SIZE = SLOT_SIZE * SLOTS  # 16.75 KiB
 
 
 def gpu_slot(position: int) -> int:
-    """The breadcrumb slot of the sampling thread of the ``position``-th attached GPU.
+    """The breadcrumb slot of the sampling thread of the GPU at ``position`` (a number the worker
+    hands each GPU it tracks, not its NVML index, which moves).
 
     Raises:
         ValueError: more GPUs than slots (no supported system has more than 64 per node).
@@ -52,8 +54,9 @@ class Breadcrumb:
     Attributes:
         feature: feature name (``"nvlink_throughput"``), ``"init"`` or ``"events"``.
         function: pynvml function name (``"nvmlDeviceGetFieldValues"``).
-        uuid: GPU UUID, empty when the call is not per GPU.
-        entered_at: Unix time the call was entered, seconds.
+        uuid: GPU UUID (its PCI bus id when the UUID is unknown), empty when the call is not per GPU.
+        entered_at: ``time.monotonic()`` when the call was entered, seconds: CLOCK_MONOTONIC, the
+            same clock in the supervisor on this host, so a wall-clock step cannot reorder calls.
         in_flight: True while the call has not returned.
         thread: ``threading.get_ident()`` of the calling thread (faulthandler prints it as
             "Current thread 0x…", which tells which of several calls in flight crashed).
@@ -104,7 +107,7 @@ class BreadcrumbWriter:
             off,
             seq,
             1,
-            time.time(),
+            time.monotonic(),
             threading.get_ident(),
             feature.encode()[:31],
             function.encode()[:63],

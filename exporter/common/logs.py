@@ -11,6 +11,17 @@ stderr is one stream of records whatever the format.
 Text: ``time level logger: message key=value …``, one line per record; a line break inside the
 message or a value (a driver string) is written as ``\\n`` so it cannot forge a second record. A
 traceback (``exc_info``, ``stack=``) follows on its own lines.
+
+logfmt (``NVGPU_LOG_FORMAT=logfmt``, the format of Prometheus's own exporters, nvidia_gpu_exporter's
+chart default): one line of ``key=value`` pairs per record, ``time`` (RFC 3339, milliseconds),
+``level`` (``debug``, ``info``, ``warn``, ``error`` as promslog writes them), ``logger``, ``msg``,
+then every field; a traceback is the quoted value of ``exc`` or
+``stack``. The quoting is go-logfmt's (github.com/go-logfmt/logfmt ``encode.go``, which go-kit/log
+writes with) and matches what ``log/slog``'s TextHandler (promslog) needs: a value is quoted when
+it is empty or holds a space, ``=``, ``"``, a control character or anything not printable; inside
+quotes ``\\`` and ``"`` are escaped, ``\\n`` ``\\r`` ``\\t`` named, other control and
+non-printable characters written ``\\u00XX``; the value ``null`` is quoted (bare ``null`` is a
+nil); a key loses the characters a key cannot hold (space, ``=``, ``"``, controls).
 """
 
 from __future__ import annotations
@@ -111,16 +122,72 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+def _logfmt_key(key: str) -> str:
+    return "".join(c for c in key if c > " " and c not in '="\x7f' and c.isprintable())
+
+
+def _logfmt_escape(char: str) -> str:
+    named = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    if char in named:
+        return named[char]
+    code = ord(char)
+    if code > 0xFFFF:  # a non-printable astral character: a UTF-16 surrogate pair, as JSON writes it
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
+
+
+def logfmt_value(value: Any) -> str:
+    """One logfmt value: bare when it can be, else quoted and escaped (see the module docstring)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    if text == "null":
+        return '"null"'
+    if text and all(c > " " and c not in '="\x7f' and c.isprintable() for c in text):
+        return text
+    body = "".join(c if c.isprintable() and c not in '\\"' else _logfmt_escape(c) for c in text)
+    return f'"{body}"'
+
+
+# promslog's level names (debug, info, warn, error), which log pipelines built for Prometheus's tools match on
+_LOGFMT_LEVELS = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warn", logging.ERROR: "error"}
+
+
+class LogfmtFormatter(logging.Formatter):
+    """``time=… level=… logger=… msg=… key=value …``: one logfmt line per record, a traceback included."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        pairs: list[tuple[str, Any]] = [
+            ("time", rfc3339(record.created)),
+            ("level", _LOGFMT_LEVELS.get(record.levelno, record.levelname.lower())),
+            ("logger", record.name),
+            ("msg", record.getMessage()),
+        ]
+        pairs += [(k, v) for k, v in _extras(record).items() if k != ONCE_FIELD]
+        if record.exc_info:
+            pairs.append(("exc", self.formatException(record.exc_info)))
+        out = []
+        for key, value in pairs:
+            name = _logfmt_key(str(key))
+            if name:
+                out.append(f"{name}={logfmt_value(value)}")
+        return " ".join(out)
+
+
 def setup(level: str, fmt: str, stream: Any = None) -> None:
     """Configure the root logger once for this process.
 
     Args:
         level: DEBUG, INFO, WARNING or ERROR.
-        fmt: ``"text"`` or ``"json"``.
+        fmt: ``"text"``, ``"logfmt"`` or ``"json"``.
         stream: defaults to stderr.
     """
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    formatters: dict[str, type[logging.Formatter]] = {"json": JsonFormatter, "logfmt": LogfmtFormatter}
+    handler.setFormatter(formatters.get(fmt, TextFormatter)())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

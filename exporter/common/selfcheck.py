@@ -33,9 +33,11 @@ def to_dict(result: versions.SelfCheckResult) -> dict[str, Any]:
     return selfcheck_to_wire(result)
 
 
-def run_worker_check(timeout_s: float = 60.0) -> dict[str, Any]:
+def run_worker_check(timeout_s: float = 60.0, backend: str = "nvml") -> dict[str, Any]:
     """Start a real worker-side interpreter (same executable, same working directory, same
-    environment) and run the checks after importing what the worker imports.
+    environment) and run the checks after importing what the worker imports; then load the NVML
+    ``backend`` as the worker does and check the native library it maps (``native`` in the result,
+    :mod:`exporter.common.nativelib`).
 
     Returns:
         The worker's result dict; on failure a dict whose ``problems`` say what went wrong.
@@ -44,7 +46,8 @@ def run_worker_check(timeout_s: float = 60.0) -> dict[str, Any]:
         "import json, exporter.worker.main, exporter.worker.nvml.backend, exporter.worker.nvml.client\n"
         "try:\n    import pynvml\nexcept Exception as e:\n    pass\n"
         "from exporter.common import selfcheck\n"
-        "print(json.dumps(selfcheck.to_dict(selfcheck.run_in_process('worker'))))\n"
+        "result = selfcheck.to_dict(selfcheck.run_in_process('worker'))\n"
+        f"print(json.dumps(exporter.worker.main.selfcheck_with_native(result, {backend!r})))\n"
     )
     try:
         proc = subprocess.run(
@@ -98,17 +101,26 @@ def format_table(results: list[dict[str, Any]]) -> str:
     problems = [(res["process"], p) for res in results for p in res["problems"]]
     notes = [(res["process"], p) for res in results for p in res.get("notes", [])]
     lines.append("")
+    for res in results:
+        lib = res.get("native")
+        if lib:
+            lines.append(
+                f"native  [{res['process']}] libnvidia-ml {lib['realpath'] or lib['path'] or 'none'} "
+                f"(origin {lib['origin']}), kernel module {lib['kernel_module_version'] or 'none'}, "
+                f"NVML {lib['nvml_version'] or '?'}: {lib['state']}"
+            )
     lines.extend(f"PROBLEM [{proc}] {p}" for proc, p in problems)
     lines.extend(f"note    [{proc}] {p}" for proc, p in notes)
     lines.append("self-check: " + ("FAILED" if problems else "ok") + f" ({len(problems)} problem(s))")
     return "\n".join(lines)
 
 
-def command(as_json: bool, strict: bool) -> int:
-    """``nvgpu-exporter selfcheck``: supervisor and worker checks; exit 3 on problems with --strict."""
+def command(as_json: bool, strict: bool, backend: str = "nvml") -> int:
+    """``nvgpu-exporter selfcheck``: supervisor and worker checks (the worker's with the native library
+    of the NVML ``backend``); exit 3 on problems with --strict."""
     from exporter.common import protocol
 
-    results = [to_dict(run_in_process("supervisor")), run_worker_check()]
+    results = [to_dict(run_in_process("supervisor")), run_worker_check(backend=backend)]
     print(json.dumps(results, indent=2) if as_json else format_table(results))
     failed = any(r["problems"] for r in results)
     return protocol.EXIT_SELFCHECK if failed and strict else protocol.EXIT_OK

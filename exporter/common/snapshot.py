@@ -42,6 +42,8 @@ from exporter.common.decode import (
     decode_dataclass_reflective,
     decode_value_reflective,
 )
+from exporter.common.gpuid import gpu_key
+from exporter.common.nativelib import NativeLibrary
 from exporter.common.protocol import ProtocolError
 from guards.features import FeatureState, Reason
 from guards.versions import ModuleReport, SelfCheckResult
@@ -58,12 +60,13 @@ class FeatureStat:
     duration_s: float
 
 
-GPU_STATES = ("up", "lost", "hung", "crashed")
+GPU_STATES = ("up", "lost", "hung", "crashed", "removed")
 """What a worker says of a GPU. ``up``: sampled. ``lost``: GPU_IS_LOST or its handle lookup failed
 (retried every sample). ``hung``: an NVML call on it outlasted the deadline; this worker calls it no
 more (the supervisor's probe retries it). ``crashed``: the supervisor excluded it after a native crash
-in one of its calls (the probe retries it). The supervisor adds ``unknown`` for a GPU without a fresh
-report (docs/metrics.md, ``nvgpu_device_state``)."""
+in one of its calls (the probe retries it). ``removed``: NVML no longer enumerates it (drained,
+unplugged): said in one snapshot, then the GPU is gone from the next. The supervisor adds
+``unknown`` for a GPU without a fresh report (docs/metrics.md, ``nvgpu_device_state``)."""
 
 
 @dataclass(frozen=True)
@@ -71,16 +74,25 @@ class GpuSample:
     """One GPU in a snapshot.
 
     Attributes:
-        index: NVML index (the ``gpu`` label).
+        index: NVML index at the worker's last enumeration (the ``gpu`` label; it moves when a GPU
+            leaves or arrives: state is keyed by :attr:`key`).
         uuid: GPU UUID; empty when the handle lookup failed before it was read.
         state: one of :data:`GPU_STATES`.
         readings: feature name -> that collector's ``Reading``, in the order sampled; the last
             good ones for a GPU that is not ``up`` (they age out by ``sampled_at``).
-        sampled_at: Unix time the readings were taken; None if there never were any.
+        sampled_at: Unix time the readings were taken, on the clock of the snapshot's ``ts``: the
+            worker measures their age on its monotonic clock, so ``ts - sampled_at`` is a true age
+            whatever the wall clock did meanwhile; None if there never were any.
         detail: why the GPU is not up (the NVML call and error), empty when up.
         unsupported: enabled features none of whose calls this GPU supports.
         feature: for a hung GPU, the feature of the call that did not return.
         function: for a hung GPU, the NVML function that did not return.
+        bus_id: PCI bus id, "" until known (the key of a GPU whose UUID cannot be read).
+        dropped: feature -> reason -> values the worker dropped as implausible on this GPU since it
+            started (:mod:`exporter.common.plausibility`; ``nvgpu_readings_dropped_total``).
+        error: for a GPU that is not up, the NVML return code name that made it so
+            (``NO_PERMISSION`` for a handle lookup the container's device cgroup refused,
+            ``GPU_IS_LOST`` …); "" when up or not an NVML answer.
     """
 
     index: int
@@ -92,6 +104,14 @@ class GpuSample:
     unsupported: tuple[str, ...] = ()
     feature: str = ""
     function: str = ""
+    dropped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    error: str = ""
+    bus_id: str = ""
+
+    @property
+    def key(self) -> str:
+        """The GPU's state key (:func:`exporter.common.gpuid.gpu_key`): UUID, else PCI bus id."""
+        return gpu_key(self.uuid, self.bus_id, self.index)
 
     @property
     def up(self) -> bool:
@@ -112,7 +132,7 @@ class Snapshot:
         ts: Unix time the sample started.
         duration_s: wall time of the sample.
         system: versions.
-        gpus: every GPU NVML enumerated, by index.
+        gpus: every GPU NVML enumerated, by index (and, once, each that left: state ``removed``).
         features: per-feature success and duration of this sample.
         feature_states: the worker's effective feature states (env, known issues, unsupported).
         errors: (feature, NVML error name) -> count since this worker started.
@@ -149,6 +169,9 @@ class Snapshot:
                     "unsupported": list(g.unsupported),
                     "feature": g.feature,
                     "function": g.function,
+                    "bus_id": g.bus_id,
+                    "dropped": {f: dict(r) for f, r in g.dropped.items()},
+                    "error": g.error,
                 }
                 for g in self.gpus
             ],
@@ -162,13 +185,14 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Hello:
-    """The worker initialised NVML and enumerated GPUs (``index``, ``uuid`` pairs)."""
+    """The worker initialised NVML and enumerated GPUs (``index``, ``uuid``, PCI ``bus_id``) triples."""
 
     pid: int
     system: SystemInfo
-    gpus: tuple[tuple[int, str], ...]
+    gpus: tuple[tuple[int, str, str], ...]
     feature_states: Mapping[str, FeatureState]
     kernel_module_version: str = ""
+    native: NativeLibrary | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +213,7 @@ class InitFailed:
         kernel_module_version: the loaded kernel module (``/proc/driver/nvidia/version``), "" if none.
         errors: (feature, error, count) of the calls that failed in the worker's last sample, which
             no snapshot carried (the sample that found NVML unusable).
+        native: the native library check after the failed init (the library stays mapped).
     """
 
     code: int
@@ -196,6 +221,7 @@ class InitFailed:
     message: str
     kernel_module_version: str = ""
     errors: tuple[tuple[str, str, int], ...] = ()
+    native: NativeLibrary | None = None
 
 
 @dataclass(frozen=True)
@@ -210,13 +236,27 @@ class NvmlEvent:
 
 
 @dataclass(frozen=True)
+class Attribution:
+    """The worker's answer to ``attribute``: an Xid's PID mapped to its process and pod ("" unknown)."""
+
+    pid: int
+    process: str = ""
+    pod_uid: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+
+@dataclass(frozen=True)
 class Bye:
     """Orderly worker shutdown; ``nvml_shutdown`` says whether ``nvmlShutdown`` ran."""
 
     nvml_shutdown: bool
 
 
-Message = Snapshot | Hello | Progress | InitFailed | NvmlEvent | Bye | SelfCheckResult
+Message = Snapshot | Hello | Progress | InitFailed | NvmlEvent | Bye | SelfCheckResult | NativeLibrary | Attribution
+"""``native`` (a :class:`~exporter.common.nativelib.NativeLibrary`) is sent when the worker's native
+library check changes while it samples (the mapped file replaced on disk under it)."""
 
 
 def states_to_wire(states: Mapping[str, FeatureState]) -> dict[str, dict[str, Any]]:
@@ -282,6 +322,9 @@ def _gpu(raw: Any, where: str, undecodable: set[str]) -> GpuSample:
         unsupported=decode_value_reflective(tuple[str, ...], raw.get("unsupported", []), f"{where}.unsupported"),
         feature=decode_value_reflective(str, raw.get("feature", ""), f"{where}.feature"),
         function=decode_value_reflective(str, raw.get("function", ""), f"{where}.function"),
+        bus_id=decode_value_reflective(str, raw.get("bus_id", ""), f"{where}.bus_id"),
+        dropped=decode_value_reflective(dict[str, dict[str, int]], raw.get("dropped", {}), f"{where}.dropped"),
+        error=decode_value_reflective(str, raw.get("error", ""), f"{where}.error"),
     )
 
 
@@ -315,11 +358,12 @@ def _hello(msg: dict[str, Any]) -> Hello:
     return Hello(
         pid=decode_value_reflective(int, msg.get("pid", 0), "hello.pid"),
         system=decode_dataclass_reflective(SystemInfo, msg.get("system", {}), "hello.system"),
-        gpus=tuple((int(g["index"]), str(g["uuid"])) for g in gpus),
+        gpus=tuple((int(g["index"]), str(g["uuid"]), str(g.get("bus_id", ""))) for g in gpus),
         feature_states=_states(msg.get("feature_states", {}), "hello.feature_states"),
         kernel_module_version=decode_value_reflective(
             str, msg.get("kernel_module_version", ""), "hello.kernel_module_version"
         ),
+        native=decode_value_reflective(NativeLibrary | None, msg.get("native"), "hello.native"),
     )
 
 
@@ -353,6 +397,8 @@ _DECODERS: dict[str, typing.Callable[[dict[str, Any]], Message]] = {
     "progress": _fields(Progress),
     "event": _fields(NvmlEvent),
     "bye": _fields(Bye),
+    "native": _fields(NativeLibrary),
+    "attribution": _fields(Attribution),
 }
 
 
@@ -391,6 +437,7 @@ _FEATURES: Any = converter(dict[str, dict[str, float]])
 _ERRORS: Any = converter(tuple[tuple[str, str, int], ...])
 _EVENTS: Any = converter(dict[str, bool])
 _UNSUPPORTED: Any = converter(tuple[str, ...])
+_DROPPED: Any = converter(dict[str, dict[str, int]])
 _SYSTEM: Any = compiled(SystemInfo)
 _MISMATCH = Mismatch()
 
@@ -490,6 +537,7 @@ class SnapshotDecoder:
                 keep[(i, feature)] = (data, reading)
         state, index, uuid = raw.get("state"), raw.get("index"), raw.get("uuid")
         detail, feature, function = raw.get("detail", ""), raw.get("feature", ""), raw.get("function", "")
+        bus_id, error = raw.get("bus_id", ""), raw.get("error", "")
         sampled_at = raw.get("sampled_at")
         if type(sampled_at) is int:
             sampled_at = float(sampled_at)
@@ -501,6 +549,8 @@ class SnapshotDecoder:
             or type(detail) is not str
             or type(feature) is not str
             or type(function) is not str
+            or type(bus_id) is not str
+            or type(error) is not str
             or (sampled_at is not None and type(sampled_at) is not float)
         ):
             raise _MISMATCH
@@ -514,6 +564,9 @@ class SnapshotDecoder:
             unsupported=_UNSUPPORTED(raw.get("unsupported", [])),
             feature=feature,
             function=function,
+            bus_id=bus_id,
+            dropped=_DROPPED(raw.get("dropped", {})),
+            error=error,
         )
 
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from exporter.common.decode import decode_dataclass
+from exporter.common.gpuid import gpu_key
 from guards.features import Mode
 
 # The worker's host paths when the operator sets none (procfs and containerlogs default to them too).
@@ -36,17 +37,23 @@ ENV_VAR = "NVGPU_WORKER_CONFIG"
 
 @dataclass(frozen=True)
 class GpuRef:
-    """A GPU a probe attaches on its own.
+    """A GPU by identity (:func:`exporter.common.gpuid.gpu_key`): what a probe attaches, or an exclusion names.
 
     Attributes:
-        index: NVML index.
-        uuid: GPU UUID, "" when it was never read.
-        bus_id: PCI bus id (``nvmlDeviceGetHandleByPciBusId_v2``), "" when unknown: then by index.
+        uuid: GPU UUID, "" when it could not be read.
+        bus_id: PCI bus id (``nvmlDeviceGetHandleByPciBusId_v2``), "" when unknown.
+        index: the NVML index it was last seen at: a hint only (indices move when a GPU leaves or
+            arrives); a GPU with neither UUID nor bus id is looked up by it.
     """
 
-    index: int
     uuid: str
     bus_id: str
+    index: int
+
+    @property
+    def key(self) -> str:
+        """The GPU's state key: UUID, else PCI bus id, else ``#<index>``."""
+        return gpu_key(self.uuid, self.bus_id, self.index)
 
 
 @dataclass(frozen=True)
@@ -54,14 +61,12 @@ class Exclusion:
     """A GPU the worker must not attach (:mod:`exporter.supervisor.gpuhealth`); it reports it in this state.
 
     Attributes:
-        index: NVML index.
-        uuid: GPU UUID.
+        gpu: which GPU (found by UUID or bus id wherever NVML now numbers it).
         state: ``hung`` or ``crashed`` (:data:`exporter.common.snapshot.GPU_STATES`).
         detail: why, for ``nvgpu_device_state`` and the logs.
     """
 
-    index: int
-    uuid: str
+    gpu: GpuRef
     state: str
     detail: str
 
@@ -97,6 +102,8 @@ class WorkerConfig:
         interval_s: seconds between samples.
         deadline_s: seconds one GPU's NVML call may take before the GPU counts as hung.
         reprobe_s: seconds between re-probes of what each GPU supports.
+        enumerate_s: seconds between re-enumerations of the GPUs (UUID per index) when nothing
+            asked for one sooner (a count change, a lost GPU, a reset or bus event).
         drain_s: seconds an orderly stop waits for calls in flight before ``nvmlShutdown``.
         log_level: ``NVGPU_LOG_LEVEL``.
         log_format: the format of the worker's stderr; ``json`` (the supervisor parses it).
@@ -112,6 +119,7 @@ class WorkerConfig:
     interval_s: float
     deadline_s: float
     reprobe_s: float
+    enumerate_s: float
     drain_s: float
     log_level: str
     log_format: str
@@ -129,6 +137,7 @@ class WorkerConfig:
             "interval_s": self.interval_s,
             "deadline_s": self.deadline_s,
             "reprobe_s": self.reprobe_s,
+            "enumerate_s": self.enumerate_s,
             "drain_s": self.drain_s,
             "log_level": self.log_level,
             "log_format": self.log_format,

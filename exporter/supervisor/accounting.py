@@ -16,7 +16,7 @@ import logging
 
 from exporter.config import Config
 from exporter.supervisor.policy import Outcome, RestartPolicy
-from exporter.supervisor.quarantine import Quarantine, QuarantineStore
+from exporter.supervisor.quarantine import Quarantine, QuarantineStore, retry_hint
 from exporter.supervisor.served import ServedState
 
 log = logging.getLogger("exporter.supervisor")
@@ -90,15 +90,14 @@ class Accountant:
         if new is not None:
             self._log_quarantine(new)
             for rec in self.state.health.on_quarantine(new.feature):
-                log.info("GPU %d (%s) was out only for crashes in %s: back in", rec.index, rec.uuid, new.feature)
+                log.info("%s was out only for crashes in %s: back in", rec.label(), new.feature)
         if uuid and crumb is not None:
             out_rec = self.state.health.on_crash(uuid, crumb.feature, quarantined=new is not None)
             if out_rec is not None:
                 log.error(
-                    "GPU %d (%s) is left out of the next workers after a crash in %s/%s; the other GPUs keep being "
+                    "%s is left out of the next workers after a crash in %s/%s; the other GPUs keep being "
                     "sampled; a probe retries it in %.0f s",
-                    out_rec.index,
-                    out_rec.uuid,
+                    out_rec.label(),
                     crumb.feature,
                     crumb.function,
                     out_rec.backoff_s,
@@ -125,14 +124,12 @@ class Accountant:
             log.warning("worker exited with code %s after %.1f s", out.returncode, out.lifetime_s, extra=record)
 
     def _log_quarantine(self, new: Quarantine) -> None:
+        # No extra fields: in the text format they would follow the command the message ends with.
         log.warning(
-            "feature %s QUARANTINED: %s. All other features keep being sampled. To retry earlier: "
-            "`nvgpu-exporter quarantine --clear %s` (or delete %s) and restart; NVGPU_FEATURE_%s=on does not "
-            "override a quarantine.",
+            "feature %s QUARANTINED: %s. All other features keep being sampled; NVGPU_FEATURE_%s=on does not "
+            "override a quarantine; %s",
             new.feature,
             new.detail(),
-            new.feature,
-            self.config.state_file or "the state file",
             new.feature.upper(),
-            extra={"feature": new.feature, "function": new.function},
+            retry_hint(self.config.state_file, new.feature),
         )

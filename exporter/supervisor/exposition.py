@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from exporter.common import collectors
+from exporter.common import collectors, plausibility
 from exporter.common.logs import log_once
 from exporter.common.metric import Family, GpuKey, MetricDef
 from exporter.supervisor import selfmetrics, textformat
@@ -231,12 +231,12 @@ def negotiate(accept: str | None) -> bool:
 
 def _by_feature(state: ServedState, snap: Snapshot) -> dict[str, list[tuple[GpuKey, Any]]]:
     """Readings to render, by feature: every GPU that is up with fresh readings; identity always."""
-    fresh = {g.index for g in state.fresh_gpus() if g.up}  # a GPU that is not up has no readings
+    fresh = {g.key for g in state.fresh_gpus() if g.up}  # a GPU that is not up has no readings
     by_feature: dict[str, list[tuple[GpuKey, Any]]] = {}
     for g in snap.gpus:
         key = GpuKey(str(g.index), g.uuid)
         for feature, reading in g.readings.items():
-            if g.index in fresh or feature == "identity":  # identity is static: never dropped
+            if g.key in fresh or feature == "identity":  # identity is static: never dropped
                 by_feature.setdefault(feature, []).append((key, reading))
     return by_feature
 
@@ -251,6 +251,7 @@ def gpu_families(state: ServedState) -> tuple[list[Family], set[str]]:
     """
     bag = _Families()
     bag.add(state.health.families(state.fresh_snapshot() is not None))
+    bag.add(state.verdicts.families())
     snap = state.last
     failed: set[str] = set()
     if snap is not None:
@@ -268,9 +269,13 @@ def gpu_families(state: ServedState) -> tuple[list[Family], set[str]]:
 def _supervisor_gpu_families(
     add: Callable[[Iterable[Family]], None], state: ServedState, snap: Snapshot | None
 ) -> None:
-    """The per-GPU families that follow the collectors': Xid and event counters, then extensions'."""
+    """The per-GPU families that follow the collectors': the readings dropped as implausible, Xid
+    and event counters, then extensions'."""
+    if snap is not None:
+        fresh = {g.key for g in state.fresh_gpus() if g.up}
+        add(plausibility.families([(GpuKey(str(g.index), g.uuid), g.dropped) for g in snap.gpus if g.key in fresh]))
     live = [g.uuid for g in state.fresh_gpus() if g.up]
-    add(state.xids.families(live, state.gpu_index))
+    add(state.xids.families(live, state.gpu_index, now=state.verdicts.clock()))
     for ext in state.active_extensions():
         if snap is not None:
             call = functools.partial(ext.gpu_families, snap)
@@ -281,6 +286,7 @@ def _cached_gpu_families(out: _Exposition, state: ServedState, cache: RenderCach
     """:func:`gpu_families` written into ``out``, each collector's lines from ``cache`` while its
     readings are unchanged; returns the features whose rendering failed."""
     out.add(state.health.families(state.fresh_snapshot() is not None))
+    out.add(state.verdicts.families())
     snap = state.last
     failed: set[str] = set()
     if snap is not None:

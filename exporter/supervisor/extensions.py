@@ -9,7 +9,9 @@ decision: an extension of a feature it turns off, a known-issue rule, gets no ho
 call, and its background work is cancelled), so nothing is wired by
 overwriting attributes. An extension talks back only through the :class:`Host` it is given in
 :meth:`Extension.run` (the served state implements it). Hooks run on the event loop and must not
-block: blocking reads (the kernel log, the kubelet's gRPC socket) go through ``asyncio.to_thread``.
+block: blocking reads go to a thread: the kernel log and the web config to a daemon thread of their own
+(:class:`exporter.common.fileio.Runner`, never joined at shutdown), the kubelet's gRPC call through
+``asyncio.to_thread``.
 This module is the interface only: it imports no extension.
 """
 
@@ -35,8 +37,15 @@ class Host(Protocol):
     def changed(self) -> None:
         """The exposition must be rendered again (coalesced)."""
 
-    def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
-        """Count one Xid (see :meth:`exporter.supervisor.xids.XidLedger.record_xid`)."""
+    def record_xid(
+        self, gpu: str, uuid: str, xid: int, ts: float, source: str, pid: int | None = None, process: str = ""
+    ) -> None:
+        """Count one Xid (see :meth:`exporter.supervisor.xids.XidLedger.record_xid`), with the process
+        the kernel log names when it does."""
+
+    def attribute_xid(self, uuid: str, xid: int, ts: float, pid: int | None, process: str) -> None:
+        """The kernel log's record of an Xid already counted from an NVML event names its process
+        (see :meth:`exporter.supervisor.xids.XidLedger.attribute`)."""
 
     def set_feature_state(self, state: FeatureState) -> None:
         """Override the effective state of the extension's feature (e.g. unsupported: no socket)."""

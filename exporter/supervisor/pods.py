@@ -17,6 +17,12 @@ or shared GPU). A device id that cannot be mapped (not a UUID: the device plugin
 never dropped silently: ``nvgpu_pod_attribution_unmapped_devices{reason}`` counts them (distinct
 ids in the kubelet's last answer) and each is logged once.
 
+Dynamic Resource Allocation: a GPU allocated through a ResourceClaim is attributed like a
+device-plugin GPU once its UUID is known, from the device's CDI names or from the DRA driver's
+ResourceSlice (the opt-in ``NVGPU_DRA_RESOURCESLICES``: :mod:`exporter.supervisor.podresources.resourceslices`);
+a device of a GPU driver neither names is counted under ``reason="dra_unresolved"`` and logged
+once with its claim (:func:`exporter.supervisor.podresources.client.assignments`).
+
 Per-pod usage (``nvgpu_pod_memory_used_bytes``, ``nvgpu_pod_sm_utilization_ratio``): the kubelet
 says which pods hold a GPU, not how much of it each uses (time-slicing and MPS share one GPU
 between pods). The worker's processes collector sums memory and SM utilization of each GPU's
@@ -35,7 +41,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from exporter.common.collectors import mig, processes
 from exporter.common.collectors.base import percent_to_ratio
@@ -48,7 +54,7 @@ if TYPE_CHECKING:
     from exporter.common.metric import Family as Metric
     from exporter.common.snapshot import Snapshot
     from exporter.config import Config
-    from exporter.supervisor.podresources import PodRef
+    from exporter.supervisor.podresources import DraDevice, PodRef
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +68,12 @@ UNMAPPED = MetricDef(
     "nvgpu_pod_attribution_unmapped_devices",
     "GPU device ids the kubelet assigned to pods that cannot be mapped to a GPU or MIG device of this exporter "
     "(distinct ids in the last List answer): not_a_uuid (deviceIDStrategy=index), unknown_gpu, "
-    "unknown_mig_device; each is logged once",
+    "unknown_mig_device, dra_unresolved (a ResourceClaim's GPU whose UUID neither its CDI names nor the "
+    "driver's ResourceSlice give); each is logged once",
     ("reason",),
     per_gpu=False,
 )
-UNMAPPED_REASONS = ("not_a_uuid", "unknown_gpu", "unknown_mig_device")
+UNMAPPED_REASONS = ("not_a_uuid", "unknown_gpu", "unknown_mig_device", "dra_unresolved")
 POD_ATTRIBUTION_UP = MetricDef(
     "nvgpu_pod_attribution_up", "1 if the kubelet PodResources socket answered the last List", per_gpu=False
 )
@@ -150,7 +157,7 @@ class Layout:
     """
 
     def __init__(self, snapshot: Snapshot) -> None:
-        self.gpus = {g.uuid: g.index for g in snapshot.gpus if g.uuid}
+        self.gpus = {g.uuid: g.index for g in snapshot.gpus if g.uuid and g.state != "removed"}  # by UUID
         self.devices: dict[str, tuple[GpuKey, tuple[str, str, str, str]]] = {}
         for g in snapshot.gpus:
             state = g.reading(mig.Reading)
@@ -200,6 +207,8 @@ class PodAttribution(Extension):
         self.relabels_gpus = config.pod_labels
         self.assignments: dict[str, tuple[PodRef, ...]] = {}
         self.unparsed: dict[str, tuple[PodRef, ...]] = {}  # GPU device ids that are not UUIDs
+        self.dra_unresolved: dict[DraDevice, tuple[PodRef, ...]] = {}  # ResourceClaim GPUs without a UUID
+        self.dra_uuids: dict[tuple[str, str, str], str] = {}  # (driver, pool, device) -> UUID: ResourceSlices
         self.layout: Layout | None = None  # of the last snapshot
         self.up: bool | None = None
         self._last_error: str | None = None
@@ -259,6 +268,7 @@ class PodAttribution(Extension):
         rows: list[tuple[GpuKey, PodRef, tuple[str, ...]]] = []
         unmapped: dict[str, set[str]] = {reason: set() for reason in UNMAPPED_REASONS}
         missing = [(i, refs, "not_a_uuid") for i, refs in self.unparsed.items()]
+        missing += [(dev.describe(), refs, "dra_unresolved") for dev, refs in self.dra_unresolved.items()]
         for uuid, refs in sorted(self.assignments.items()):
             where = layout.place(uuid)
             if isinstance(where, str):
@@ -280,6 +290,8 @@ class PodAttribution(Extension):
                     "not_a_uuid": "not a UUID: is the NVIDIA device plugin set to deviceIDStrategy=index?",
                     "unknown_gpu": "NVML does not list this GPU",
                     "unknown_mig_device": "in no GPU's MIG layout: created since the last sample, or MIG feature off",
+                    "dra_unresolved": "a DRA device whose CDI names carry no UUID; set NVGPU_DRA_RESOURCESLICES=true "
+                    "(deploy/kubernetes/components/dra-resourceslices) to read it from the driver's ResourceSlice",
                 }[reason],
                 extra={"device_id": device_id, "reason": reason},
             )
@@ -315,6 +327,15 @@ class PodAttribution(Extension):
             *sources.done(),
             *unmapped.done(),
         ]
+
+    async def _read_slices(self, reader: Any) -> None:
+        """This node's DRA devices -> UUIDs; on failure the last good lookup stays (logged once per reason)."""
+        from exporter.supervisor.podresources.resourceslices import ResourceSliceError
+
+        try:
+            self.dra_uuids = await asyncio.to_thread(reader.list)
+        except ResourceSliceError as exc:
+            log_once(log, logging.WARNING, ("dra-resourceslices", str(exc)), "pod attribution: ResourceSlices: %s", exc)
 
     @staticmethod
     def _say_down(exc: Exception) -> None:
@@ -353,11 +374,23 @@ class PodAttribution(Extension):
             host.changed()
             return
         client = PodResourcesClient(self.config.pod_resources_socket, timeout_s=min(5.0, self.config.pod_refresh_s))
+        slices = None
+        if self.config.dra_resourceslices:
+            from exporter.supervisor.podresources.resourceslices import ResourceSliceReader
+
+            slices = ResourceSliceReader(self.config.node_name, timeout_s=min(5.0, self.config.pod_refresh_s))
         try:
             while True:
-                before = (self.up, self.assignments, self.unparsed)
+                if slices is not None:
+                    await self._read_slices(slices)
+                before = (self.up, self.assignments, self.unparsed, self.dra_unresolved)
                 try:
-                    self.assignments, self.unparsed = await asyncio.to_thread(client.list_device_assignments)
+                    found = await asyncio.to_thread(client.list_assignments, self.dra_uuids)
+                    self.assignments, self.unparsed, self.dra_unresolved = (
+                        found.gpus,
+                        found.not_a_uuid,
+                        found.dra_unresolved,
+                    )
                     if self.up is False:
                         log.info("pod_attribution: kubelet socket %s answers again", self.config.pod_resources_socket)
                     self.up, self._last_error = True, None
@@ -365,8 +398,8 @@ class PodAttribution(Extension):
                     if self._last_error != str(exc):
                         self._say_down(exc)
                     self.up, self._last_error = False, str(exc)
-                    self.assignments, self.unparsed = {}, {}
-                if (self.up, self.assignments, self.unparsed) != before:
+                    self.assignments, self.unparsed, self.dra_unresolved = {}, {}, {}
+                if (self.up, self.assignments, self.unparsed, self.dra_unresolved) != before:
                     host.changed()  # re-render only when something changed
                 await asyncio.sleep(self.config.pod_refresh_s)
         finally:

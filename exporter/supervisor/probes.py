@@ -1,6 +1,7 @@
 """Probes: expendable one-shot workers that retry a hung or crashed GPU (exporter.supervisor.gpuhealth).
 
-A probe is the worker module run with ``only`` (attach just this GPU, by PCI bus id when known) and
+A probe is the worker module run with ``only`` (attach just this GPU: by PCI bus id when known, which
+finds it wherever NVML now numbers it) and
 ``samples: 1``: it initialises NVML, attaches the GPU on its own thread, samples every enabled
 feature once, reports the snapshot and exits. It has its own breadcrumb memory and the worker's
 deadlines, so a probe that hangs is killed and one that crashes names the call. At most one runs at
@@ -22,7 +23,6 @@ from typing import Any
 
 from exporter.common.breadcrumb import BreadcrumbReader
 from exporter.common.snapshot import InitFailed, Message, Snapshot
-from exporter.common.workerconfig import GpuRef
 from exporter.config import Config
 from exporter.supervisor.accounting import Accountant
 from exporter.supervisor.gpuhealth import GpuRecord
@@ -41,9 +41,9 @@ class Prober:
         state: the served state (GPU health, counters).
         quarantine: feature quarantines (a probe runs without quarantined features).
         accountant: counts a probe's crash or hang.
-        epoch: the fake backend's scenario time 0.
+        epoch: the fake backend's scenario time 0 (``time.monotonic()``).
         proc_state_fn: reads a process state letter.
-        readmit: called with a GPU index when its probe answered.
+        readmit: called with a GPU's key (UUID, else PCI bus id) when its probe answered.
         stopped: True once the exporter stops.
     """
 
@@ -55,7 +55,7 @@ class Prober:
         accountant: Accountant,
         epoch: float,
         proc_state_fn: Callable[[int], str | None],
-        readmit: Callable[[int], None],
+        readmit: Callable[[str], None],
         stopped: Callable[[], bool],
     ) -> None:
         self.config = config
@@ -114,9 +114,7 @@ class Prober:
         if self._crumbs is None:
             self._crumbs = BreadcrumbReader()
         self._crumbs.clear()
-        config = worker_config(
-            self.config, self.quarantine.details(), only=(GpuRef(rec.index, rec.uuid, rec.bus_id),), samples=1
-        )
+        config = worker_config(self.config, self.quarantine.details(), only=(rec.ref(),), samples=1)
         seen: dict[str, str] = {}
 
         def on_message(msg: Message) -> None:
@@ -144,7 +142,7 @@ class Prober:
                 self.accountant.replace_worker = True
         self.state.health.probe_done(rec, ok, seen.get("detail") or f"probe {out.reason}")
         if ok:
-            self.readmit(rec.index)
+            self.readmit(rec.key)
         if out.reaped:
             self.probe = None
         self.state.changed()

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from exporter import __version__
+from exporter.common import fileio
 from exporter.common.metric import MetricDef, single
 from exporter.supervisor import procmetrics
 
@@ -32,6 +33,14 @@ BUILD_INFO = _m(
     "value is always 1",
     ("version", "nvidia_ml_py_version", "nvml_version", "driver_version", "kernel_module_version", "python_version"),
 )
+NVML_LIBRARY_INFO = _m(
+    "nvgpu_nvml_library_info",
+    "The libnvidia-ml.so the worker mapped (/proc/self/maps): path, origin (host: bind-mounted from the host; "
+    "image: part of the container image; unknown; none), its version (file name, else nvmlSystemGetNVMLVersion), "
+    "NVML's version, the kernel module's (/proc/driver/nvidia/version) and the check's state (ok, image_library, "
+    "driver_upgraded, library_missing, unknown); value is always 1",
+    ("path", "origin", "library_version", "nvml_version", "kernel_module_version", "state"),
+)
 INIT_FAILURES = _m(
     "nvgpu_nvml_init_failures_total",
     "NVML initialisations that failed (and samples that found NVML unusable), by NVML error",
@@ -39,15 +48,29 @@ INIT_FAILURES = _m(
 )
 DRIVER_RELOAD_REQUIRED = _m(
     "nvgpu_driver_reload_required",
-    "1 while NVML answers LIB_RM_VERSION_MISMATCH: the userspace driver differs from the loaded kernel module; "
-    "only a driver reload or a reboot cures it",
+    "1 while NVML answers LIB_RM_VERSION_MISMATCH on the host's library (or the host's library was replaced under "
+    "the running worker): the userspace driver differs from the loaded kernel module; only a driver reload or a "
+    "reboot cures it (0 when the library is the image's own: fix the image)",
 )
 SUPERVISOR_ERRORS = _m(
     "nvgpu_supervisor_errors_total",
     "Exceptions in the supervisor's own work, contained and retried, by component",
     ("component",),
 )
+FILE_READ_FAILURES = _m(
+    "nvgpu_file_read_failures_total",
+    "Reads of a file a setting names that failed and kept the previous state, by file (web_config: the web "
+    "config or a certificate, key or CA it names; state_file; kmsg_cursor; kernel_log) and reason "
+    "(not_regular: a FIFO, directory or device node; too_large; timeout: no answer in time, a hung mount; error)",
+    ("file", "reason"),
+)
 LAST_SAMPLE = _m("nvgpu_last_sample_timestamp_seconds", "Unix time of the last NVML sample")
+LAST_SAMPLE_AGE = _m(
+    "nvgpu_last_sample_age_seconds",
+    "Seconds since the last NVML sample arrived, on the exporter's monotonic clock when the exposition was "
+    "rendered (every sample, and every 10 s while none arrives): unlike time() - "
+    "nvgpu_last_sample_timestamp_seconds, not skewed by a node clock that differs from Prometheus's",
+)
 SAMPLE_DURATION = _m("nvgpu_sample_duration_seconds", "Wall time of the last NVML sample")
 FEATURE_SUCCESS = _m("nvgpu_feature_success", "1 if the feature's last sample succeeded on every GPU", ("feature",))
 FEATURE_DURATION = _m(
@@ -90,6 +113,7 @@ METRICS = (
     UP,
     BUILD_INFO,
     LAST_SAMPLE,
+    LAST_SAMPLE_AGE,
     SAMPLE_DURATION,
     FEATURE_SUCCESS,
     FEATURE_DURATION,
@@ -104,9 +128,11 @@ METRICS = (
     WORKER_STUCK,
     MODULE_INFO,
     SELFCHECK_FAILURES,
+    NVML_LIBRARY_INFO,
     INIT_FAILURES,
     DRIVER_RELOAD_REQUIRED,
     SUPERVISOR_ERRORS,
+    FILE_READ_FAILURES,
 )
 RESTART_REASONS = ("crash", "hang", "exit", "nvml_error", "quarantine")
 
@@ -133,6 +159,7 @@ def families(state: ServedState, render_failed: Collection[str]) -> list[Metric]
     ]
     if last is not None:
         out += [single(LAST_SAMPLE, last.ts), single(SAMPLE_DURATION, last.duration_s)]
+        out.append(single(LAST_SAMPLE_AGE, state.sample_age()))
     success, duration = FEATURE_SUCCESS.family(), FEATURE_DURATION.family()
     if snap is not None:
         for feature, stat in sorted(snap.features.items()):
@@ -162,10 +189,14 @@ def _nvml_health(state: ServedState) -> list[Metric]:
     components = SUPERVISOR_ERRORS.family()
     for component, count in sorted(state.component_errors.items()):
         components.add_labels([component], count)
+    files = FILE_READ_FAILURES.family()
+    for (file, reason), count in sorted(fileio.FAILURES.items()):
+        files.add_labels([file, reason], count)
     return [
         failures.always(),
-        single(DRIVER_RELOAD_REQUIRED, 1 if state.nvml.driver_reload_required else 0),
+        single(DRIVER_RELOAD_REQUIRED, 1 if state.driver_reload_required() else 0),
         components.always(),
+        files.always(),
     ]
 
 
@@ -197,4 +228,18 @@ def _selfcheck(state: ServedState) -> list[Metric]:
                 [process, m.module, m.version or "", m.distribution, m.distribution_version or "", m.path or ""], 1
             )
         failures.add_labels([process], len(res.problems))
-    return [info.always(), failures.always()]
+    native = NVML_LIBRARY_INFO.family()
+    lib = state.native
+    if lib is not None:
+        native.add_labels(
+            [
+                lib.realpath or lib.path,
+                lib.origin,
+                lib.library_version,
+                lib.nvml_version,
+                lib.kernel_module_version,
+                lib.state,
+            ],
+            1,
+        )
+    return [info.always(), failures.always(), native.always()]

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 from exporter.common.collectors.base import SystemInfo
 from exporter.common.logs import log_once
+from exporter.common.nativelib import NativeLibrary
 from exporter.common.snapshot import GpuSample, Snapshot
 from exporter.supervisor.gpuhealth import GpuHealth, GpuRecord
+from exporter.supervisor.verdicts import VerdictEngine
 from exporter.supervisor.xids import XidLedger
 from guards import features as gf
 from guards.versions import SelfCheckResult
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter.supervisor")
 E = TypeVar("E")
+PID_LOOKUP_MAX_AGE_S = 600.0  # an Xid's PID is mapped to its pod only while the process may still exist
 
 
 def provisional_states(modes: Mapping[str, gf.Mode], quarantined: Mapping[str, str]) -> dict[str, gf.FeatureState]:
@@ -174,9 +177,11 @@ class ServedState:
         self.selfchecks: dict[str, SelfCheckResult] = {}
         self.worker = WorkerStatus()
         self.nvml = NvmlStatus()
-        self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s)
+        self.native: NativeLibrary | None = None  # the worker's native library check, last reported
+        self.health = GpuHealth(config.gpu_retry_s, config.gpu_retry_max_s, expected=config.expected_gpus)
         self.xids = XidLedger()
-        self.gpu_index: dict[str, str] = {}  # uuid -> index, remembered across workers
+        self.verdicts = VerdictEngine()  # every GPU's verdict, updated on each change (exporter.supervisor.verdicts)
+        self.pid_lookups: list[int] = []  # Xid PIDs the worker is to map to pods
         self._calls_done = 0
         self._errors_done: collections.Counter[tuple[str, str]] = collections.Counter()
         self._calls_now = 0
@@ -193,13 +198,39 @@ class ServedState:
         return self.last
 
     def changed(self) -> None:
-        """Ask for a new rendering (every subscriber is told)."""
+        """The state changed: the verdicts are evaluated again, then every subscriber is told (the
+        renderer renders again, coalesced)."""
+        try:
+            self.verdicts.update(self)
+        except Exception:  # noqa: BLE001 - a verdict bug must not cost the exposition
+            self.count_error("verdicts", "evaluating the GPUs' verdicts")
         for listener in self._listeners:
             listener()
 
-    def record_xid(self, gpu: str, uuid: str, xid: int, ts: float, source: str) -> None:
-        """Count one Xid."""
-        self.xids.record_xid(gpu, uuid, xid, ts, source)
+    def record_xid(
+        self, gpu: str, uuid: str, xid: int, ts: float, source: str, pid: int | None = None, process: str = ""
+    ) -> None:
+        """Count one Xid; a PID is queued for the worker to map to its pod (:meth:`take_pid_lookups`)."""
+        self.xids.record_xid(gpu, uuid, xid, ts, source, pid, process)
+        if pid is not None and abs(time.time() - ts) <= PID_LOOKUP_MAX_AGE_S:  # history since boot: long gone
+            self.pid_lookups.append(pid)
+
+    def attribute_xid(self, uuid: str, xid: int, ts: float, pid: int | None, process: str) -> None:
+        """Name the process of an Xid counted from an NVML event (the kernel log's record of it)."""
+        if self.xids.attribute(uuid, xid, ts, pid, process) is not None and pid is not None:
+            self.pid_lookups.append(pid)
+
+    def take_pid_lookups(self) -> list[int]:
+        """PIDs of new Xids, for the worker to map to pods (each once, then forgotten here)."""
+        pids, self.pid_lookups = list(dict.fromkeys(self.pid_lookups)), []
+        return pids
+
+    def set_native(self, native: NativeLibrary | None) -> bool:
+        """Take the worker's native library check; True when it differs from the last one."""
+        if native is None or native == self.native:
+            return False
+        self.native = native
+        return True
 
     def set_feature_state(self, state: gf.FeatureState) -> None:
         """Override one feature's state (an extension found it unsupported)."""
@@ -235,15 +266,21 @@ class ServedState:
         self.xids.events_enabled.update(snap.events_enabled)
         self._calls_now = snap.calls
         self._errors_now = collections.Counter(snap.errors)
-        for g in snap.gpus:
-            if g.uuid:
-                self.gpu_index[g.uuid] = str(g.index)
         for ext in self.active_extensions():
             try:
                 ext.on_snapshot(snap)
             except Exception:  # noqa: BLE001 - one extension's bug must not cost the snapshot
                 self.count_error(ext.component, "handing it a snapshot")
-        return list(self.health.on_snapshot(snap))
+        hung = self.health.on_snapshot(snap)
+        for g in snap.gpus:
+            if g.state == "removed":  # the GPU left the node: its Xid and event series go with it
+                self.xids.forget(g.uuid or g.key)
+        return hung
+
+    @property
+    def gpu_index(self) -> dict[str, str]:
+        """UUID (PCI bus id without one) -> the ``gpu`` label of each GPU known now."""
+        return {r.uuid or r.key: str(r.index) for r in self.health.gpus.values()}
 
     def worker_started(self, pid: int) -> None:
         """A new worker process: fold the last worker's call and error totals into the history."""
@@ -280,6 +317,10 @@ class ServedState:
         if time.monotonic() - self.last_mono > self.config.stale_s:
             return None
         return self.last
+
+    def sample_age(self) -> float | None:
+        """Seconds since the last snapshot arrived (monotonic), None before the first."""
+        return None if self.last_mono is None else max(0.0, time.monotonic() - self.last_mono)
 
     def reading_age(self, g: GpuSample) -> float | None:
         """Seconds since GPU ``g``'s readings were taken, None if it has none; measured from the
@@ -319,6 +360,15 @@ class ServedState:
         if self.last_init_error:
             why += f"; {self.last_init_error}"
         return False, why
+
+    def driver_reload_required(self) -> bool:
+        """LIB_RM_VERSION_MISMATCH on the host's library (or a host driver replaced under the running
+        worker): a driver reload or a reboot is the cure. Not when the library is the image's own:
+        then the image is to be fixed (``nvgpu_nvml_library_info{origin="image"}``)."""
+        native = self.native
+        if native is not None and native.origin == "image":
+            return False
+        return self.nvml.driver_reload_required or (native is not None and native.state == "driver_upgraded")
 
     def liveness(self) -> tuple[bool, str]:
         """Liveness: fails only when NVML worked, then answered UNKNOWN to every call and re-init

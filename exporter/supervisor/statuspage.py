@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from exporter import __version__
 from exporter.common.collectors import identity, memory, power, temperature, utilization
 from exporter.common.snapshot import GpuSample
+from exporter.supervisor.quarantine import clear_command
 from exporter.supervisor.stuck import StuckDetector
 from guards.features import Reason
 
@@ -50,6 +51,10 @@ code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
 .small{font-size:.85em;color:var(--muted)}
 .cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(34em,1fr));gap:0 2em;align-items:start}
 dl{display:grid;grid-template-columns:max-content auto;gap:.15em 1em;margin:.2em 0}dt{font-weight:600}dd{margin:0}
+header>*{min-width:0;max-width:100%}#ready .badge{white-space:normal}
+table{max-width:100%}#gpus{width:100%}#gpus th{white-space:normal}
+td{overflow-wrap:anywhere}td.num{overflow-wrap:normal}
+code.command{display:inline-block;overflow-wrap:anywhere}
 """
 
 GIB = 2**30
@@ -131,10 +136,12 @@ def _xid_cell(state: ServedState, uuid: str) -> str:
     xid, count, total_xids = latest
     cls, severity, meaning = _xid_info(xid)
     kind = {"critical": "bad", "warning": "warn"}.get(severity, "off")
+    who = [f"Xid {r.xid} by {r.who} at {_utc(r.ts, '%H:%M:%SZ')}" for r in reversed(state.xids.recent(uuid)) if r.who]
     return (
         f"{_badge(f'Xid {xid}', kind)} {_e(cls)}{f' / {_e(severity)}' if severity else ''} at "
         f'{_e(_utc(count.last_ts, "%H:%M:%SZ"))}<br><span class="small">{_e(meaning)}'
         f"{f' ({total_xids} Xids in total)' if total_xids > 1 else ''}</span>"
+        + (f'<br><span class="small xid-processes">{"<br>".join(_e(w) for w in who)}</span>' if who else "")
     )
 
 
@@ -144,12 +151,13 @@ _STATE_BADGES = {
     "lost": ("LOST", "bad"),
     "hung": ("HUNG", "bad"),
     "crashed": ("CRASHED", "bad"),
+    "denied": ("DENIED to the exporter's pod", "warn"),
 }
 
 
 def _gpus(state: ServedState) -> str:
     snap = state.last
-    fresh = {g.index for g in state.fresh_gpus()}
+    fresh = {g.key for g in state.fresh_gpus()}
     stuck_ext = state.extension(StuckDetector)
     if state.fresh_snapshot() is None:
         note = (
@@ -158,18 +166,23 @@ def _gpus(state: ServedState) -> str:
         )
     else:
         note = f'<p class="small">Sample taken {_e(_age(time.time() - snap.ts))} ago.</p>' if snap else ""
-    by_index = {g.index: g for g in snap.gpus} if snap else {}
-    for uuid, idx in state.gpu_index.items():
-        by_index.setdefault(int(idx), GpuSample(int(idx), uuid, "unknown"))
+    by_key = {g.key: g for g in snap.gpus if g.state != "removed"} if snap else {}
+    for known in state.health.gpus.values():
+        by_key.setdefault(known.key, GpuSample(known.index, known.uuid, "unknown", bus_id=known.bus_id))
     rows = []
-    for index in sorted(by_index):
-        g = by_index[index]
-        rec = state.health.gpus.get(index)
+    for key, g in sorted(by_key.items(), key=lambda item: (item[1].index, item[0])):
+        index = g.index
+        rec = state.health.gpus.get(key)
         current = state.health.state_of(rec, state.fresh_snapshot() is not None) if rec else "unknown"
         uuid = g.uuid
         stuck = bool(uuid) and stuck_ext is not None and stuck_ext.suspected(uuid)
         text, kind = _STATE_BADGES.get(current, (current, "warn"))
         badge = _badge(text, kind)
+        verdict = state.verdicts.current.get(uuid or f"index:{index}")
+        if verdict is not None and verdict.verdict != "ok":
+            vkind = "bad" if verdict.verdict in ("reset_gpu", "reboot_node") else "warn"
+            cause = f"{_e(verdict.domain)}: {_e(verdict.cause)}"
+            badge += f'<br>{_badge(verdict.verdict, vkind)} <span class="small verdict">{cause}</span>'
         detail = (rec.detail if rec and current != "up" else "") or ""
         if rec and rec.next_probe is not None:
             detail += f" (probe in {_age(rec.next_probe - time.monotonic())})"
@@ -177,11 +190,15 @@ def _gpus(state: ServedState) -> str:
             detail += f" unsupported here: {', '.join(rec.unsupported)}"
         shown = (
             g
-            if index in fresh
+            if key in fresh
             else GpuSample(g.index, g.uuid, g.state, {k: v for k, v in g.readings.items() if k == "identity"})
         )
         name, bus, util_s, mem_s, temp_s, power_s = _gpu_cells(shown)
-        stuck_s = _badge("STUCK: busy, no memory, no processes", "bad") if stuck else _badge("no", "ok")
+        stuck_s = (
+            _badge("STUCK", "bad") + '<br><span class="small">busy, no memory, no processes</span>'
+            if stuck
+            else _badge("no", "ok")
+        )
         cls_row = "bad" if current in ("lost", "hung", "crashed") or stuck else ""
         rows.append(
             f'<tr class="{cls_row}" data-uuid="{_e(uuid)}" data-state="{_e(current)}"><td class="num">{_e(index)}</td>'
@@ -232,11 +249,28 @@ def _quarantine_banner(state: ServedState) -> str:
     quarantined = {k: v for k, v in state.feature_states().items() if v.reason is Reason.QUARANTINED}
     if not quarantined:
         return ""
-    items = "".join(f"<li><code>{_e(k)}</code>: {_e(v.detail)}</li>" for k, v in sorted(quarantined.items()))
+    path = state.config.state_file
+    items = "".join(
+        f'<li><code>{_e(k)}</code>: {_e(v.detail)}<br><code class="command">'
+        f"{_e(clear_command(path, k) if path else 'NVGPU_STATE_FILE is empty: a restart retries it')}</code></li>"
+        for k, v in sorted(quarantined.items())
+    )
     return (
         f'<div class="alert" id="quarantine-alert"><b>{len(quarantined)} feature{"s" if len(quarantined) > 1 else ""} '
-        f"quarantined</b> after worker crashes; every other metric continues. To retry: "
-        f"<code>nvgpu-exporter quarantine --clear &lt;feature&gt;</code> and restart.<ul>{items}</ul></div>"
+        f"quarantined</b> after worker crashes; every other metric continues. To retry one, clear it and "
+        f"restart the exporter:<ul>{items}</ul></div>"
+    )
+
+
+def _driver_banner(state: ServedState) -> str:
+    """LIB_RM_VERSION_MISMATCH: only a driver reload or a reboot cures it, and the page says so first."""
+    if not state.nvml.driver_reload_required:
+        return ""
+    return (
+        '<div class="alert" id="driver-reload-alert"><b>NVIDIA driver reload required</b>: the NVML library '
+        f"({_e(state.system.nvml_version or 'userspace')}) does not match the loaded kernel module "
+        f"({_e(state.nvml.kernel_module_version or 'unknown')}). Reload the driver or reboot the node; restarting "
+        "the exporter does not help.</div>"
     )
 
 
@@ -295,6 +329,16 @@ def _selfcheck(state: ServedState) -> str:
             f"<td>{_badge('FAILED', 'bad') if problems else _badge('ok', 'ok')}</td>"
             f'<td class="small">{_e(mods) or "-"}</td><td>{"<br>".join(_e(p) for p in problems) or "-"}</td></tr>'
         )
+    lib = state.native
+    if lib is not None:
+        kind = "bad" if lib.problem else "ok" if lib.state == "ok" else "warn"
+        rows.append(
+            f'<tr class="{"bad" if lib.problem else ""}" data-process="native" data-state="{_e(lib.state)}">'
+            f"<td>libnvidia-ml</td><td>{_badge(lib.state, kind)}</td>"
+            f'<td class="small"><code>{_e(lib.realpath or lib.path or "none")}</code> ({_e(lib.origin)}), '
+            f"{_e(lib.library_version or '?')}; kernel module {_e(lib.kernel_module_version or 'none')}; "
+            f"NVML {_e(lib.nvml_version or '?')}</td><td>{_e(lib.message or lib.evidence) or '-'}</td></tr>"
+        )
     return (
         '<table id="selfcheck"><tr><th>process</th><th>result</th><th>modules imported</th><th>problems</th></tr>'
         + "".join(rows)
@@ -339,6 +383,7 @@ def render(state: ServedState) -> str:
 <span class="meta">driver {_e(state.system.driver_version or "?")}
  · page rendered {_e(_utc(time.time()))}</span></header>
 <main>
+{_section("", _driver_banner, state, "driver")}
 {_section("", _quarantine_banner, state, "quarantine")}
 {_section("GPUs", _gpus, state, "gpus")}
 <div class="cols"><div>

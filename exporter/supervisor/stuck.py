@@ -17,7 +17,10 @@ nothing actually running:
 - elsewhere: framebuffer memory used (v2: excluding driver-reserved memory) <= ``memory_bytes``.
 
 When the conditions hold continuously for ``after_s`` seconds, ``nvgpu_stuck_context_suspected``
-is 1 and ``nvgpu_stuck_context_since_timestamp_seconds`` says when they began. Any condition ending
+is 1 and ``nvgpu_stuck_context_since_timestamp_seconds`` says when they began. How long they held is
+measured on the supervisor's monotonic clock (the snapshots' arrival), so a wall-clock step cannot
+make the signature fire early or late; the exported "since" is the wall time of the snapshot in
+which they began. A GPU's state is keyed by its UUID: a renumbering moves only its ``gpu`` label. Any condition ending
 resets it. When a reading the signature needs is missing (feature off or unsupported) it is not
 evaluated and no series is exported for that GPU. Nor on a GPU in MIG mode: device-wide
 utilization is not defined there (NVML answers NOT_SUPPORTED), and the parent's process list and
@@ -27,7 +30,8 @@ make the signature fire on a GPU whose instances are busy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,9 +58,12 @@ METRICS = (SUSPECTED, SINCE)
 
 @dataclass
 class _GpuState:
-    since: float | None = None  # snapshot time the conditions first held, None if not holding
+    since: float | None = None  # snapshot time (Unix) the conditions first held, None if not holding
     holding: bool = False
     evaluable: bool = False
+    since_mono: float | None = None  # supervisor monotonic time they first held (the decision's clock)
+    index: str = ""  # the gpu label of the last snapshot
+    uuid: str = ""
 
 
 class StuckDetector(Extension):
@@ -67,25 +74,37 @@ class StuckDetector(Extension):
         memory_bytes: memory used at or below which the GPU counts as empty (without GPM).
         after_s: how long the conditions must hold.
         sm_activity: GPM SM activity ratio at or below which no SM counts as working (0..1).
+        clock: monotonic clock (tests); read when a snapshot arrives.
     """
 
     metrics = METRICS
 
-    def __init__(self, utilization: float, memory_bytes: int, after_s: float, sm_activity: float = 0.01) -> None:
+    def __init__(
+        self,
+        utilization: float,
+        memory_bytes: int,
+        after_s: float,
+        sm_activity: float = 0.01,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.utilization = utilization
         self.memory_bytes = memory_bytes
         self.after_s = after_s
         self.sm_activity = sm_activity
-        self.gpus: dict[GpuKey, _GpuState] = {}
+        self.clock = clock
+        self.gpus: dict[str, _GpuState] = {}  # GPU key (UUID) -> its signature state
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """Update every GPU's state from one snapshot."""
-        ts = snapshot.ts
+        ts, now = snapshot.ts, self.clock()
         seen = set()
         for g in snapshot.gpus:
-            key = GpuKey(str(g.index), g.uuid)
+            if g.state == "removed":
+                continue
+            key = g.key
             seen.add(key)
             st = self.gpus.setdefault(key, _GpuState())
+            st.index, st.uuid = str(g.index), g.uuid
             util = g.reading(utilization.Reading)
             procs = g.reading(processes.Reading)
             busy = util.gpu_percent if util else None
@@ -94,15 +113,15 @@ class StuckDetector(Extension):
             if partitioned is not None and partitioned.enabled:
                 busy = None  # MIG mode: no device-wide utilization to judge by
             if not g.up or busy is None or idle is None or procs is None:
-                st.evaluable, st.since, st.holding = False, None, False
+                st.evaluable, st.since, st.since_mono, st.holding = False, None, None, False
                 continue
             st.evaluable = True
             if not (busy / 100.0 >= self.utilization and idle and procs.count == 0):
-                st.since, st.holding = None, False
+                st.since, st.since_mono, st.holding = None, None, False
                 continue
-            if st.since is None:
-                st.since = ts
-            st.holding = ts - st.since >= self.after_s
+            if st.since is None or st.since_mono is None:
+                st.since, st.since_mono = ts, now
+            st.holding = now - st.since_mono >= self.after_s
         for key in list(self.gpus):
             if key not in seen:
                 del self.gpus[key]
@@ -118,14 +137,26 @@ class StuckDetector(Extension):
 
     def suspected(self, uuid: str) -> bool:
         """True while the signature holds for that GPU."""
-        return any(st.holding for key, st in self.gpus.items() if key.uuid == uuid)
+        st = self.gpus.get(uuid)
+        return st is not None and st.holding
+
+    def since(self, uuid: str) -> float | None:
+        """Unix time (snapshot time) the signature's conditions began on that GPU, None when they do not hold."""
+        st = self.gpus.get(uuid)
+        return st.since if st is not None else None
+
+    def since_mono(self, uuid: str) -> float | None:
+        """The same on the supervisor's monotonic clock (how long it held is measured on it)."""
+        st = self.gpus.get(uuid)
+        return st.since_mono if st is not None else None
 
     def gpu_families(self, snapshot: Snapshot) -> Iterable[Metric]:
         flag, since = SUSPECTED.family(), SINCE.family()
-        for key, st in sorted(self.gpus.items()):
+        for _key, st in sorted(self.gpus.items(), key=lambda item: (item[1].index, item[0])):
             if not st.evaluable:
                 continue
-            flag.add(key, 1 if st.holding else 0)
+            labels = GpuKey(st.index, st.uuid)
+            flag.add(labels, 1 if st.holding else 0)
             if st.holding and st.since is not None:
-                since.add(key, st.since)
+                since.add(labels, st.since)
         return [flag.always(), since.always()]

@@ -23,10 +23,12 @@ from typing import Any
 from exporter.common import collectors, protocol, selfcheck
 from exporter.common.breadcrumb import BreadcrumbReader
 from exporter.common.logs import log_once
-from exporter.common.snapshot import Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
+from exporter.common.nativelib import NativeLibrary
+from exporter.common.snapshot import Attribution, Bye, Hello, InitFailed, Message, NvmlEvent, Progress, Snapshot
 from exporter.config import Config
 from exporter.supervisor import unavailable
 from exporter.supervisor.accounting import Accountant
+from exporter.supervisor.gpuhealth import GpuHealth
 from exporter.supervisor.policy import Outcome, RestartPolicy
 from exporter.supervisor.probes import Prober
 from exporter.supervisor.served import ServedState
@@ -36,6 +38,7 @@ from guards.versions import SelfCheckResult
 log = logging.getLogger("exporter.supervisor")
 
 RESPAWN_STOPPED_POLL_S = 5.0
+STALE_RENDER_S = 10.0  # while no snapshot arrives: the age of the last one is rendered this often
 LOOP_ERROR_BACKOFF_S = (1.0, 60.0)  # the supervisor's own failures: bounded retry
 
 
@@ -114,7 +117,7 @@ class Supervisor:
     ) -> None:
         self.config = config
         self.proc_state_fn = proc_state_fn
-        self.epoch = time.time()
+        self.epoch = time.monotonic()  # the fake backend's scenario time 0, on the clock every process shares
         self.crumbs = BreadcrumbReader()
         self.state = state
         self.quarantine = state.quarantine
@@ -144,10 +147,11 @@ class Supervisor:
         self._stale_timer: asyncio.TimerHandle | None = None
         self.extension_tasks = ExtensionTasks(state, self.contained)
         self.loop_error: BaseException | None = None
+        state.subscribe(self._ask_attributions)
         self.selfcheck = selfcheck.run_in_process("supervisor")
         if config.selfcheck != "off":
             self.state.selfchecks["supervisor"] = self.selfcheck
-        state.subscribe(self._follow_changes)
+        state.subscribe(lambda: _follow_changes(self))
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -166,15 +170,14 @@ class Supervisor:
         if isinstance(msg, Snapshot):
             for rec in self.state.apply_snapshot(msg):
                 log.error(
-                    "GPU %d (%s) hung: %s; its readings go stale, every other GPU keeps being sampled; "
+                    "%s hung: %s; its readings go stale, every other GPU keeps being sampled; "
                     "a probe retries it in %.0f s",
-                    rec.index,
-                    rec.uuid,
+                    rec.label(),
                     rec.detail,
                     rec.backoff_s,
                     extra={"gpu": rec.index, "uuid": rec.uuid, "feature": rec.hung_in[0], "function": rec.hung_in[1]},
                 )
-                self.accountant.gpu_hung(rec.uuid, *rec.hung_in)
+                self.accountant.gpu_hung(rec.key, *rec.hung_in)
             self._schedule_stale_render()
         elif isinstance(msg, Progress):
             log.debug("worker init: %s", msg.step)
@@ -188,6 +191,18 @@ class Supervisor:
             self._on_init_failed(msg)
         elif isinstance(msg, Bye):
             log.info("worker stopped (nvmlShutdown %s)", "done" if msg.nvml_shutdown else "skipped")
+        elif isinstance(msg, NativeLibrary):
+            unavailable.native_reported(self.state, msg)
+        elif isinstance(msg, Attribution):
+            self.state.xids.attribute_pod(msg.pid, msg.pod_uid, msg.namespace, msg.pod, msg.container)
+
+    def _ask_attributions(self) -> None:
+        """Ask the worker to map the PIDs of new Xids to pods (it answers with ``attribution``)."""
+        pids = self.state.take_pid_lookups()
+        worker = self.current
+        for pid in pids:
+            if worker is not None:
+                worker.send({"type": "attribute", "pid": pid})
 
     def _on_hello(self, msg: Hello) -> None:
         st = self.state
@@ -196,9 +211,8 @@ class Supervisor:
         st.system = msg.system
         st.nvml.kernel_module_version = msg.kernel_module_version or st.nvml.kernel_module_version
         st.worker_states = dict(msg.feature_states)
-        for index, uuid in msg.gpus:
-            st.gpu_index[uuid] = str(index)
         st.health.on_hello(msg.gpus)
+        unavailable.native_reported(self.state, msg.native)
         log.info(
             "worker %s ready: %d GPU(s), driver %s, NVML %s, nvidia-ml-py %s",
             msg.pid,
@@ -222,30 +236,32 @@ class Supervisor:
 
     def _on_event(self, msg: NvmlEvent) -> None:
         st = self.state
-        gpu = str(msg.gpu) if msg.gpu is not None else st.gpu_index.get(msg.uuid, "")
+        gpu, uuid = _event_gpu(st.health, msg)
         if msg.event_type != "xid" or msg.xid is None:
-            st.xids.record_event(gpu, msg.uuid, msg.event_type)
-        elif all(ext.accept_xid(msg.uuid, msg.xid, msg.ts) for ext in st.active_extensions()):
-            st.record_xid(gpu, msg.uuid, msg.xid, msg.ts, source="NVML event")
+            st.xids.record_event(gpu, uuid, msg.event_type)
+        elif all(ext.accept_xid(uuid, msg.xid, msg.ts) for ext in st.active_extensions()):
+            st.record_xid(gpu, uuid, msg.xid, msg.ts, source="NVML event")
 
     def _on_init_failed(self, msg: InitFailed) -> None:
+        unavailable.native_reported(self.state, msg.native)
         text = unavailable.record(self.state, msg, self.config.unhealthy_after_s)
-        log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra={"nvml_error": msg.error})
+        # the demo hint ends with a command to paste: no field after it (the error is in the text)
+        extra = {} if text.endswith(unavailable.DEMO_COMMAND) else {"nvml_error": msg.error}
+        log_once(log, logging.ERROR, ("init_failed", msg.error), "%s", text, extra=extra)
 
     def _schedule_stale_render(self) -> None:
+        """Render again when the snapshot goes stale, and every ``STALE_RENDER_S`` after that until the
+        next one arrives: ``nvgpu_last_sample_age_seconds`` keeps growing while no sample comes."""
         if self._stale_timer is not None:
             self._stale_timer.cancel()
         loop = asyncio.get_running_loop()
-        self._stale_timer = loop.call_later(self.config.stale_s + 0.05, self.state.changed)
+        self._stale_timer = loop.call_later(self.config.stale_s + 0.05, self._stale_render)
+
+    def _stale_render(self) -> None:
+        self.state.changed()
+        self._stale_timer = asyncio.get_running_loop().call_later(STALE_RENDER_S, self._stale_render)
 
     # -- worker lifecycle --------------------------------------------------------------------
-
-    def _follow_changes(self) -> None:
-        """After every change of the served state: wake what waits on a condition that may have
-        turned (the worker's watch on stopping or replacing it, the probe schedule); nothing polls."""
-        if self.current is not None and (self._stopped() or self.accountant.replace_worker):
-            self.current.wake()
-        self.prober.poke()
 
     def _stopped(self) -> bool:
         return self._stopping or self.fatal_exit is not None
@@ -357,9 +373,9 @@ class Supervisor:
         self.state.changed()
         return delay
 
-    def _readmit(self, index: int) -> None:
+    def _readmit(self, key: str) -> None:
         if self.current is not None:
-            self.current.send({"type": "readmit", "index": index})
+            self.current.send({"type": "readmit", "gpu": key})
 
     async def kill_now(self) -> None:
         """SIGKILL the worker and any probe, and wait for them briefly (shutdown ran out of time:
@@ -374,8 +390,7 @@ class Supervisor:
     async def stop(self) -> None:
         """Stop the worker in order (drain, nvmlShutdown, exit) and end :meth:`run`."""
         self._stopping = True
-        self._wake.set()
-        self._follow_changes()
+        _follow_changes(self, stopping=True)
 
     def close(self) -> None:
         """Release the shared memory."""
@@ -383,3 +398,23 @@ class Supervisor:
             self._stale_timer.cancel()
         self.crumbs.close()
         self.prober.close()
+
+
+def _event_gpu(health: GpuHealth, msg: NvmlEvent) -> tuple[str, str]:
+    """(``gpu`` label, UUID) of the GPU an NVML event names by its key (UUID, else PCI bus id): the
+    record's current index, not the worker's at the time of the event."""
+    rec = health.by_key(msg.uuid)
+    if rec is None:
+        return ("" if msg.gpu is None else str(msg.gpu)), msg.uuid
+    return str(rec.index), rec.uuid
+
+
+def _follow_changes(sup: Supervisor, stopping: bool = False) -> None:
+    """After every change of the served state (and when stopping: :meth:`Supervisor.run` too): wake
+    what waits on a condition that may have turned (the worker's watch on stopping or replacing it,
+    the probe schedule); nothing polls."""
+    if stopping:
+        sup._wake.set()
+    if sup.current is not None and (sup._stopped() or sup.accountant.replace_worker):
+        sup.current.wake()
+    sup.prober.poke()

@@ -11,10 +11,16 @@ driver reload or a reboot cures it, so liveness never fails and re-init runs at 
 from __future__ import annotations
 
 import glob
+import logging
 import time
 
+from exporter.common import nativelib
 from exporter.common.snapshot import InitFailed
 from exporter.supervisor.served import ServedState
+
+log = logging.getLogger("exporter.supervisor")
+# The no-GPU hint ends with this, a whole command to paste; its log record carries no field after it.
+DEMO_COMMAND = "nvgpu-exporter --nvml-backend fake:h200x2"
 
 
 def nvidia_present(dev_glob: str = "/dev/nvidia*") -> bool:
@@ -64,6 +70,26 @@ def explain(state: ServedState, msg: InitFailed, unhealthy_after_s: float) -> st
     if no_device:
         return (
             f"{state.last_init_error}; this machine has no NVIDIA driver or device. Without a GPU, try the "
-            "demo: nvgpu-exporter --nvml-backend fake:h200x2"
+            f"demo: {DEMO_COMMAND}"
         )
     return f"{state.last_init_error}; retrying with backoff"
+
+
+def native_reported(state: ServedState, native: nativelib.NativeLibrary | None) -> None:
+    """The worker's native library check (:mod:`exporter.common.nativelib`): kept, and logged when it
+    changes (a problem at WARNING with what to do; a host driver replaced under the node at ERROR)."""
+    if not state.set_native(native) or native is None:
+        return
+    level = logging.ERROR if native.state == "driver_upgraded" else logging.WARNING if native.problem else logging.INFO
+    log.log(
+        level,
+        "native library: %s",
+        nativelib.describe(native),
+        extra={
+            "library_path": native.realpath or native.path,
+            "library_origin": native.origin,
+            "library_version": native.library_version,
+            "kernel_module_version": native.kernel_module_version,
+            "native_state": native.state,
+        },
+    )

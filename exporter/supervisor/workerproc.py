@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from exporter.common import protocol
+from exporter.common import fileio, protocol
 from exporter.common.breadcrumb import Breadcrumb, BreadcrumbReader
 from exporter.common.logs import WorkerLogRelay, log_once
 from exporter.common.snapshot import Hello, Message, Progress, Snapshot, SnapshotDecoder
@@ -54,10 +54,9 @@ RELAY = WorkerLogRelay()  # shared by every worker: "once" INFO records stay onc
 
 def proc_state(pid: int) -> str | None:
     """The state letter from ``/proc/<pid>/stat`` (``R``, ``S``, ``D``, ``Z`` …), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
+    try:  # opened without blocking, bounded (the comm field is at most 64 bytes; the line ~300)
+        data = fileio.read_bytes(f"/proc/{pid}/stat", 4096)
+    except fileio.FileRefused:
         return None
     return data[data.rfind(b")") + 2 :].split(b" ", 1)[0].decode()
 
@@ -514,6 +513,7 @@ def worker_config(
         interval_s=config.interval_s,
         deadline_s=config.sample_deadline_s,
         reprobe_s=config.reprobe_s,
+        enumerate_s=config.enumerate_s,
         drain_s=max(1.0, config.shutdown_timeout_s / 2),
         log_level=config.log_level,
         # The worker always logs JSON lines: the supervisor parses them and writes them again in
@@ -535,5 +535,6 @@ def worker_config(
 
 
 def worker_env(config: WorkerConfig, epoch: float) -> dict[str, str]:
-    """The environment additions of a worker: its configuration and the fake backend's epoch."""
+    """The environment additions of a worker: its configuration and the fake backend's epoch (the
+    supervisor's ``time.monotonic()`` at start: a wall-clock step does not move scenario time)."""
     return {ENV_VAR: json.dumps(config.to_wire()), "NVGPU_FAKE_EPOCH": repr(epoch)}

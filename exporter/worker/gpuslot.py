@@ -15,8 +15,11 @@ MIG configuration change, a recovery-action event or a readmission (:meth:`GpuSl
 or when a collector saw the GPU change under it (``DeviceClient.reprobe_requested``: the MIG
 collector reading a new MIG mode): the device client forgets what it cached as unsupported and
 every static reading (its ``Lifetime.PROBE`` states, :mod:`exporter.common.gpustate`). A GPU lost and
-attached again gets a new device client: only its ``Lifetime.WORKER`` states, kept here by UUID,
-carry over.
+attached again gets a new device client: only its ``Lifetime.WORKER`` states carry over.
+
+A slot is one GPU, keyed by its UUID (:func:`exporter.common.gpuid.gpu_key`); its NVML index is only
+where the last enumeration found it (:attr:`GpuSlot.index`, the ``gpu`` label), and moves when a GPU
+before it leaves or arrives (:mod:`exporter.worker.enumeration`).
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from typing import Any
 from exporter.common import collectors, logs
 from exporter.common.breadcrumb import gpu_slot
 from exporter.common.collectors.base import Collector
+from exporter.common.gpuid import gpu_key
 from exporter.common.gpustate import GpuStates, Lifetime
 from exporter.common.nvml import errors
 from exporter.common.snapshot import GpuSample
+from exporter.worker import implausible
 from exporter.worker.nvml.client import DeviceClient, DeviceLost, NvmlClient, NvmlFatal, Stopping
 
 log = logging.getLogger("exporter.worker")
@@ -50,28 +55,45 @@ class GpuPass:
         seconds: feature -> time spent.
         ok: feature -> every call answered (no counted error, no collector exception).
         lost: the GPU answered GPU_IS_LOST (or equivalent) during the pass.
-        sampled_at: Unix time the pass started.
+        lost_error: the NVML code name of that answer.
+        sampled_mono: ``time.monotonic()`` when the pass started (the readings' age is measured on it).
+        dropped: feature -> reason -> values dropped as implausible since the worker started.
     """
 
     readings: dict[str, object] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     ok: dict[str, bool] = field(default_factory=dict)
     lost: str = ""
-    sampled_at: float = 0.0
+    lost_error: str = ""
+    sampled_mono: float = 0.0
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LastReadings:
+    """A GPU's last good readings, when they were taken (``time.monotonic()``), and the values dropped
+    as implausible so far."""
+
+    readings: dict[str, object]
+    sampled_mono: float
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class GpuSlot:
-    """One GPU index of the worker.
+    """One GPU of the worker, whichever NVML index it has.
 
     Args:
-        index: NVML index.
+        index: NVML index where the enumeration found it (a label; :attr:`index` follows it).
         client: the worker's NVML client; forked to this GPU's breadcrumb slot and counters.
+        position: this slot's breadcrumb position (unique among the worker's live slots).
         state: initial state (``lost`` until attached; ``crashed``/``hung`` when the supervisor
-            excluded it: then nothing is called until :meth:`readmit`).
-        uuid: the UUID, when known before attaching (exclusions, readmissions).
-        bus_id: PCI bus id to attach by (``nvmlDeviceGetHandleByPciBusId``) instead of the index.
+            excluded it: then nothing is called until readmitted).
+        uuid: the UUID, when known before attaching (enumeration, exclusions, a probe's GPU).
+        bus_id: PCI bus id; attaching without a handle looks the GPU up by it
+            (``nvmlDeviceGetHandleByPciBusId``) before trying the index.
         detail: why it is excluded.
         reprobe_s: how often unsupported answers are asked again.
+        handle: the handle the enumeration read (attaching then makes no lookup).
     """
 
     def __init__(
@@ -79,29 +101,58 @@ class GpuSlot:
         index: int,
         client: NvmlClient,
         *,
+        position: int | None = None,
         state: str = "lost",
         uuid: str = "",
         bus_id: str = "",
         detail: str = "",
         reprobe_s: float = 300.0,
+        handle: Any = None,
     ) -> None:
         self.index = index
-        self.client = client.fork(gpu_slot(index))
+        self.position = index if position is None else position
+        self.client = client.fork(gpu_slot(self.position))
         self.state = state
         self.uuid = uuid
         self.bus_id = bus_id
         self.detail = detail
+        self.error = ""  # the NVML code name that made it lost (NO_PERMISSION: the container's device cgroup)
         self.reprobe_s = reprobe_s
+        self.handle = handle
         self.dev: DeviceClient | None = None
-        self.last: GpuSample | None = None
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu{index}")
+        self.last: LastReadings | None = None
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu{self.position}")
         self.future: concurrent.futures.Future[Any] | None = None
         self.started_mono = 0.0
         self.hung_in = ("", "")  # (feature, function) of the call that did not return
         self.next_reprobe = time.monotonic() + reprobe_s
         self._reprobe_now = False
-        # GPU UUID -> the states of its last device client here; bounded by the GPUs seen at this index
-        self._states: dict[str, GpuStates] = {}
+        self._states: GpuStates | None = None  # the states of this GPU's last device client
+        self.removed = False  # NVML no longer enumerates it: reported once as removed, then dropped
+        self.mismatch = ""  # an attach found another GPU where this one was looked up
+
+    @property
+    def key(self) -> str:
+        """This GPU's state key: UUID, else PCI bus id, else ``#<index>``."""
+        return gpu_key(self.uuid, self.bus_id, self.index)
+
+    def label(self) -> str:
+        """How logs name it: ``GPU 1 (GPU-7bca…, PCI 00000000:2A:00.0)``."""
+        ids = ", ".join(x for x in (self.uuid or "uuid unknown", f"PCI {self.bus_id}" if self.bus_id else "") if x)
+        return f"GPU {self.index} ({ids})"
+
+    def moved(self, index: int) -> None:
+        """The enumeration found this GPU at another NVML index: only its label changes."""
+        log.info(
+            "%s is now NVML index %d (was %d): GPUs before it left or arrived; its state is kept",
+            self.label(),
+            index,
+            self.index,
+            extra={"gpu": index, "uuid": self.uuid},
+        )
+        self.index = index
+        if self.dev is not None:
+            self.dev.index = index
 
     # -- what the main thread asks --------------------------------------------------------------
 
@@ -114,8 +165,11 @@ class GpuSlot:
         """Busy for longer than ``deadline_s``."""
         return self.busy and time.monotonic() - self.started_mono > deadline_s
 
-    def start_attach(self) -> None:
-        """Look the GPU up (by PCI bus id when known, else by index) on its thread."""
+    def start_attach(self, handle: Any = None) -> None:
+        """Attach on its thread: with ``handle`` (the enumeration's), else looked up by PCI bus id
+        when known, else by index (the UUID read then must be this GPU's)."""
+        if handle is not None:
+            self.handle = handle
         self._submit(self._attach)
 
     def start_sample(self, features: Collection[str], enabled: frozenset[str] = frozenset()) -> None:
@@ -146,9 +200,8 @@ class GpuSlot:
         self.state = "hung"
         self.detail = f"{where} did not return within the deadline"
         log.error(
-            "GPU %d (%s): %s; this GPU is no longer called by this worker, the others keep being sampled",
-            self.index,
-            self.uuid or "uuid unknown",
+            "%s: %s; this GPU is no longer called by this worker, the others keep being sampled",
+            self.label(),
             self.detail,
             extra={"gpu": self.index, "uuid": self.uuid, "function": crumb.function if crumb else ""},
         )
@@ -157,8 +210,11 @@ class GpuSlot:
         """Ask unsupported calls and static readings again at the next pass."""
         self._reprobe_now = True
 
-    def sample_view(self, enabled: Collection[str]) -> GpuSample:
-        """This GPU as the snapshot reports it: state, last readings, unsupported features."""
+    def sample_view(self, enabled: Collection[str], ts: float, mono: float) -> GpuSample:
+        """This GPU as the snapshot of time ``ts`` (``time.time()``) taken at ``mono``
+        (``time.monotonic()``) reports it: state, last readings, unsupported features. The readings'
+        ``sampled_at`` is ``ts`` less their monotonic age, so a wall-clock step between the pass and
+        the snapshot cannot make them look older or younger than they are."""
         last = self.last
         unsupported: tuple[str, ...] = ()
         if self.dev is not None:
@@ -168,53 +224,66 @@ class GpuSlot:
                 if f in enabled and f in self.dev.feature_unsupported - self.dev.feature_ok
             )
         feature, function = self.hung_in if self.state == "hung" else ("", "")
+        state = "removed" if self.removed else self.state
         return GpuSample(
             self.index,
             self.uuid,
-            self.state,
-            last.readings if last else {},
-            last.sampled_at if last else None,
-            "" if self.state == "up" else self.detail,
+            state,
+            last.readings if last and not self.removed else {},
+            ts - max(0.0, mono - last.sampled_mono) if last else None,
+            "" if state == "up" else self.detail,
             unsupported,
             feature,
             function,
+            last.dropped if last else {},
+            error="" if self.state == "up" else self.error,
+            bus_id=self.bus_id,
         )
 
     # -- on the GPU's thread --------------------------------------------------------------------
 
     def _attach(self) -> bool:
-        """True if attached; a lookup that fails marks the GPU lost (FATAL raises)."""
+        """True if attached; a lookup that fails marks the GPU lost (FATAL raises). With the
+        enumeration's handle nothing is called: the enumeration just read its UUID there."""
+        handle, self.handle = self.handle, None  # an enumeration's handle is used once
+        uuid, how = self.uuid, "nvmlDeviceGetHandleByIndex"
         try:
-            if self.bus_id:
-                handle = self.client.raw("init", "nvmlDeviceGetHandleByPciBusId", "", self.bus_id)
-            else:
-                handle = self.client.raw("init", "nvmlDeviceGetHandleByIndex", "", self.index)
-            uuid_raw = self.client.raw("init", "nvmlDeviceGetUUID", "", handle)
+            if handle is None:
+                if self.bus_id:
+                    how = "nvmlDeviceGetHandleByPciBusId"
+                    handle = self.client.raw("init", how, "", self.bus_id)
+                else:
+                    handle = self.client.raw("init", how, "", self.index)
+                how = "nvmlDeviceGetUUID"
+                uuid = _text(self.client.raw("init", how, "", handle))
         except Stopping:
             raise
         except Exception as exc:
             failure = errors.classify(exc, errors.Context.HANDLE_LOOKUP)
             if failure.error_class is errors.ErrorClass.FATAL:
-                raise NvmlFatal(failure, "nvmlDeviceGetHandleByIndex") from exc
-            self.state, self.detail = "lost", f"handle lookup failed: {failure.message}"
-            logs.log_once(
-                log,
-                logging.WARNING,
-                ("attach", str(self.index), failure.name),
-                "GPU %d: handle lookup failed (%s); it is skipped and retried every sample",
-                self.index,
-                failure.message,
-                extra={"gpu": self.index, "nvml_error": failure.name},
-            )
-            return False
-        uuid = uuid_raw.decode() if isinstance(uuid_raw, bytes) else str(uuid_raw)
+                raise NvmlFatal(failure, how) from exc
+            if how != "nvmlDeviceGetUUID" or self.uuid or not self.bus_id:
+                self.state, self.detail = "lost", f"handle lookup failed: {failure.message}"
+                self.error = failure.name
+                logs.log_once(
+                    log,
+                    logging.WARNING,
+                    ("attach", self.key, failure.name),
+                    "%s: handle lookup failed (%s); it is skipped and retried every sample",
+                    self.label(),
+                    failure.message,
+                    extra={"gpu": self.index, "uuid": self.uuid, "nvml_error": failure.name},
+                )
+                return False
+            uuid = ""  # found by its bus id, whose UUID cannot be read: the bus id stays its key
         if self.uuid and uuid != self.uuid:
-            log.warning("GPU %d is now %s (was %s): the index moved", self.index, uuid, self.uuid)
+            # looked up where this GPU was, and another answered: the sampler re-enumerates
+            self.state, self.detail, self.mismatch = "lost", f"index {self.index} now answers {uuid}", uuid
+            return False
         self.uuid = uuid
-        before = self._states.get(uuid)
-        states = self._states[uuid] = GpuStates() if before is None else before.reattached()
-        self.dev = DeviceClient(self.client, self.index, uuid, handle, states)
-        self.state, self.detail = "up", ""
+        states = self._states = GpuStates() if self._states is None else self._states.reattached()
+        self.dev = DeviceClient(self.client, self.index, self.uuid or self.key, handle, states)
+        self.state, self.detail, self.error = "up", "", ""
         return True
 
     def _sample(self, features: tuple[str, ...], enabled: frozenset[str]) -> GpuPass:
@@ -222,7 +291,7 @@ class GpuSlot:
         assert dev is not None
         dev.enabled = enabled
         self._maybe_reprobe(dev)
-        out = GpuPass(sampled_at=time.time())
+        out = GpuPass(sampled_mono=time.monotonic())
         for feature in features:
             collector = collectors.COLLECTORS[feature]
             f0 = time.perf_counter()
@@ -233,11 +302,13 @@ class GpuSlot:
                 out.seconds[feature] = time.perf_counter() - f0
                 out.ok[feature] = False
                 out.lost = str(exc)
+                out.lost_error = exc.failure.name
                 return out
             if reading is not None and reading is not _FAILED:
                 out.readings[feature] = reading
             out.seconds[feature] = time.perf_counter() - f0
             out.ok[feature] = reading is not _FAILED and self._feature_errors(feature) == errors_before
+        out.dropped = implausible.report(dev)
         return out
 
     def _maybe_reprobe(self, dev: DeviceClient) -> None:
@@ -247,13 +318,14 @@ class GpuSlot:
         self._reprobe_now = dev.reprobe_requested = False
         self.next_reprobe = now + self.reprobe_s
         if dev.unsupported or dev.states.holds(Lifetime.PROBE):
-            log.debug("GPU %d: asking unsupported calls and static readings again", self.index)
+            log.debug("%s: asking unsupported calls and static readings again", self.label())
         dev.forget()
 
     def _read(self, dev: DeviceClient, feature: str, collector: Collector) -> object:
-        """The collector's reading; ``_FAILED`` when the collector raised (our bug, counted)."""
+        """The collector's reading, its implausible values dropped (:mod:`exporter.worker.implausible`);
+        ``_FAILED`` when the collector raised (our bug, counted)."""
         try:
-            return collector.read(dev)
+            return implausible.checked(dev, feature, collector, collector.read(dev))
         except (DeviceLost, NvmlFatal, Stopping):
             raise
         except Exception:  # a collector bug must not fail the sample
@@ -270,22 +342,30 @@ class GpuSlot:
         """Take a finished pass: the GPU's last readings, or lost."""
         if result.lost:
             log.error(
-                "GPU %s (index %d) lost: %s; its series are dropped until it comes back",
-                self.uuid,
-                self.index,
+                "%s lost: %s; its series are dropped until it comes back",
+                self.label(),
                 result.lost,
                 extra={"uuid": self.uuid, "gpu": self.index},
             )
             self.state, self.detail, self.dev = "lost", result.lost, None
+            self.error = result.lost_error
             return
-        self.last = GpuSample(self.index, self.uuid, "up", result.readings, result.sampled_at)
+        ident = result.readings.get("identity")
+        bus = getattr(ident, "pci_bus_id", None)
+        if isinstance(bus, str) and bus:
+            self.bus_id = bus
+        self.last = LastReadings(result.readings, result.sampled_mono, result.dropped)
 
     def close(self) -> None:
         """Let the thread end once idle (a hung one stays until its call returns)."""
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def merge_stats(passes: Mapping[int, GpuPass]) -> tuple[dict[str, float], dict[str, bool]]:
+def _text(value: Any) -> str:
+    return (value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)).strip()
+
+
+def merge_stats(passes: Mapping[str, GpuPass]) -> tuple[dict[str, float], dict[str, bool]]:
     """Per-feature time (summed) and success (all GPUs) over the GPU passes of one sample."""
     seconds: dict[str, float] = {}
     ok: dict[str, bool] = {}

@@ -2,7 +2,8 @@
 
 Started by the supervisor with ``python -m exporter.worker`` (:mod:`exporter.worker.__main__`;
 spawn/exec: NVML state is not fork-safe). It calls ``nvmlInit`` once, enumerates GPUs by index keyed
-by UUID, samples every enabled feature every interval, and writes one ``snapshot`` line per sample
+by UUID (and again when the count changes, after a lost GPU, a reset or bus event, and
+periodically), samples every enabled feature every interval, and writes one ``snapshot`` line per sample
 to the message pipe. An NVML event thread writes ``event`` lines. Before each NVML call the
 breadcrumb in shared memory names the call, so a native crash or a hang can be attributed by the
 supervisor.
@@ -27,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from exporter.common import logs, protocol
+from exporter.common import logs, nativelib, protocol
 from exporter.common.breadcrumb import SLOT_SAMPLER, BreadcrumbWriter
 from exporter.common.nvml import errors
 from exporter.common.snapshot import selfcheck_to_wire, states_to_wire
@@ -93,9 +94,11 @@ def shutdown(client: NvmlClient, sampler: Sampler, events: EventWatcher | None, 
     return True
 
 
-def _stdin_watcher(stop: threading.Event, sampler_commands: Any) -> None:
-    """Commands from the supervisor: ``shutdown`` (or end of file) stops; ``readmit`` and ``reprobe``
-    go to the sampler's queue."""
+def _stdin_watcher(stop: threading.Event, sampler_commands: Any, attribute: Any = None) -> None:
+    """Commands from the supervisor: ``shutdown`` (or end of file) stops; ``readmit``, ``reprobe``
+    (``{"type": ..., "gpu": <UUID or PCI bus id>}``) and ``enumerate`` go to the sampler's queue;
+    ``attribute`` (an Xid's PID) is answered at once by ``attribute(pid)`` (the process may be about
+    to exit)."""
     for line in sys.stdin.buffer:
         try:
             msg = json.loads(line)
@@ -105,21 +108,109 @@ def _stdin_watcher(stop: threading.Event, sampler_commands: Any) -> None:
             continue
         if msg.get("type") == "shutdown":
             break
-        if msg.get("type") in ("readmit", "reprobe"):
+        if msg.get("type") in ("readmit", "reprobe", "enumerate"):
             sampler_commands.put(msg)
+        elif msg.get("type") == "attribute" and attribute is not None and isinstance(msg.get("pid"), int):
+            attribute(msg["pid"])
     stop.set()
 
 
-def _run(channel: Channel, sampler: Sampler, interval_s: float, samples: int | None) -> int | None:
+def pid_attributor(config: WorkerConfig, channel: Channel) -> Any:
+    """``attribute(pid)``: the PID's process name and pod through the processes collector's own path
+    (:func:`exporter.worker.process_attribution.attribute_pid`), sent as an ``attribution`` message."""
+    from exporter.worker.process_attribution import HostView, attribute_pid
+
+    opts = config.collectors.processes
+    host = HostView(opts.proc_path, opts.container_log_dir) if opts.proc_path else None
+
+    def attribute(pid: int) -> None:
+        if host is None:
+            return
+        try:
+            p = attribute_pid(pid, host)
+        except Exception:  # noqa: BLE001 - a /proc surprise costs this answer only
+            logs.log_once(log, logging.WARNING, ("attribute-pid",), "cannot attribute pid %d", pid, exc_info=True)
+            return
+        namespace, pod, container = p.names
+        channel.send(
+            "attribution", pid=pid, process=p.name, pod_uid=p.pod_uid, namespace=namespace, pod=pod, container=container
+        )
+
+    return attribute
+
+
+NATIVE_RECHECK_S = 60.0  # /proc/self/maps again (or each re-probe, when sooner): a library replaced on disk
+
+
+def native_check(backend: Any, kernel_module: str, nvml_version: str, init_error: str = "") -> nativelib.NativeLibrary:
+    """The native library check of this process (:mod:`exporter.common.nativelib`), read through the
+    backend (the fake presents its scenario's library; the real one reads ``/proc/self``)."""
+    try:
+        view = backend.proc_view()
+    except Exception:  # noqa: BLE001 - an unreadable /proc leaves the check unknown, never the worker dead
+        view = nativelib.ProcView("", "")
+    return nativelib.inspect(view, kernel_module, nvml_version, backend.realpath, init_error)
+
+
+def selfcheck_with_native(result: dict[str, Any], backend_spec: str) -> dict[str, Any]:
+    """``nvgpu-exporter selfcheck``'s worker part: load the NVML backend as the worker does,
+    ``nvmlInit``, and add the native library check (``native``, and a problem or a note) to the
+    module check's ``result``."""
+    from exporter.worker.nvml import backend as backend_mod
+
+    init_error, nvml_version = "", ""
+    try:
+        backend = backend_mod.load(backend_spec)
+    except Exception as exc:  # noqa: BLE001 - say it, the module check still stands
+        result["notes"] = [*result.get("notes", []), f"native library: backend {backend_spec!r} not loaded: {exc}"]
+        return result
+    try:
+        backend.nvmlInit()
+        nvml_version = str(backend.nvmlSystemGetNVMLVersion())
+    except Exception as exc:  # noqa: BLE001 - the library stays mapped after a failed init: still checked
+        init_error = errors.classify(exc).name
+    native = native_check(backend, backend.kernel_module_version(), nvml_version, init_error)
+    result["native"] = dataclasses.asdict(native)
+    if native.problem:
+        key = "problems" if native.refused_by_strict else "notes"
+        result[key] = [*result.get(key, []), f"native library: {nativelib.describe(native)}"]
+    return result
+
+
+def _with_native(check: Any, native: nativelib.NativeLibrary) -> Any:
+    """The worker's self-check with the native library's finding: a library that is not the host's
+    while the host's is visible is a problem (``NVGPU_SELFCHECK=strict`` refuses it); any other
+    finding is a note (a driver upgraded under the node is not cured by refusing to start)."""
+    line = f"native library: {nativelib.describe(native)}"
+    if native.refused_by_strict:
+        return dataclasses.replace(check, problems=(*check.problems, line))
+    return dataclasses.replace(check, notes=(*check.notes, line))
+
+
+def _run(
+    channel: Channel,
+    sampler: Sampler,
+    interval_s: float,
+    samples: int | None,
+    recheck: Any = None,
+    recheck_s: float = NATIVE_RECHECK_S,
+) -> int | None:
     """Sample every ``interval_s`` until stopped (or ``samples`` done); returns an exit code if NVML
-    became unusable."""
+    became unusable. ``recheck`` (every ``recheck_s``) returns the native library check
+    when it changed, which is sent as a ``native`` message."""
     stop = sampler.client.stop
     next_at = time.monotonic()
+    next_native = time.monotonic() + recheck_s
     done = 0
     try:
         while not stop.is_set() and (samples is None or done < samples):
             snap = sampler.tick()
             done += 1
+            if recheck is not None and time.monotonic() >= next_native:
+                next_native = time.monotonic() + recheck_s
+                changed = recheck()
+                if changed is not None:
+                    channel.send("native", **dataclasses.asdict(changed))
             try:
                 channel.send("snapshot", **snap.to_wire())
             except (TypeError, ValueError):  # a value JSON cannot carry: our bug, not a reason to die
@@ -179,20 +270,25 @@ def main() -> int:
     crumbs = BreadcrumbWriter(int(crumb_fd) if crumb_fd else None)
     client = NvmlClient(backend, crumbs, SLOT_SAMPLER, stop, config.collectors)
     sampler = Sampler(config, client, backend.binding_version() or "", lambda step: channel.send("progress", step=step))
-    threading.Thread(target=_stdin_watcher, args=(stop, sampler.commands), name="stdin", daemon=True).start()
+    threading.Thread(
+        target=_stdin_watcher, args=(stop, sampler.commands, pid_attributor(config, channel)), name="stdin", daemon=True
+    ).start()
     try:
         failed = sampler.init()
         if failed is not None:
+            native = native_check(backend, kernel_module, "", failed.error)
             channel.send(
                 "init_failed",
                 code=failed.code,
                 error=failed.error,
                 message=failed.message,
                 kernel_module_version=kernel_module,
+                native=dataclasses.asdict(native),
             )
             return protocol.EXIT_NVML_FATAL
+        native = native_check(backend, kernel_module, sampler.system.nvml_version)
         check = selfcheck.run_in_process("worker", sampler.system.driver_version or None)
-        channel.send("selfcheck", **selfcheck_to_wire(check))
+        channel.send("selfcheck", **selfcheck_to_wire(_with_native(check, native)))
         sampler.resolve_features()
     except NvmlFatal as exc:
         channel.send(
@@ -210,16 +306,37 @@ def main() -> int:
         "hello",
         pid=os.getpid(),
         system=dataclasses.asdict(sampler.system),
-        gpus=[{"index": s.index, "uuid": s.uuid} for s in sampler.slots.values() if s.state == "up"],
+        gpus=[
+            {"index": s.index, "uuid": s.uuid, "bus_id": s.bus_id} for s in sampler.slots.values() if s.state == "up"
+        ],
         feature_states=states_to_wire(sampler.states),
         kernel_module_version=kernel_module,
+        native=dataclasses.asdict(native),
     )
     events = None
     if sampler.enabled("events") and config.samples is None:
         devices = [s.dev for s in sampler.slots.values() if s.dev is not None]
-        events = EventWatcher(client, devices, channel.send, sampler.events_enabled, sampler.request_reprobe)
+        events = EventWatcher(
+            client,
+            devices,
+            channel.send,
+            sampler.events_enabled,
+            sampler.request_reprobe,
+            lambda why: sampler.commands.put({"type": "enumerate", "why": why}),
+        )
+        sampler.on_attached = events.add
         events.start()
-    code = _run(channel, sampler, config.interval_s, config.samples)
+    last_native = [native]
+
+    def recheck() -> nativelib.NativeLibrary | None:
+        now = native_check(backend, backend.kernel_module_version(), sampler.system.nvml_version)
+        if now == last_native[0]:
+            return None
+        last_native[0] = now
+        return now
+
+    recheck_s = min(NATIVE_RECHECK_S, config.reprobe_s)
+    code = _run(channel, sampler, config.interval_s, config.samples, recheck, recheck_s)
     if code is not None:
         return code
     clean = shutdown(client, sampler, events, config.drain_s)

@@ -12,6 +12,7 @@ supervisor owns the counters (:mod:`exporter.supervisor.xids`), which therefore 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +44,8 @@ EVENT_TYPE_NAMES = {
 EVENT_MASK_WANTED = sum(EVENT_TYPE_NAMES) & ~0x10 & ~0x4  # P-state and clock events are noise
 XID_EVENT = 0x8
 REPROBE_EVENTS = 0x100 | 0x4000 | 0x8000  # MIG config change, GPU unavailable, GPU recovery action
+ENUMERATE_EVENTS = 0x4000 | 0x8000  # GPU unavailable, GPU recovery action: a reset or removal may follow
+BUS_XIDS = frozenset({79})  # "GPU has fallen off the bus": NVML may no longer enumerate it
 
 
 class EventWatcher:
@@ -55,6 +58,8 @@ class EventWatcher:
         enabled: UUID -> whether registration succeeded (shared with the sampler's snapshots).
         reprobe: called with a GPU's UUID after an event that can change what it supports (MIG
             configuration change, GPU recovery action, GPU unavailable).
+        rediscover: called with a reason after an event that can change which GPUs NVML enumerates
+            (GPU unavailable, GPU recovery action, Xid 79): the sampler enumerates again.
     """
 
     def __init__(
@@ -64,13 +69,21 @@ class EventWatcher:
         send: Callable[..., None],
         enabled: dict[str, bool],
         reprobe: Callable[[str], None] = lambda uuid: None,
+        rediscover: Callable[[str], None] = lambda why: None,
     ) -> None:
         self.client = client.fork(SLOT_EVENTS)
         self.devices = list(devices)
         self.send = send
         self.enabled = enabled
         self.reprobe = reprobe
+        self.rediscover = rediscover
         self.thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
+        self._arrived: queue.SimpleQueue[DeviceClient] = queue.SimpleQueue()  # attached after the start
+
+    def add(self, dev: DeviceClient) -> None:
+        """A GPU attached after the thread started (hot-added, back from a reset): registered between
+        two waits (thread-safe)."""
+        self._arrived.put(dev)
 
     def start(self) -> None:
         """Start the thread."""
@@ -90,7 +103,7 @@ class EventWatcher:
             log.warning("nvmlEventSetCreate failed (%s); NVML events are off", errors.classify(exc).message)
             return
         try:
-            by_handle = self._register(event_set)
+            by_handle = self._register(event_set, self.devices)
             self._wait_loop(event_set, by_handle)
         except Stopping:
             pass
@@ -101,9 +114,9 @@ class EventWatcher:
                 except Exception:  # noqa: BLE001 - best effort at shutdown
                     pass
 
-    def _register(self, event_set: Any) -> dict[int, DeviceClient]:
+    def _register(self, event_set: Any, devices: list[DeviceClient]) -> dict[int, DeviceClient]:
         by_handle: dict[int, DeviceClient] = {}
-        for dev in self.devices:
+        for dev in devices:
             try:
                 supported = int(self.client.raw("events", "nvmlDeviceGetSupportedEventTypes", dev.uuid, dev.handle))
                 self.client.raw(
@@ -124,10 +137,18 @@ class EventWatcher:
             by_handle[id(dev.handle)] = dev
         return by_handle
 
-    def _wait_loop(self, event_set: Any, by_handle: Mapping[int, DeviceClient]) -> None:
+    def _wait_loop(self, event_set: Any, by_handle: dict[int, DeviceClient]) -> None:
         backoff = 1.0
         stop = self.client.stop
         while not stop.is_set():
+            arrived = []
+            while not self._arrived.empty():
+                arrived.append(self._arrived.get_nowait())
+            if arrived:
+                known = {id(d) for d in self.devices}
+                fresh = [d for d in arrived if id(d) not in known]
+                self.devices.extend(fresh)
+                by_handle.update(self._register(event_set, fresh))
             try:
                 data = self.client.raw("events", "nvmlEventSetWait_v2", "", event_set, EVENT_WAIT_MS)
             except Stopping:
@@ -146,21 +167,39 @@ class EventWatcher:
             etype = int(data.eventType)
             if etype & REPROBE_EVENTS:
                 self.reprobe(found.uuid if found else "")
+            name = EVENT_TYPE_NAMES.get(etype, f"type_{etype:#x}")
+            if etype & ENUMERATE_EVENTS or (etype == XID_EVENT and int(data.eventData) in BUS_XIDS):
+                what = f"Xid {int(data.eventData)}" if etype == XID_EVENT else name
+                self.rediscover(f"{what} on {found.uuid if found else 'a GPU'}")
             self.send(
                 "event",
                 ts=time.time(),
                 gpu=found.index if found else None,
                 uuid=found.uuid if found else "",
-                event_type=EVENT_TYPE_NAMES.get(etype, f"type_{etype:#x}"),
+                event_type=name,
                 xid=int(data.eventData) if etype == XID_EVENT else None,
             )
 
     def _device_of(self, handle: Any, by_handle: Mapping[int, DeviceClient]) -> DeviceClient | None:
+        """The GPU an event's handle names: the same object, an equal handle (the fake's), or the same
+        address (pynvml's handles are ctypes pointers, which compare by identity). The newest match
+        wins: a GPU attached again after a reset has a new device client."""
         dev = by_handle.get(id(handle))
         if dev is not None:
             return dev
-        index = getattr(handle, "index", None)  # the fake's handles; real ones compare by value
-        for d in self.devices:
-            if d.index == index or d.handle == handle:
+        address = _address(handle)
+        for d in reversed(self.devices):
+            if d.handle == handle or (address is not None and _address(d.handle) == address):
                 return d
         return None
+
+
+def _address(handle: Any) -> int | None:
+    """The address a ctypes pointer handle holds, None for anything else."""
+    import ctypes
+
+    try:
+        value: int | None = ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return None
+    return value

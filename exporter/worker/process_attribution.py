@@ -13,42 +13,129 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
+from exporter.common import fileio
 from exporter.common.collectors.base import Other, PodUsage, Usage
 from exporter.common.logs import log_once
-from exporter.worker.containerlogs import ContainerLogIndex
+from exporter.worker.containerlogs import ContainerLogIndex, ContainerRef
 from exporter.worker.process_records import PID_MAX_LIMIT, ProcessRecord
-from exporter.worker.procfs import ProcFs
+from exporter.worker.procfs import PodCgroup, ProcFs
+
+T = TypeVar("T")
 
 # The collector's logger: its log lines kept the name they had before this module was split out.
 log = logging.getLogger("exporter.common.collectors.processes")
 
 PID_MAX_REFRESH_S = 60.0
+# The /proc and container-log reads of one GPU's sample must answer within this. They run on a
+# thread of the GPU's own (a read of /proc/<pid>/cgroup can wait on a kernel lock, a scandir of a
+# container log directory on a hung mount), never on the GPU's sampling thread: a read that does
+# not answer costs that process's attribution, never the GPU's sample deadline (the GPU is not
+# taken for hung).
+READ_BUDGET_S = 1.0
+MAX_STUCK_READS = 2  # abandoned read threads per GPU; past that attribution waits for one to return
+
+
+@dataclass(frozen=True)
+class Found:
+    """What ``/proc`` and the container log directory say of one pid (None: unknown)."""
+
+    name: str | None = None
+    cgroup: PodCgroup | None = None
+    ref: ContainerRef | None = None
 
 
 class HostView:
-    """The host as one GPU's reads see it: ``/proc`` and the container log index.
+    """The host as one GPU's reads see it: ``/proc`` and the container log index, read within a
+    time bound on a thread of its own (:data:`READ_BUDGET_S`).
 
     Args:
         proc_path: the host's ``/proc`` (injectable root).
         log_dir: the kubelet's container log symlinks.
+        budget_s: the reads of one sample answer within this.
+
+    Attributes:
+        timeouts: samples whose reads did not answer within the budget (each logged once per pid).
+        stuck_pids: pids whose read has not answered; skipped (unattributed) until it does.
     """
 
-    def __init__(self, proc_path: str, log_dir: str) -> None:
+    def __init__(self, proc_path: str, log_dir: str, budget_s: float = READ_BUDGET_S) -> None:
         self.paths = (proc_path, log_dir)
         self.proc = ProcFs(proc_path)
         self.logs = ContainerLogIndex(log_dir)
+        self.io = fileio.Runner("nvgpu-procfs", deadline_s=budget_s, max_stuck=MAX_STUCK_READS)
+        self.timeouts = 0
+        self.stuck_pids: set[int] = set()
         self._pid_max: int | None = None
         self._pid_max_at = -PID_MAX_REFRESH_S
+
+    def _bounded(self, what: str, fn: Callable[[], T], default: T) -> T:
+        try:
+            return self.io.call(fn)
+        except fileio.TimedOut:
+            self._timed_out(what)
+            return default
+
+    def _timed_out(self, what: str) -> None:
+        self.timeouts += 1
+        log_once(
+            log,
+            logging.WARNING,
+            ("procfs-timeout", what),
+            "reading %s did not answer within %g s (a process holding a kernel lock, or a hung mount); "
+            "what it would name stays unattributed, the GPU's sample goes on",
+            what,
+            self.io.deadline_s or 0.0,
+        )
 
     def pid_max(self) -> int:
         """The kernel's pid_max, re-read every minute; PID_MAX_LIMIT when unreadable."""
         now = time.monotonic()
         if now - self._pid_max_at >= PID_MAX_REFRESH_S:
-            self._pid_max, self._pid_max_at = self.proc.pid_max(), now
+            self._pid_max, self._pid_max_at = self._bounded("pid_max", self.proc.pid_max, None), now
         return self._pid_max or PID_MAX_LIMIT
+
+    def sources(self) -> tuple[bool, bool]:
+        """(this process sees the host's PID namespace, the container log directory is readable)."""
+        return self._bounded(
+            "/proc/self/ns/pid and the container log directory",
+            lambda: (bool(self.proc.host_pid_namespace()), bool(self.logs.check())),
+            (False, False),
+        )
+
+    def resolve(self, pids: Collection[int], names: bool) -> tuple[PodCgroup | None, dict[int, Found]]:
+        """(the exporter's own pod, pid -> what is known of it) within the budget.
+
+        The reads run on this view's thread, one pid after the other; when they have not
+        finished within the budget, the pid being read is remembered as stuck (skipped in later
+        samples until its read answers) and the pids not reached yet stay unknown this sample.
+        """
+        self.stuck_pids &= set(pids)  # a pid that left the GPU is forgotten
+        todo = [pid for pid in pids if pid not in self.stuck_pids]
+        found: dict[int, Found] = {}
+        own: list[PodCgroup | None] = []
+        current: list[int] = []
+
+        def read_all() -> None:
+            own.append(self.proc.own_pod())
+            for pid in todo:
+                current[:] = [pid]
+                cgroup = self.proc.pod(pid)
+                ref = self.logs.lookup(cgroup.container_id) if cgroup is not None else None
+                found[pid] = Found(self.proc.name(pid) if names else None, cgroup, ref)
+                self.stuck_pids.discard(pid)  # answered (late, if it was given up on)
+            current.clear()
+
+        try:
+            self.io.call(read_all)
+        except fileio.TimedOut:
+            stuck = list(current)
+            self.stuck_pids.update(stuck)
+            self._timed_out(f"/proc/{stuck[0]}" if stuck else "/proc/self/cgroup")
+        return (own[0] if own else None), dict(found)
 
 
 @dataclass
@@ -73,14 +160,20 @@ def add(a: int | None, b: int | None) -> int | None:
 
 def attribute(merged: Sequence[ProcessRecord], host: HostView, names: bool) -> dict[int, Proc]:
     """One entry per pid: summed memory, and (with ``names``) its process name and its pod from
-    /proc where visible. A pid that resolves to the exporter's own pod is left unattributed."""
+    /proc where visible (:meth:`HostView.resolve`: within a time bound). A pid that resolves to
+    the exporter's own pod is left unattributed."""
     out: dict[int, Proc] = {}
     for rec in merged:
         p = out.setdefault(rec.pid, Proc())
         p.memory = add(p.memory, rec.memory_bytes)
-    own = host.proc.own_pod() if out else None
+    if not out:
+        return out
+    own, found = host.resolve(list(out), names)
     for pid, p in out.items():
-        cg = host.proc.pod(pid)
+        seen = found.get(pid)
+        if seen is None:  # not read in time: unattributed this sample
+            continue
+        cg = seen.cgroup
         if own is not None and cg is not None and cg.pod_uid == own.pod_uid:
             # a PID of another namespace that names one of our own processes (see ProcFs.own_pod)
             log_once(
@@ -94,13 +187,19 @@ def attribute(merged: Sequence[ProcessRecord], host: HostView, names: bool) -> d
             )
             continue
         if names:
-            p.name = host.proc.name(pid) or ""
+            p.name = seen.name or ""
         if cg is not None:
             p.pod_uid = cg.pod_uid
-            ref = host.logs.lookup(cg.container_id)
-            if ref is not None:
-                p.names = (ref.namespace, ref.pod, ref.container)
+            if seen.ref is not None:
+                p.names = (seen.ref.namespace, seen.ref.pod, seen.ref.container)
     return out
+
+
+def attribute_pid(pid: int, host: HostView) -> Proc:
+    """One PID that is not (or no longer) in a GPU process list, the way :func:`attribute` names
+    one: its process name, and its pod and container where its cgroup and the container log name
+    them (an Xid's PID from the kernel log). Empty when it has exited or is the exporter's own."""
+    return attribute([ProcessRecord(pid, None)], host, names=True).get(pid, Proc())
 
 
 def top(procs: Mapping[int, Proc], cap: int) -> tuple[list[int], list[int]]:

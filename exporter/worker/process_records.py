@@ -23,6 +23,8 @@ reason                  the record (or value) dropped
 ``memory_not_available``  usedGpuMemory None or 2^64-1 (NVML_VALUE_NOT_AVAILABLE: WDDM, MIG
                         parent handles): the record is KEPT, only its memory is unknown
 ``utilization_out_of_range``  a utilization sample with a percentage above 100
+``timestamp_in_future``  a utilization sample stamped later than now (the driver stamps samples
+                        with the host's clock; a later stamp is a misread field)
 ======================  =====================================================================
 
 Every reason but ``memory_not_available`` means the list cannot be read as NVML wrote it
@@ -45,6 +47,7 @@ NOT_AVAILABLE_U64 = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned lon
 MAX_INSTANCE_ID = 64  # GPU/compute instance ids are small (7 GPU instances on H100/H200)
 PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's PID_MAX_LIMIT on 64-bit: no pid_max is larger
 _HUGE = 1 << 63  # no GPU holds 8 EiB: a larger byte count is never real
+FUTURE_TOLERANCE_US = 5_000_000  # clock granularity; as exporter.common.plausibility.FUTURE_TOLERANCE_S
 
 REASONS = (
     "malformed",
@@ -55,6 +58,7 @@ REASONS = (
     "duplicate",
     "memory_not_available",
     "utilization_out_of_range",
+    "timestamp_in_future",
 )
 STRUCTURAL = frozenset(REASONS) - {"memory_not_available"}
 """Reasons that mean the list was not read the way NVML wrote it."""
@@ -224,7 +228,14 @@ def merge(lists: Iterable[Iterable[ProcessRecord]]) -> list[ProcessRecord]:
     return [merged[k] for k in sorted(merged, key=lambda k: (k[0], k[1] or -1, k[2] or -1))]
 
 
-def validate_samples(raw: Iterable[Any], *, pid_max: int, drops: Counter[str]) -> dict[int, UtilizationSample]:
+def validate_samples(
+    raw: Iterable[Any],
+    *,
+    pid_max: int,
+    drops: Counter[str],
+    now_us: int | None = None,
+    rejected: set[int] | None = None,
+) -> dict[int, UtilizationSample]:
     """Check per-process utilization samples; the latest sample of each pid.
 
     Args:
@@ -232,6 +243,10 @@ def validate_samples(raw: Iterable[Any], *, pid_max: int, drops: Counter[str]) -
             ``memUtil``, ``encUtil``, ``decUtil``).
         pid_max: the kernel's pid_max.
         drops: reason -> count, incremented for every sample dropped.
+        now_us: now as NVML stamps samples (µs since 1970); a sample stamped more than
+            :data:`FUTURE_TOLERANCE_US` later is dropped. Not checked when None.
+        rejected: when given, gains the pid of every sample dropped (a pid that is an integer):
+            its utilization this time is unknown, not 0.
 
     Returns:
         pid -> its sample with the largest ``timeStamp``.
@@ -244,8 +259,13 @@ def validate_samples(raw: Iterable[Any], *, pid_max: int, drops: Counter[str]) -
             reason = "malformed"
         if reason is None and any(v is not None and v > 100 for v in values[1:]):
             reason = "utilization_out_of_range"
+        if reason is None and now_us is not None and int(values[0] or 0) > now_us + FUTURE_TOLERANCE_US:
+            reason = "timestamp_in_future"
         if reason is not None:
             drops[reason] += 1
+            pid = _int(getattr(s, "pid", None))
+            if rejected is not None and pid is not None:
+                rejected.add(pid)
             continue
         ts, sm, mem, enc, dec = (int(v) for v in values)  # type: ignore[arg-type]
         sample = UtilizationSample(int(s.pid), ts, sm, mem, enc, dec)

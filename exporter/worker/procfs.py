@@ -15,8 +15,9 @@ NVML's pids into the caller's namespace and skip the processes it cannot see (op
 :meth:`ProcFs.host_pid_namespace` tells whether this process runs in the host's PID namespace.
 
 The root is injectable (``NVGPU_PROC_PATH``; its default is the worker config's) so tests run on a
-fake ``/proc`` tree. Standard library only, besides that default; every read is a small file,
-failures answer None.
+fake ``/proc`` tree. Standard library only, besides that default; every read is a small file
+opened without blocking (:mod:`exporter.common.fileio`), failures answer None; how long the reads
+may take is bounded by the caller (:class:`exporter.worker.process_attribution.HostView`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ import os
 import re
 from dataclasses import dataclass
 
+from exporter.common import fileio
 from exporter.common.workerconfig import DEFAULT_PROC_PATH as DEFAULT_ROOT
 
 # The initial (host) PID namespace's inode, PROC_PID_INIT_INO in include/linux/proc_ns.h (3.8+).
 HOST_PID_NAMESPACE = "pid:[4026531836]"
 _NAME_MAX = 64
+_READ_MAX = 65536  # a cgroup file of a deep hierarchy is a few KiB; comm is 16 bytes
 
 # Pod UIDs are UUIDs (dashes, or underscores in systemd slice names); static pods use the
 # 32-hex config hash.
@@ -88,10 +91,9 @@ class ProcFs:
     def _read(self, *parts: str) -> str | None:
         if not self.root:  # resolving processes is off
             return None
-        try:
-            with open(os.path.join(self.root, *parts), encoding="utf-8", errors="replace") as fh:
-                return fh.read(65536)
-        except (OSError, ValueError):
+        try:  # without blocking on a FIFO planted in a fake tree; the caller bounds the time
+            return fileio.read_bytes(os.path.join(self.root, *parts), _READ_MAX).decode("utf-8", "replace")
+        except (fileio.FileRefused, ValueError):
             return None
 
     def pid_max(self) -> int | None:

@@ -26,8 +26,9 @@ from exporter.common.collectors.base import SystemInfo
 from exporter.common.nvml import errors
 from exporter.common.snapshot import FeatureStat, InitFailed, Snapshot
 from exporter.common.workerconfig import WorkerConfig
+from exporter.worker.enumeration import Enumerator, GpuTable, Rediscovery
 from exporter.worker.gpuslot import GpuPass, GpuSlot, merge_stats
-from exporter.worker.nvml.client import NvmlClient, NvmlFatal, Stopping
+from exporter.worker.nvml.client import DeviceClient, NvmlClient, NvmlFatal, Stopping
 from guards import features as gf
 
 log = logging.getLogger("exporter.worker")
@@ -71,7 +72,11 @@ class Sampler:
         self.interval_s = config.interval_s
         self.deadline_s = config.deadline_s
         self.system = SystemInfo(nvidia_ml_py_version=binding_version)
-        self.slots: dict[int, GpuSlot] = {}
+        self.table = GpuTable(client, config.reprobe_s, config.exclude)
+        self.slots = self.table.slots  # GPU key (UUID, else PCI bus id) -> its slot
+        self.enumerator = None if config.only else Enumerator(client, config.deadline_s)
+        self.rediscovery = Rediscovery(self.enumerator, self.table, config.enumerate_s, config.deadline_s)
+        self.on_attached: Callable[[DeviceClient], None] = lambda dev: None  # the event thread registers it
         self.resolved: dict[str, gf.FeatureState] = {}
         self.states: dict[str, gf.FeatureState] = {}
         self.events_enabled: dict[str, bool] = {}  # written by the event thread
@@ -112,27 +117,22 @@ class Sampler:
         return None
 
     def enumerate(self) -> None:
-        """A slot per GPU index (or per ``only`` entry); attach every one not excluded, each on its
-        own thread, waiting at most the deadline for each; report progress per GPU."""
-        reprobe_s = self.config.reprobe_s
+        """Start-up: a slot per GPU NVML enumerates (or per ``only`` GPU of a probe), keyed by UUID,
+        exclusions applied (an index where a hung one was last seen is not asked); attach the others,
+        each on its own thread, waiting at most the deadline for each; report progress per GPU."""
         if self.config.only:
             for ref in self.config.only:
-                self.slots[ref.index] = GpuSlot(
-                    ref.index, self.client, uuid=ref.uuid, bus_id=ref.bus_id, reprobe_s=reprobe_s
-                )
+                self.table.add(self.table.new_slot(ref.index, uuid=ref.uuid, bus_id=ref.bus_id))
         else:
+            assert self.enumerator is not None
             count = int(self.client.raw("init", "nvmlDeviceGetCount", ""))
-            excluded = {e.index: e for e in self.config.exclude}
-            for index in range(count):
-                ex = excluded.get(index)
-                state, uuid, detail = (ex.state, ex.uuid, ex.detail) if ex else ("lost", "", "")
-                self.slots[index] = GpuSlot(
-                    index, self.client, state=state, uuid=uuid, detail=detail, reprobe_s=reprobe_s
-                )
+            hung = {e.gpu.index: e for e in self.config.exclude if e.state == "hung" and 0 <= e.gpu.index < count}
+            self.rediscovery.count = count
+            self.table.apply(self.enumerator.wait(count, hung, self.progress), hung, starting=True)
         for slot in self.slots.values():
             if slot.state == "lost":
                 slot.start_attach()
-        for slot in self.slots.values():
+        for slot in list(self.slots.values()):
             if slot.future is None:
                 continue
             try:
@@ -140,7 +140,7 @@ class Sampler:
             except concurrent.futures.TimeoutError:
                 slot.mark_hung()
                 continue
-            slot.harvest()
+            self._attached(slot, slot.harvest())
             self.progress(f"GPU {slot.index} attached" if slot.state == "up" else f"GPU {slot.index} {slot.state}")
 
     def resolve_features(self) -> None:
@@ -191,15 +191,16 @@ class Sampler:
             NvmlFatal: NVML is unusable (a fatal error, or every call of the sample failed).
             Stopping: a shutdown was requested.
         """
-        started, t0 = time.time(), time.perf_counter()
+        started, t0, mono = time.time(), time.perf_counter(), time.monotonic()
         self._commands()
         passes = self._harvest()
+        self.rediscovery.step(self.client)
         features = [f for f in collectors.COLLECTORS if self.enabled(f)]
         # Switches are read from the resolved states (env, quarantine, known issues), not from
         # "unsupported": a collector's series set stays the same for the worker's life.
         switches = frozenset(f for f, st in self.resolved.items() if st.enabled)
         for slot in self.slots.values():
-            if slot.busy:
+            if slot.busy or slot.removed:
                 continue
             if slot.state == "up":
                 slot.start_sample(features, switches)
@@ -213,11 +214,14 @@ class Sampler:
         self._check_every_call_failed()
         seconds, ok = merge_stats(passes)
         configured = {f for f, st in self.resolved.items() if st.enabled and f in collectors.COLLECTORS}
+        order = sorted(self.slots.values(), key=lambda s: (s.removed, s.index, s.key))
+        gpus = tuple(s.sample_view(configured, started, mono) for s in order)
+        self.table.drop_removed()
         return Snapshot(
             ts=started,
             duration_s=time.perf_counter() - t0,
             system=self.system,
-            gpus=tuple(self.slots[i].sample_view(configured) for i in sorted(self.slots)),
+            gpus=gpus,
             features={f: FeatureStat(ok[f], seconds[f]) for f in seconds},
             feature_states=dict(self.states),
             errors=dict(self.error_counts()),
@@ -225,9 +229,9 @@ class Sampler:
             events_enabled=dict(self.events_enabled),
         )
 
-    def _harvest(self) -> dict[int, GpuPass]:
-        passes: dict[int, GpuPass] = {}
-        for slot in self.slots.values():
+    def _harvest(self) -> dict[str, GpuPass]:
+        passes: dict[str, GpuPass] = {}
+        for slot in list(self.slots.values()):
             if slot.state == "hung":
                 if slot.future is not None and slot.future.done():
                     slot.future = None  # the stuck call returned; the GPU stays out until readmitted
@@ -235,8 +239,19 @@ class Sampler:
             result = slot.harvest()
             if isinstance(result, GpuPass):
                 slot.apply(result)
-                passes[slot.index] = result
+                passes[slot.key] = result
+                if result.lost:
+                    self.rediscovery.ask(f"{slot.label()} lost")
+            elif result is not None:
+                self._attached(slot, result)
         return passes
+
+    def _attached(self, slot: GpuSlot, result: Any) -> None:
+        """After an attach: key it by the UUID it read, ask for an enumeration when it found another
+        GPU, tell the event thread about a device it can register."""
+        self.rediscovery.ask(self.table.attached(slot))
+        if result is True and slot.dev is not None and self.slots.get(slot.key) is slot:
+            self.on_attached(slot.dev)
 
     def _check_deadlines(self) -> None:
         for slot in self.slots.values():
@@ -244,26 +259,22 @@ class Sampler:
                 slot.mark_hung()
 
     def _commands(self) -> None:
-        """Apply what the supervisor asked: readmit a GPU (its probe succeeded), re-probe one."""
+        """Apply what the supervisor asked (readmit a GPU whose probe succeeded, re-probe one) and
+        what the event thread asked (enumerate again after a reset or bus event)."""
         while True:
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 return
-            slot = self.slots.get(int(cmd.get("index", -1)))
-            if slot is None:
-                continue
-            if cmd.get("type") == "reprobe":
-                slot.request_reprobe()
-            elif cmd.get("type") == "readmit" and slot.state in ("hung", "crashed") and not slot.busy:
-                log.info("GPU %d (%s): readmitted after a successful probe", slot.index, slot.uuid)
-                slot.state, slot.dev = "lost", None
-                slot.start_attach()
+            if cmd.get("type") == "enumerate":
+                self.rediscovery.ask(str(cmd.get("why", "asked")))
+            else:
+                self.table.command(cmd)
 
     def request_reprobe(self, uuid: str) -> None:
         """Ask the GPU ``uuid`` (every GPU if empty) again what it supports (MIG change, recovery)."""
         for slot in self.slots.values():
-            if not uuid or slot.uuid == uuid:
+            if not uuid or uuid in (slot.uuid, slot.key):
                 slot.request_reprobe()
 
     def _mark_unsupported(self) -> None:
@@ -297,16 +308,15 @@ class Sampler:
             _log_unsupported(feature, detail, answers)
 
     def calls(self) -> tuple[int, int]:
-        """(calls, calls that answered) over the main thread and every GPU thread."""
-        clients = [self.client, *(s.client for s in self.slots.values())]
-        return sum(c.calls for c in clients), sum(c.ok_calls for c in clients)
+        """(calls, calls that answered) over the main, enumeration and every GPU thread."""
+        return self.table.calls(self._threads())
 
     def error_counts(self) -> Counter[tuple[str, str]]:
-        """(feature, NVML error name) -> count over the main thread and every GPU thread."""
-        total: Counter[tuple[str, str]] = Counter()
-        for c in [self.client, *(s.client for s in self.slots.values())]:
-            total.update(dict(c.errors))
-        return total
+        """(feature, NVML error name) -> count over the main, enumeration and every GPU thread."""
+        return self.table.errors(self._threads())
+
+    def _threads(self) -> list[NvmlClient]:
+        return [self.client, *([self.enumerator.client] if self.enumerator is not None else [])]
 
     def _check_every_call_failed(self) -> None:
         calls, ok = self.calls()
@@ -332,6 +342,9 @@ class Sampler:
                 except BaseException:  # noqa: BLE001 - Stopping or the call's own error: it returned
                     pass
             slot.close()
+        if self.enumerator is not None:
+            clean = clean and not self.enumerator.busy
+            self.enumerator.close()
         return clean
 
 

@@ -22,8 +22,9 @@ Goldens:
   (GPU_IS_LOST), ecc switched off and kernel_xid switched on by env, two NVML events on GPU 0 (Xid 79,
   double-bit ECC) and GPU 0 showing the stuck-context signature (100 % busy, no memory, no
   processes: its one record comes back with pid and memory swapped and is dropped), link 3 of GPU 0
-  counting recovery errors (its own series by default) and nvlink_throughput off (GPM's NVLink
-  bytes then). The test adds
+  counting recovery errors (its own series by default), nvlink_throughput off (GPM's NVLink
+  bytes then) and GPU 0's memory temperature reading 4294967295 °C (dropped and counted in
+  ``nvgpu_readings_dropped_total``). The test adds
   the supervisor-side state a worker cannot send: a worker crash in nvlink (quarantined after one
   crash), a readable kernel log and a kubelet pod holding GPU 0.
 - ``processes``: h200x2 with two pods time-slicing GPU 0 (plus a graphics process outside any pod)
@@ -108,6 +109,8 @@ def _faults() -> tuple[dict[str, Any], dict[str, str]]:
         {"function": "nvmlDeviceGetUtilizationRates", "gpu": 1, "action": "error", "error": "GPU_IS_LOST"}
     ]
     _link_errors(scenario["gpus"][0], 3, 1, 162, 2)  # an erroring link's own series by default
+    # HBM temperature read as NVML_VALUE_NOT_AVAILABLE: not exported, counted as implausible
+    scenario["gpus"][0]["fields"]["82"] = 4294967295
     scenario["events"] = [
         {"at_s": 0, "gpu": 0, "event_type": "XidCriticalError", "data": 79},
         {"at_s": 0, "gpu": 0, "event_type": "DoubleBitEccError"},

@@ -10,6 +10,9 @@ A collector is a module with (checked by ``mypy --strict`` through :class:`Colle
 - ``Reading``: a frozen dataclass in NVML's native units, field names carrying the unit
   (``usage_mw``, ``energy_mj``, ``clock_mhz``);
 - ``METRICS``: the :class:`~exporter.common.metric.MetricDef` of every family it can emit;
+- ``CHECKS``: what each field of its ``Reading`` can hold (:mod:`exporter.common.plausibility`: ranges,
+  parts of a total, limits, counters that never decrease, or an ``Exempt`` with the reason), applied
+  by the worker right after ``read()``; a value that fails is dropped and counted, never exported;
 - ``read(dev: DeviceClient) -> Reading | None``: runs in the worker. NVML errors are handled by the
   device client (a missing value is None); ``DeviceLost`` and ``NvmlFatal`` propagate;
 - ``families(samples, system) -> Iterable[Metric]``: runs in the supervisor, pure. ``samples`` is
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from exporter.common.metric import Family as Metric
     from exporter.common.metric import GpuKey, MetricDef
+    from exporter.common.plausibility import Check
     from exporter.worker.nvml.client import DeviceClient
 
 
@@ -76,6 +80,9 @@ class Collector(Protocol):
 
     @property
     def METRICS(self) -> tuple[MetricDef, ...]: ...  # noqa: N802
+
+    @property
+    def CHECKS(self) -> tuple[Check, ...]: ...  # noqa: N802
 
     def read(self, dev: DeviceClient) -> Any: ...
 

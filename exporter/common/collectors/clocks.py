@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from exporter.common.collectors.base import mhz_to_hertz
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import U64_MAX_VALUE, AtMost, Check, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -72,6 +73,17 @@ class Reading:
     max_clock_mhz: dict[str, int]
     pstate: int | None
     event_reasons: int | None
+
+
+MAX_MHZ = 10_000  # no GPU clock reaches 10 GHz (H200: SM 1980 MHz, HBM 3201 MHz at most)
+# A current clock may pass its maximum a little (clock offsets); 1.5 times it is a misread.
+CHECKS: tuple[Check, ...] = (
+    Range("clock_mhz", low=0, high=MAX_MHZ),
+    Range("max_clock_mhz", low=1, high=MAX_MHZ),
+    AtMost("clock_mhz", "max_clock_mhz", factor=1.5, reason="above_max"),
+    Range("pstate", low=0, high=15),
+    Range("event_reasons", low=0, high=U64_MAX_VALUE),
+)
 
 
 @dataclass

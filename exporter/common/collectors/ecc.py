@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Exempt, Monotonic
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -69,6 +70,12 @@ class Reading:
     pending_enabled: bool | None
     volatile: dict[str, int]  # error type -> count since driver load
     aggregate: dict[str, int]  # error type -> lifetime count
+
+
+CHECKS: tuple[Check, ...] = (
+    Exempt("enabled", "pending_enabled", why="flags"),
+    Monotonic("volatile", "aggregate"),
+)
 
 
 def read(dev: DeviceClient) -> Reading | None:

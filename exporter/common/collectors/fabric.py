@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import U32_MAX_VALUE, Check, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -52,6 +53,9 @@ METRICS = (STATE, STATUS)
 class Reading:
     state: int
     status: int
+
+
+CHECKS: tuple[Check, ...] = (Range("state", "status", low=0, high=U32_MAX_VALUE),)
 
 
 def read(dev: DeviceClient) -> Reading | None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from exporter.common.collectors.base import percent_to_ratio
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -34,6 +35,12 @@ METRICS = (FAN_SPEED,)
 @dataclass(frozen=True)
 class Reading:
     speeds_percent: tuple[int, ...]
+
+
+# Not 100: nvml.h says of the fan speed "This value may exceed 100% in certain cases". Twice the
+# product's maximum noise-tolerance speed, or NVML_VALUE_NOT_AVAILABLE, is no fan's intended speed.
+# A fan's label is its place in the tuple, so one implausible fan costs the GPU's fan reading.
+CHECKS: tuple[Check, ...] = (Range("speeds_percent", low=0, high=200),)
 
 
 @dataclass

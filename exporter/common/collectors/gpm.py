@@ -60,6 +60,7 @@ from exporter.common.collectors import mig
 from exporter.common.collectors.base import percent_to_ratio
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Each, Exempt, Monotonic, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -213,6 +214,18 @@ class Reading:
     instances: tuple[InstanceActivity, ...] = ()  # MIG-enabled GPU: per GPU instance, the GPU's own dicts empty
 
 
+# GPM's percentages are floating-point ratios: 1 % above 100 is rounding, more is a misread.
+CHECKS: tuple[Check, ...] = (
+    Range("activity_percent", low=0, high=101),
+    Monotonic("transferred_bytes"),
+    Each(
+        "instances",
+        Exempt("gpu_instance_id", "profile", why="identifiers from the MIG layout"),
+        Range("activity_percent", low=0, high=101),
+    ),
+)
+
+
 # -- the two-sample window, shared with gpm_pipes (and a future per GPU instance variant) ----------
 
 
@@ -256,19 +269,35 @@ def device_sample(dev: DeviceClient, feature: str) -> Callable[[Any], Any]:
     return lambda buffer: dev.call(feature, "nvmlGpmSampleGet", buffer, key=("nvmlGpmSampleGet",))
 
 
+_GONE = object()  # nvmlGpmMigSampleGet's answer for a GPU instance that went away
+
+
 def instance_sample(dev: DeviceClient, feature: str, gpu_instance_id: int) -> Callable[[Any], Any]:
     """The sampling call for one GPU instance: ``nvmlGpmMigSampleGet(handle, gpuInstanceId, buffer)``;
-    a GPU instance destroyed since the layout was read only omits this sample."""
+    a GPU instance destroyed since the layout was read omits this sample, counted as a join that does
+    not match (``nvgpu_readings_dropped_total{reason="join_unmatched"}``), never read as 0."""
     from exporter.common.nvml import errors
+    from exporter.worker import implausible
 
-    return lambda buffer: dev.call(
-        feature,
-        "nvmlGpmMigSampleGet",
-        gpu_instance_id,
-        buffer,
-        key=("nvmlGpmMigSampleGet",),
-        context=errors.Context.MIG_DEVICE,
-    )
+    def sample(buffer: Any) -> Any:
+        got = dev.call(
+            feature,
+            "nvmlGpmMigSampleGet",
+            gpu_instance_id,
+            buffer,
+            key=("nvmlGpmMigSampleGet",),
+            context=errors.Context.MIG_DEVICE,
+            absent=_GONE,
+        )
+        if got is _GONE:
+            why = "a GPU instance of this pass's MIG layout, gone when GPM sampled it"
+            implausible.count(
+                dev, feature, "join_unmatched", f"gpu_instance_id {gpu_instance_id}", gpu_instance_id, why
+            )
+            return None
+        return got
+
+    return sample
 
 
 def release(dev: DeviceClient, feature: str, cache_key: str) -> None:

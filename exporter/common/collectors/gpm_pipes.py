@@ -21,6 +21,7 @@ from exporter.common.collectors import mig
 from exporter.common.collectors.base import percent_to_ratio
 from exporter.common.collectors.gpm import take
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -53,6 +54,9 @@ METRICS = (PIPE_ACTIVITY,)
 @dataclass(frozen=True)
 class Reading:
     activity_percent: dict[int, float]  # GPM metric id -> percent over the last window
+
+
+CHECKS: tuple[Check, ...] = (Range("activity_percent", low=0, high=101),)  # as gpm.CHECKS
 
 
 def read(dev: DeviceClient) -> Reading | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Exempt
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -59,6 +60,12 @@ class Reading:
     pci_bus_id: str | None
     serial: str | None
     architecture: int | None
+
+
+CHECKS: tuple[Check, ...] = (
+    Exempt("name", "pci_bus_id", "serial", why="driver strings, made printable where they are read"),
+    Exempt("architecture", why="an enum (NVML_DEVICE_ARCH_*); families() shows a value it does not know as its number"),
+)
 
 
 @dataclass

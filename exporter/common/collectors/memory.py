@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import U64_MAX_VALUE, Check, PartsAtMost, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -53,6 +54,24 @@ class Reading:
     reserved_bytes: int | None
     bar1_total_bytes: int | None
     bar1_used_bytes: int | None
+
+
+# v2: used + free + reserved = total, byte for byte (idle H200: 0 + 150,109,880,320 + 644,939,776 =
+# 150,754,820,096, measured on 580.159.04); v1: used (with the reservation) + free = total.
+CHECKS: tuple[Check, ...] = (
+    Range(
+        "total_bytes",
+        "used_bytes",
+        "free_bytes",
+        "reserved_bytes",
+        "bar1_total_bytes",
+        "bar1_used_bytes",
+        low=0,
+        high=U64_MAX_VALUE,
+    ),
+    PartsAtMost("used_bytes", "free_bytes", "reserved_bytes", total="total_bytes"),
+    PartsAtMost("bar1_used_bytes", total="bar1_total_bytes"),
+)
 
 
 def read(dev: DeviceClient) -> Reading | None:

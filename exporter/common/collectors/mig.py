@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.logs import log_once
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import U64_MAX_VALUE, Check, Each, Exempt, PartsAtMost, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -200,6 +201,22 @@ class Reading:
     def device_profile(self, device: MigDevice) -> str:
         """A MIG device's profile, else its GPU instance's ("" when neither is known)."""
         return device.profile or self.profile_of(device.gpu_instance_id)
+
+
+CHECKS: tuple[Check, ...] = (
+    Range("current_mode", "pending_mode", low=0, high=1),
+    Each(
+        "gpu_instances",
+        Exempt("gpu_instance_id", "profile_id", "profile", why="identifiers"),
+        Range("memory_total_bytes", "memory_used_bytes", low=0, high=U64_MAX_VALUE),
+        PartsAtMost("memory_used_bytes", total="memory_total_bytes"),
+    ),
+    Each(
+        "devices",
+        Exempt("index", "gpu_instance_id", "compute_instance_id", "uuid", "profile", why="identifiers"),
+        Exempt("processes", "processes_memory_bytes", why="records validated one by one (process_records)"),
+    ),
+)
 
 
 Shape = tuple[int, int, tuple[tuple[int, int, str], ...]]  # modes, (GI, CI, MIG UUID) of each MIG device

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Monotonic, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -97,6 +98,13 @@ class Reading:
     errors: dict[str, int]  # error type -> sum over the links of each link's last value
     link_up: dict[int, int]  # link -> 1/0, for the links shown one by one
     link_errors: dict[str, int]  # "<link>/<error_type>" -> count, same links
+
+
+CHECKS: tuple[Check, ...] = (
+    Range("links_up", low=0, high=MAX_LINKS),
+    Range("link_up", low=0, high=1),
+    Monotonic("errors", "link_errors"),
+)
 
 
 @dataclass

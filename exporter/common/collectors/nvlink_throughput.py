@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from exporter.common.collectors.base import kib_to_bytes
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Monotonic, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -80,6 +81,14 @@ class Reading:
     rx_kib: int | None
     link_tx_kib: dict[int, int]  # per link, with the nvlink_links feature
     link_rx_kib: dict[int, int]
+
+
+# Ten times NVLink 5's 1.8 TB/s per GPU, in KiB per second: a faster rise is a misread counter.
+MAX_KIB_PER_S = 18e12 / 1024
+CHECKS: tuple[Check, ...] = (
+    Range("link_count", low=0, high=36),  # NVML_NVLINK_MAX_LINKS is 36 from nvidia-ml-py 13.610
+    Monotonic("tx_kib", "rx_kib", "link_tx_kib", "link_rx_kib", max_rate=MAX_KIB_PER_S),
+)
 
 
 @dataclass

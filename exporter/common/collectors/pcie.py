@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import AtMost, Check, Monotonic, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -53,6 +54,16 @@ class Reading:
     width: int | None
     max_width: int | None
     replay_count: int | None
+
+
+# PCIe defines generations 1 to 7 and links of 1 to 32 lanes; the current link at most the maximum.
+CHECKS: tuple[Check, ...] = (
+    Range("generation", "max_generation", low=1, high=7),
+    Range("width", "max_width", low=1, high=32),
+    AtMost("generation", "max_generation", factor=1, reason="above_max"),
+    AtMost("width", "max_width", factor=1, reason="above_max"),
+    Monotonic("replay_count"),
+)
 
 
 def _int(value: Any) -> int | None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from exporter.common.collectors.base import mj_to_joules, mw_to_watts
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import AtMost, Check, Monotonic, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -77,6 +78,15 @@ class Reading:
     energy_mj: int | None
     module_usage_mw: int | None = None
     memory_usage_mw: int | None = None
+
+
+MAX_MW = 10_000_000  # 10 kW: no GPU or module draws it (H200 700 W limit; a GB200 superchip about 2.7 kW)
+CHECKS: tuple[Check, ...] = (
+    Range("usage_mw", "module_usage_mw", "memory_usage_mw", "limit_mw", low=0, high=MAX_MW),
+    AtMost("usage_mw", "limit_mw", factor=10, reason="above_limit"),
+    AtMost("memory_usage_mw", "limit_mw", factor=10, reason="above_limit"),
+    Monotonic("energy_mj", max_rate=MAX_MW),  # mJ per second is mW
+)
 
 
 def read(dev: DeviceClient) -> Reading | None:

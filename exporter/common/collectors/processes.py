@@ -42,6 +42,7 @@ from exporter.common.collectors.base import Other, PodUsage, Usage, percent_to_r
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.logs import log_once
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Exempt, in_future
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -74,8 +75,8 @@ DROPPED = MetricDef(
     "nvgpu_process_records_dropped_total",
     "Process records (or their memory value, reason memory_not_available) dropped by validation since "
     "the worker started: malformed, pid_zero, pid_not_available, pid_above_max, memory_above_total, "
-    "duplicate, memory_not_available, utilization_out_of_range (nvmlDeviceGet*RunningProcesses, "
-    "nvmlDeviceGetProcessUtilization)",
+    "duplicate, memory_not_available, utilization_out_of_range, timestamp_in_future "
+    "(nvmlDeviceGet*RunningProcesses, nvmlDeviceGetProcessUtilization)",
     ("reason",),
 )
 API_INFO = MetricDef(
@@ -161,6 +162,21 @@ class Reading:
     pods: dict[str, PodUsage] = field(default_factory=dict)
     pod_names: dict[str, tuple[str, str]] = field(default_factory=dict)
     sources: dict[str, int] = field(default_factory=dict)
+
+
+CHECKS: tuple[Check, ...] = (
+    Exempt(
+        "count",
+        "memory_used_bytes",
+        "processes",
+        "other",
+        "pods",
+        why="records and samples validated one by one where they are read (exporter.worker.process_records)",
+    ),
+    Exempt(
+        "dropped", "functions", "fallbacks", "labels", "pod_names", "sources", why="counts and names of the worker's"
+    ),
+)
 
 
 # -- worker-side state ------------------------------------------------------------------------------
@@ -360,30 +376,47 @@ def _log_mismatch(
 
 
 def _utilization(
-    dev: DeviceClient, st: State, host: HostView, drops: Counter[str]
+    dev: DeviceClient, st: State, host: HostView, drops: Counter[str], rejected: set[int]
 ) -> dict[int, UtilizationSample] | None:
     """Samples newer than the last read, latest per pid; {} when there is nothing new; None when
-    NVML gave no answer (unsupported, error)."""
+    NVML gave no answer (unsupported, error). ``rejected`` gains the pids whose samples failed
+    validation."""
     from exporter.worker.process_records import validate_samples
 
     raw = dev.sample(FEATURE, UTILIZATION_FUNCTION, st.last_seen_us, absent=[])
     if raw is None:
         return None
-    stamps = [ts for ts in (getattr(s, "timeStamp", None) for s in raw) if isinstance(ts, int)]
+    now_us = dev.client.timestamp_us()
+    # The next call asks for samples newer than the newest seen; a timestamp in the future must not
+    # move it there, or every later sample would be "older" and never returned.
+    stamps = [
+        ts for ts in (getattr(s, "timeStamp", None) for s in raw) if isinstance(ts, int) and not in_future(ts, now_us)
+    ]
     if stamps:
         st.last_seen_us = max(st.last_seen_us, *stamps)
-    return validate_samples(raw, pid_max=host.pid_max(), drops=drops)
+    return validate_samples(raw, pid_max=host.pid_max(), drops=drops, now_us=now_us, rejected=rejected)
 
 
 def _with_usage(dev: DeviceClient, st: State, host: HostView, procs: Mapping[int, Proc], drops: Counter[str]) -> bool:
     """Each process's latest utilization sample ((0, 0, 0, 0) for one with none new: NVML reports
-    only busy processes); False when NVML gave no answer (the processes keep none)."""
-    samples = _utilization(dev, st, host, drops)
+    only busy processes; unknown for one whose only new samples failed validation); False when
+    NVML gave no answer (the processes keep none)."""
+    rejected: set[int] = set()
+    samples = _utilization(dev, st, host, drops, rejected)
     if samples is None:
         return False
     for pid, p in procs.items():
         s = samples.get(pid)
-        p.utilization = (s.sm, s.memory, s.encoder, s.decoder) if s else (0, 0, 0, 0)
+        if s is not None:
+            p.utilization = (s.sm, s.memory, s.encoder, s.decoder)
+        elif pid not in rejected:
+            p.utilization = (0, 0, 0, 0)
+    unmatched = sorted(pid for pid in samples if pid not in procs)
+    if unmatched:  # a process that left between the two calls, or one NVML lists nowhere: counted, not used
+        from exporter.worker import implausible
+
+        why = "a utilization sample for a PID in no process list of this pass"
+        implausible.count(dev, FEATURE, "join_unmatched", "utilization pid", unmatched[0], why, len(unmatched))
     return True
 
 
@@ -428,10 +461,8 @@ def _per_pod(
     from exporter.worker import process_attribution as attribution
 
     pods, pod_names = attribution.pods(procs)
-    sources = {
-        "proc": int(bool(host.proc.host_pid_namespace()) or bool(pods)),
-        "container_logs": int(bool(host.logs.check())),
-    }
+    host_pid, logs_readable = host.sources()  # read within a time bound
+    sources = {"proc": int(host_pid or bool(pods)), "container_logs": int(logs_readable)}
     return pods, pod_names, sources
 
 

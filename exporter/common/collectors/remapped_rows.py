@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import U32_MAX_VALUE, Check, Exempt, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -49,6 +50,12 @@ class Reading:
     pending: bool | None
     failure: bool | None
     recovery_action: int | None
+
+
+CHECKS: tuple[Check, ...] = (
+    Range("correctable", "uncorrectable", "recovery_action", low=0, high=U32_MAX_VALUE),
+    Exempt("pending", "failure", why="flags"),
+)
 
 
 def read(dev: DeviceClient) -> Reading | None:

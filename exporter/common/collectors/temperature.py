@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -39,6 +40,12 @@ METRICS = (
 class Reading:
     gpu_celsius: int | None
     memory_celsius: int | None
+
+
+# Physical bounds: no board operates below -40 °C, and every GPU shuts down far below 150 °C (H200:
+# slowdown and shutdown within 10 °C of its 87 °C limit). The deprecated unsigned call reads a
+# negative value as about 4294967295.
+CHECKS: tuple[Check, ...] = (Range("gpu_celsius", "memory_celsius", low=-40, high=150),)
 
 
 def read(dev: DeviceClient) -> Reading | None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Monotonic
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -90,6 +91,9 @@ METRICS = (REASON_SECONDS,)
 @dataclass(frozen=True)
 class Reading:
     durations_ns: dict[str, int]  # reason -> nanoseconds since the driver loaded
+
+
+CHECKS: tuple[Check, ...] = (Monotonic("durations_ns"),)
 
 
 def driver_branch(version: str) -> tuple[int, int] | None:

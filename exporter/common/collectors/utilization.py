@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from exporter.common.collectors import mig
 from exporter.common.collectors.base import percent_to_ratio
 from exporter.common.metric import GpuKey, MetricDef
+from exporter.common.plausibility import Check, Range
 
 if TYPE_CHECKING:
     from exporter.common.collectors.base import SystemInfo
@@ -64,6 +65,11 @@ class Reading:
     memory_busy_percent: int | None
     encoder_percent: int | None
     decoder_percent: int | None
+
+
+CHECKS: tuple[Check, ...] = (
+    Range("gpu_percent", "memory_busy_percent", "encoder_percent", "decoder_percent", low=0, high=100),
+)
 
 
 def read(dev: DeviceClient) -> Reading | None:

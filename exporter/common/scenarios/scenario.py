@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+from exporter.common import fileio
 from exporter.common.scenarios import spec
 from exporter.common.scenarios.spec import SpecError, check_error, fail, is_int, is_number
 
@@ -39,8 +40,10 @@ _TOP_KEYS = {
     "nvml_version",
     "kernel_module_version",
     "cuda_driver_version",
+    "native_library",
     "missing_functions",
     "gpus",
+    "enumeration",
     "faults",
     "events",
     "comment",
@@ -137,13 +140,14 @@ def _reject_constant(name: str) -> Any:
 
 
 def _read(path: str) -> Any:
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ScenarioError(f"scenario {path}: cannot read: {exc.strerror or exc}") from exc
-    if len(raw) > MAX_BYTES:
-        raise ScenarioError(f"scenario {path}: larger than {MAX_BYTES >> 20} MiB; a scenario is a few KiB to a few MiB")
+    try:  # without blocking on a FIFO, a regular file only, within a deadline (a hung mount)
+        raw = fileio.read_file(path, MAX_BYTES)
+    except fileio.FileRefused as exc:
+        if exc.reason == "too_large":
+            raise ScenarioError(
+                f"scenario {path}: larger than {MAX_BYTES >> 20} MiB; a scenario is a few KiB to a few MiB"
+            ) from None
+        raise ScenarioError(f"scenario {path}: cannot read: {exc.detail}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -179,12 +183,15 @@ def _scenario(data: Any) -> dict[str, Any]:
     if unknown:
         fail(f"unknown top-level keys {sorted(unknown)}", f"only {sorted(_TOP_KEYS)}")
     out = {**data, **_versions(data)}
+    if "native_library" in data:
+        out["native_library"] = _native_library(data["native_library"])
     if "cuda_driver_version" in data and not is_int(data["cuda_driver_version"]):
         fail("cuda_driver_version", "an integer such as 13000")
     missing = data.get("missing_functions", [])
     if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
         fail("missing_functions", "a list of pynvml function names")
     out["gpus"] = _gpus(data.get("gpus"))
+    out["enumeration"] = _enumeration(data.get("enumeration"), len(out["gpus"]))
     faults = data.get("faults", [])
     if not isinstance(faults, list):
         fail("faults", "a list of fault objects")
@@ -213,6 +220,29 @@ def _versions(data: dict[str, Any]) -> dict[str, spec.Spec]:
     return out
 
 
+_NATIVE_KEYS = {"path": str, "origin": str, "deleted": bool, "host_libraries": list}
+NATIVE_ORIGINS = ("host", "image", "none")
+
+
+def _native_library(raw: Any) -> spec.Spec:
+    """The ``libnvidia-ml.so`` the fake worker presents as mapped (docs/scenarios.md): an object
+    ``{path, origin, deleted, host_libraries}`` or a ``{"sequence": [...]}`` of such objects."""
+    entries = raw.get("sequence") if isinstance(raw, dict) and "sequence" in raw else None
+    values = [e.get("value") if isinstance(e, dict) else None for e in entries] if isinstance(entries, list) else [raw]
+    for j, value in enumerate(values):
+        where = "native_library" if entries is None else f"native_library.sequence[{j}].value"
+        if not isinstance(value, dict) or not set(value) <= set(_NATIVE_KEYS):
+            fail(where, f"an object with keys among {sorted(_NATIVE_KEYS)}")
+        for key, kind in _NATIVE_KEYS.items():
+            if key in value and not isinstance(value[key], kind):
+                fail(f"{where}.{key}", f"a {kind.__name__}")
+        if value.get("origin", "host") not in NATIVE_ORIGINS:
+            fail(f"{where}.origin", f"one of {list(NATIVE_ORIGINS)}")
+        if not all(isinstance(h, str) for h in value.get("host_libraries", [])):
+            fail(f"{where}.host_libraries", "a list of paths")
+    return spec.parse(raw, "native_library")
+
+
 def _gpus(gpus: Any) -> list[dict[str, Any]]:
     if not isinstance(gpus, list):
         fail("gpus", "a list of GPU objects")
@@ -224,6 +254,42 @@ def _gpus(gpus: Any) -> list[dict[str, Any]]:
             fail(f"gpus[{i}].uuid", f"a UUID not already used by gpus[{seen[gpu['uuid']]}]")
         seen[gpu["uuid"]] = i
     return out
+
+
+def _enumeration(raw: Any, count: int) -> list[dict[str, Any]]:
+    """Which of the scenario's GPUs NVML enumerates, in index order, over time (docs/scenarios.md,
+    "Enumeration over time"): phases ``{until_s, gpus, reset}``, the first whose ``until_s`` lies above
+    scenario time holding (the last one past them all). Without the key every GPU, in file order."""
+    if raw is None:
+        return [{"gpus": tuple(range(count)), "reset": ()}]
+    shape = "a non-empty list of {until_s, gpus, reset} phases"
+    if not isinstance(raw, list) or not raw:
+        fail("enumeration", shape)
+    out: list[dict[str, Any]] = []
+    previous = float("-inf")
+    for j, phase in enumerate(raw):
+        where = f"enumeration[{j}]"
+        if not isinstance(phase, dict) or "gpus" not in phase or not set(phase) <= _PHASE_KEYS:
+            fail(where, f"an object with gpus and keys from {sorted(_PHASE_KEYS)}")
+        until = phase.get("until_s")
+        if until is None and j != len(raw) - 1:
+            fail(f"{where}.until_s", "a number of seconds on every phase but the last")
+        if until is not None and (not is_number(until) or until <= previous):
+            fail(f"{where}.until_s", f"a number of seconds above the previous phase's ({previous:g})")
+        previous = until if until is not None else previous
+        gpus, reset = phase["gpus"], phase.get("reset", [])
+        for key, items in (("gpus", gpus), ("reset", reset)):
+            if not isinstance(items, list) or not all(is_int(g) and 0 <= g < count for g in items):
+                fail(f"{where}.{key}", f"a list of positions in gpus (integers from 0 to {count - 1})")
+        if len(set(gpus)) != len(gpus):
+            fail(f"{where}.gpus", "each GPU at most once (a GPU has one index)")
+        if not set(reset) <= set(gpus):
+            fail(f"{where}.reset", "GPUs this phase enumerates (a GPU comes back from a reset)")
+        out.append({"until_s": until, "gpus": tuple(gpus), "reset": tuple(reset)})
+    return out
+
+
+_PHASE_KEYS = frozenset({"until_s", "gpus", "reset", "comment"})
 
 
 def _event(i: int, event: Any) -> None:

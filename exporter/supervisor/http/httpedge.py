@@ -11,6 +11,17 @@ connection costs anything:
   :data:`FD_HEADROOM`, which stays free for the worker's pipes, the state file and the kernel log
   (without it, 250 idle connections under a 200-fd limit made the next worker respawn fail and the
   process exit 1).
+- **Reserve; the heaviest client's idle connections go first.** The last :func:`reserve` slots of
+  the cap (an eighth, at least 2) are kept for new connections: a connection accepted while fewer
+  are free closes another to make room (counted ``evicted``): the one idle longest of the client
+  (address) holding the most connections, however new, else anyone's idle at least
+  :data:`EVICT_IDLE_S`; kept-alive connections before ones without a complete request yet, never
+  one serving a request. So one client that keeps the cap full, re-opening every connection it
+  loses as fast as it can, pays with its own connections: the kubelet's probes and Prometheus,
+  one connection each from their own addresses, are accepted and served. Only when no connection
+  can be closed (all serving a request, or new and spread over many clients) does a new one get
+  the 503. (Prometheus's kept-alive connection may be the one closed between two scrapes, when
+  Prometheus holds the most connections; its client dials again.)
 - **TLS per connection.** Each accepted socket becomes a transport through
   ``loop.connect_accepted_socket`` with the TLS context current at that moment (``tls()``), so a
   rotated certificate applies to the next connection without a restart; a verified client
@@ -43,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.common.logs import log_once
 from exporter.common.metric import MetricDef, single
-from exporter.supervisor.extensions import Extension
+from exporter.supervisor.extensions import Extension, Host
 
 if TYPE_CHECKING:
     from exporter.common.metric import Family as Metric
@@ -57,6 +68,8 @@ log = logging.getLogger(__name__)
 # reads, Python's own (stdio, the event loop's selector and self-pipe) and a margin.
 FD_HEADROOM = 64
 MIN_CONNECTIONS = 8
+EVICT_IDLE_S = 0.5  # a connection idle less than this is not evicted (its request may not be read yet)
+WATCH_POLL_S = 0.25  # how often the web config watcher's finished looks at its files are taken
 BUSY_503 = (
     b"HTTP/1.1 503 Service Unavailable\r\nServer: nvgpu-exporter\r\nConnection: close\r\n"
     b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 41\r\n\r\n"
@@ -67,8 +80,10 @@ PLAIN_HTTP_400 = (
     b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 55\r\n\r\n"
     b"this port speaks HTTPS (web config file): use https://\n"
 )
-DROP_REASONS = ("limit", "header_timeout", "tls_handshake", "client_certificate")
-DENY_REASONS = ("unauthorized", "client_certificate", "rate_limit")
+RESERVE_SHARE = 8  # an eighth of the cap is kept free for new connections
+MIN_RESERVE = 2
+DROP_REASONS = ("limit", "header_timeout", "tls_handshake", "client_certificate", "evicted")
+DENY_REASONS = ("unauthorized", "client_certificate", "rate_limit", "failed_logins")
 
 
 def _m(name: str, help: str, labels: tuple[str, ...] = ()) -> MetricDef:
@@ -84,13 +99,14 @@ HTTP_CONNECTIONS_MAX = _m(
 HTTP_DROPPED = _m(
     "nvgpu_http_connections_dropped_total",
     "Connections closed by the exporter: limit (over the cap), header_timeout (no complete request head or "
-    "TLS handshake in time), tls_handshake (failed handshake), client_certificate (SAN not allowed)",
+    "TLS handshake in time), tls_handshake (failed handshake), client_certificate (SAN not allowed), evicted "
+    "(closed to make room near the cap: the idle connection of the client holding the most, or idle longest)",
     ("reason",),
 )
 HTTP_DENIED = _m(
     "nvgpu_http_requests_denied_total",
     "Requests refused by the web config: unauthorized (401, basic auth), client_certificate (403, no verified "
-    "client certificate), rate_limit (429)",
+    "client certificate), rate_limit (429), failed_logins (429: this client's wrong passwords are rate-limited)",
     ("reason",),
 )
 WEB_CONFIG_RELOAD_OK = _m(
@@ -125,6 +141,11 @@ def raise_open_file_limit() -> tuple[int, int]:
         except (ValueError, OSError) as exc:  # not fatal: the cap below follows the soft limit
             log.info("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
     return soft, hard
+
+
+def reserve(cap: int) -> int:
+    """Slots of ``cap`` kept free for new connections (idle ones are closed to keep them free)."""
+    return max(MIN_RESERVE, cap // RESERVE_SHARE) if cap > MIN_RESERVE else 0
 
 
 def connection_cap(configured: int, soft_limit: int) -> int:
@@ -170,6 +191,20 @@ class HttpEdge(Extension):
         out.append(single(WEB_CONFIG_RELOAD_TIME, None if w is None else w.last_reload_time))
         return out
 
+    async def run(self, host: Host) -> None:
+        """Look at the web config's files even when no request comes (they are read on a thread of
+        their own: :class:`~exporter.supervisor.http.webtls.WebConfigWatcher`), so a rotation, or a
+        change that does not load, shows in ``nvgpu_web_config_last_reload_successful``."""
+        watcher = self.watcher
+        if watcher is None:
+            return
+        while True:
+            before = (watcher.last_reload_ok, watcher.reloads)
+            watcher.refresh()
+            if (watcher.last_reload_ok, watcher.reloads) != before:
+                host.changed()
+            await asyncio.sleep(WATCH_POLL_S)
+
 
 class Listener:
     """Listening sockets and the accept loop (see the module docstring).
@@ -198,8 +233,13 @@ class Listener:
         self.tls = tls
         self.peer_problem = peer_problem
         self.sockets: list[socket.socket] = []
+        self.reserve = reserve(max_connections)
         self._by_transport: dict[int, _Guarded] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
+        # Open connections, least recently active first (a finished request moves one to the end).
+        self._lru: dict[_Guarded, None] = {}
+        self._by_peer: collections.Counter[str] = collections.Counter()  # client address -> open connections
+        self._evicting = 0  # evicted, not yet released
         edge.max_connections = max_connections
 
     # -- sockets ------------------------------------------------------------------------------
@@ -253,23 +293,24 @@ class Listener:
             sock.close()
         self.sockets = []
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Any) -> asyncio.Future[Any]:
+        task: asyncio.Future[Any] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _accept_loop(self, listening: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                sock, _addr = await loop.sock_accept(listening)
-                self._accepted(sock)
+                sock, addr = await loop.sock_accept(listening)
+                self._accepted(sock, _peer(addr))
                 for _ in range(64):  # drain the backlog without a round trip through the loop each
                     try:
-                        sock, _addr = listening.accept()
+                        sock, addr = listening.accept()
                     except (BlockingIOError, InterruptedError):
                         break
-                    self._accepted(sock)
+                    self._accepted(sock, _peer(addr))
             except asyncio.CancelledError:
                 raise
             except OSError as exc:  # EMFILE/ENFILE/ENOBUFS: wait for descriptors to come back
@@ -279,10 +320,14 @@ class Listener:
                 log_once(log, logging.ERROR, ("accept-bug",), "accepting a connection failed", exc_info=True)
                 await asyncio.sleep(0.5)
 
-    def _accepted(self, sock: socket.socket) -> None:
+    def _accepted(self, sock: socket.socket, peer: str = "") -> None:
         sock.setblocking(False)
         edge = self.edge
-        if edge.open >= self.max_connections:
+        if edge.open - self._evicting >= self.max_connections - self.reserve:
+            victim = self._victim(peer)
+            if victim is not None:
+                self._evict(victim)
+        if edge.open - self._evicting >= self.max_connections:
             self.drop("limit")
             try:
                 if self._tls_context_or_none() is None:
@@ -297,8 +342,57 @@ class Listener:
             sock.close()
             return
         edge.open += 1
-        conn = _Guarded(self)
-        self._spawn(conn.attach(sock))
+        conn = _Guarded(self, peer)
+        self._lru[conn] = None
+        self._by_peer[peer] += 1
+        conn.task = self._spawn(conn.attach(sock))
+        conn.task.add_done_callback(lambda task: conn.attach_done(task, sock))
+
+    def _victim(self, peer: str) -> _Guarded | None:
+        """The connection to close so that one from ``peer`` can be accepted near the cap.
+
+        The client (address) holding the most connections pays first, whoever asks: its
+        connection idle longest goes, however new (it holds more than its share). Otherwise the
+        connection idle longest of anyone, if idle at least :data:`EVICT_IDLE_S` (its request may
+        still be in the socket, unread: a burst of new connections is accepted before any of them
+        is read). Kept-alive connections go before ones without a complete request yet; a
+        connection serving a request is never closed.
+        """
+        if self._by_peer:
+            heavy, most = max(self._by_peer.items(), key=lambda item: item[1])
+            if most > 1 and (peer == heavy or self._by_peer[peer] + 1 < most):
+                victim = self._idle_longest(lambda conn: conn.peer == heavy, 0.0)
+                if victim is not None:
+                    return victim
+        return self._idle_longest(lambda conn: True, min(EVICT_IDLE_S, self.header_timeout_s / 2))
+
+    def _idle_longest(self, which: Callable[[_Guarded], bool], idle_s: float) -> _Guarded | None:
+        waiting = None
+        newest = time.monotonic() - idle_s
+        for conn in self._lru:
+            if conn.busy or conn.evicted or conn.idle_since > newest or not which(conn):
+                continue
+            if conn.requests:
+                return conn
+            if waiting is None:
+                waiting = conn
+        return waiting
+
+    def _evict(self, conn: _Guarded) -> None:
+        conn.evicted = True
+        self._evicting += 1
+        self.edge.dropped["evicted"] += 1
+        log_once(
+            log,
+            logging.WARNING,
+            ("http-evict",),
+            "%d of %d HTTP connections open: closing the ones idle longest to keep %d free for new ones "
+            "(probes, Prometheus); raise NVGPU_WEB_MAX_CONNECTIONS if this is expected load",
+            self.edge.open,
+            self.max_connections,
+            self.reserve,
+        )
+        conn.close()
 
     def _tls_context_or_none(self) -> ssl.SSLContext | None:
         try:
@@ -320,6 +414,11 @@ class Listener:
         conn = self._by_transport.get(id(transport)) if transport is not None else None
         if conn is not None:
             conn.busy = False
+            conn.requests += 1
+            conn.idle_since = time.monotonic()
+            if conn in self._lru:  # the most recently active now
+                del self._lru[conn]
+                self._lru[conn] = None
 
     def drop(self, reason: str, detail: str = "") -> None:
         """Count a connection closed for ``reason`` (one of :data:`DROP_REASONS`)."""
@@ -340,14 +439,36 @@ class Listener:
 class _Guarded(asyncio.Protocol):
     """One accepted connection: counted, timed, made TLS, then handed to aiohttp's protocol."""
 
-    def __init__(self, listener: Listener) -> None:
+    def __init__(self, listener: Listener, peer: str = "") -> None:
         self.listener = listener
+        self.peer = peer  # the client's address
         self.inner: asyncio.Protocol | None = None
         self.transport: asyncio.BaseTransport | None = None
         self.busy = False
+        self.requests = 0  # answered on this connection
+        self.evicted = False
+        self.task: asyncio.Future[Any] | None = None  # attach(): until the transport exists
         self.accepted_mono = time.monotonic()
+        self.idle_since = self.accepted_mono  # accepted, or the last response handed over
         self._timer: asyncio.TimerHandle | None = None
         self._released = False
+
+    def attach_done(self, task: asyncio.Future[Any], sock: socket.socket) -> None:
+        """:meth:`attach` ended: when it was cancelled before it could run (evicted in the same
+        accept batch), the socket is still ours to close."""
+        if task.cancelled() and self.transport is None and not self._released:
+            sock.close()
+            self._release()
+
+    def close(self) -> None:
+        """Close the connection now: abort its transport, or cancel the handshake or the wait for
+        the first byte when there is no transport yet."""
+        if self.transport is not None:
+            _abort(self.transport)
+        elif self.task is not None and not self.task.done():
+            self.task.cancel()
+        else:
+            self._release()
 
     async def attach(self, sock: socket.socket) -> None:
         """Make the socket a transport (TLS handshake included) with this protocol on it."""
@@ -360,8 +481,15 @@ class _Guarded(asyncio.Protocol):
             sock.close()
             self._release()
             return
-        if context is not None and not await self._speaks_tls(sock):
-            return
+        if context is not None:
+            try:
+                speaks_tls = await self._speaks_tls(sock)
+            except asyncio.CancelledError:  # evicted while waiting for the first byte
+                sock.close()
+                self._release()
+                raise
+            if not speaks_tls:
+                return
         try:
             if context is None:
                 await loop.connect_accepted_socket(lambda: self, sock)
@@ -422,6 +550,13 @@ class _Guarded(asyncio.Protocol):
         self._released = True
         self.disarm()
         self.listener.edge.open -= 1
+        self.listener._lru.pop(self, None)
+        by_peer = self.listener._by_peer
+        by_peer[self.peer] -= 1
+        if by_peer[self.peer] <= 0:
+            del by_peer[self.peer]
+        if self.evicted:
+            self.listener._evicting -= 1
         if self.transport is not None:
             self.listener._by_transport.pop(id(self.transport), None)
 
@@ -491,6 +626,11 @@ class _Guarded(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.inner is not None:
             self.inner.resume_writing()
+
+
+def _peer(addr: Any) -> str:
+    """The client's address (without the port) from ``accept()``."""
+    return str(addr[0]) if isinstance(addr, tuple) and addr else str(addr)
 
 
 def _abort(transport: asyncio.BaseTransport) -> None:

@@ -1,4 +1,5 @@
-"""HTTP side (aiohttp): ``/metrics``, ``/healthz``, ``/readyz`` and the status page ``/``.
+"""HTTP side (aiohttp): ``/metrics``, ``/healthz``, ``/readyz``, the status page ``/`` and the verdicts
+``/api/v1/verdicts`` (versioned JSON, docs/verdicts.md).
 
 Nothing here waits on NVML. ``/metrics`` (``--web.telemetry-path``) returns bytes rendered once
 per change of state, and at least every :data:`REFRESH_S` on request (the ``process_*`` series
@@ -10,7 +11,8 @@ Other paths answer 404, methods other than GET and HEAD 405 (aiohttp's router do
 With a web config file (:mod:`exporter.supervisor.http.webconfig`) the :func:`edge_middleware` refuses, in this
 order, requests over the rate limit (429), requests without a verified client certificate when
 ``client_auth_type`` is ``RequireAndVerifyClientCert`` (403) and requests without valid basic-auth
-credentials (401); ``/healthz`` and ``/readyz`` are exempt unless ``NVGPU_WEB_PROBES_WITHOUT_AUTH``
+credentials (401; 429 while the client's wrong passwords are over their limit, which never delays
+credentials verified before); ``/healthz`` and ``/readyz`` are exempt unless ``NVGPU_WEB_PROBES_WITHOUT_AUTH``
 is false, so the kubelet can probe them. Every response names the server ``nvgpu-exporter``,
 without versions, and carries the configured security headers.
 """
@@ -19,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp.web_response
@@ -29,7 +32,7 @@ from aiohttp import web
 from exporter.config import PROBE_PATHS
 from exporter.supervisor import exposition, statuspage
 from exporter.supervisor.http.httpedge import HttpEdge, Listener
-from exporter.supervisor.http.webauth import BasicAuth, RateLimiter
+from exporter.supervisor.http.webauth import BasicAuth, FailedLogins, RateLimiter
 from exporter.supervisor.http.webtls import WebConfigWatcher
 from exporter.supervisor.served import ServedState
 from exporter.supervisor.supervisor import Supervisor
@@ -41,6 +44,9 @@ SERVER_NAME = "nvgpu-exporter"
 # aiohttp makes itself (400 for a request line it cannot parse) take this module default.
 aiohttp.web_response.SERVER_SOFTWARE = SERVER_NAME  # type: ignore[attr-defined]
 REFRESH_S = 5.0  # a rendering older than this is redone on request (process_* series age)
+# At shutdown, requests in progress get this long to finish (aiohttp's default is 60 s); a request
+# waiting for a bcrypt is not waited for longer, so SIGTERM is honoured within the shutdown timeout.
+HTTP_SHUTDOWN_S = 1.0
 
 SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor", Supervisor)
 RENDERER: web.AppKey[Renderer] = web.AppKey("renderer")
@@ -64,6 +70,7 @@ class Edge:
     probes_without_auth: bool = True
     auth: BasicAuth = field(default_factory=BasicAuth)
     limiter: RateLimiter = field(default_factory=RateLimiter)
+    logins: FailedLogins = field(default_factory=FailedLogins)
 
 
 class Renderer:
@@ -152,10 +159,26 @@ async def readyz(request: web.Request) -> web.Response:
     return web.Response(status=200 if ok else 503, text=f"{why}\n")
 
 
+async def verdicts_json(request: web.Request) -> web.Response:
+    """Every GPU's verdict with its evidence (:func:`exporter.supervisor.verdicts.document`)."""
+    from exporter.supervisor import verdicts
+
+    state = request.app[SUPERVISOR].state
+    return web.json_response(verdicts.document(state.verdicts, state), dumps=_dumps)
+
+
+def _dumps(obj: object) -> str:
+    import json
+
+    return json.dumps(obj, indent=1, sort_keys=True) + "\n"
+
+
 async def index(request: web.Request) -> web.Response:
     html = statuspage.render(request.app[SUPERVISOR].state)
     return web.Response(text=html, content_type="text/html", charset="utf-8")
 
+
+VERDICTS_PATH = "/api/v1/verdicts"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -180,18 +203,40 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
                     edge.stats.denied["client_certificate"] += 1
                     return web.Response(status=403, text="a verified client certificate is required\n")
             if cfg.users:
-                user = await edge.auth.check(cfg.users, request.headers.get("Authorization"))
-                if user is None:
-                    edge.stats.denied["unauthorized"] += 1
-                    return web.Response(
-                        status=401,
-                        text="401 Unauthorized\n",
-                        headers={"WWW-Authenticate": 'Basic realm="nvgpu-exporter", charset="UTF-8"'},
-                    )
+                refused = await _basic_auth(edge, cfg.users, request)
+                if refused is not None:
+                    return refused
         return await handler(request)
     finally:
         if edge.listener is not None:
             edge.listener.request_finished(transport)
+
+
+async def _basic_auth(edge: Edge, users: Mapping[str, bytes], request: web.Request) -> web.Response | None:
+    """None when the request's credentials are good; else the refusal: 401, or 429 when this
+    client's wrong passwords are over :class:`~exporter.supervisor.http.webauth.FailedLogins`'s
+    limit (credentials verified before are let through at once, whatever the limit says)."""
+    header = request.headers.get("Authorization")
+    known = edge.auth.cached(users, header)
+    if known is True:
+        return None
+    client = request.remote or ""
+    if known is None:  # a bcrypt would run
+        wait = edge.logins.retry_after(client)
+        if wait > 0:
+            edge.stats.denied["failed_logins"] += 1
+            return web.Response(
+                status=429, text="too many wrong passwords\n", headers={"Retry-After": str(math.ceil(wait))}
+            )
+        if await edge.auth.check(users, header) is not None:
+            return None
+        edge.logins.failed(client)
+    edge.stats.denied["unauthorized"] += 1
+    return web.Response(
+        status=401,
+        text="401 Unauthorized\n",
+        headers={"WWW-Authenticate": 'Basic realm="nvgpu-exporter", charset="UTF-8"'},
+    )
 
 
 async def _response_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -222,6 +267,7 @@ def make_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/", index)
+    app.router.add_get(VERDICTS_PATH, verdicts_json)
     return app
 
 
@@ -240,7 +286,13 @@ class HttpServer:
         self, supervisor: Supervisor, renderer: Renderer, edge: Edge, telemetry_path: str, keepalive_s: float
     ) -> None:
         self.app = make_app(supervisor, renderer, telemetry_path, edge)
-        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False, keepalive_timeout=keepalive_s)
+        self.runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=keepalive_s,
+            shutdown_timeout=HTTP_SHUTDOWN_S,
+        )
 
     async def setup(self) -> Callable[[], asyncio.Protocol]:
         """Prepare the runner; returns the protocol factory a :class:`~exporter.supervisor.http.httpedge.Listener`

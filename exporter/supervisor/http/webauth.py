@@ -3,8 +3,11 @@
 The HTTP side (:mod:`exporter.supervisor.http.web`, :mod:`exporter.supervisor.http.httpedge`) calls these
 for every request or connection, with the configuration in force (:mod:`exporter.supervisor.http.webconfig`):
 
-- :class:`BasicAuth`: RFC 7617 against bcrypt hashes; results cached, one bcrypt at a time in a
-  thread, an unknown user costs the same as a wrong password.
+- :class:`BasicAuth`: RFC 7617 against bcrypt hashes; results cached, one bcrypt at a time on a
+  daemon thread of its own (never the event loop's executor: a shutdown does not wait for a bcrypt
+  in progress), an unknown user costs the same as a wrong password.
+- :class:`FailedLogins`: wrong passwords rate-limited per client, so that one client cannot keep
+  the bcrypt thread busy; credentials already verified (cached) are never delayed.
 - :func:`peer_problem`: a verified client certificate must carry one of ``client_allowed_sans``.
 - :class:`RateLimiter`: exporter-toolkit's ``rate_limit``, a token bucket.
 - :func:`hash_password`: a hash for ``basic_auth_users`` (``nvgpu-exporter hash-password``).
@@ -25,9 +28,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from exporter.supervisor.http.webconfig import BCRYPT_HASH, TlsSettings
+from exporter.common.fileio import Runner
+from exporter.supervisor.http.webconfig import BCRYPT_HASH, BCRYPT_MAX_COST, BCRYPT_MIN_COST, TlsSettings
 
-__all__ = ["DUMMY_HASH", "BasicAuth", "RateLimiter", "hash_password", "peer_problem"]
+__all__ = ["DUMMY_HASH", "BasicAuth", "FailedLogins", "RateLimiter", "hash_password", "peer_problem"]
 
 
 def peer_problem(tls: TlsSettings, peercert: Mapping[str, Any] | None) -> str | None:
@@ -77,8 +81,10 @@ class BasicAuth:
 
     bcrypt is slow on purpose (~50-100 ms at cost 10), so each (user, hash, password) result is
     cached (a bounded LRU keyed by a SHA-256 of the three, never the password itself), and the
-    bcrypt calls run one at a time in a thread: the event loop keeps serving, and a flood of
-    wrong passwords costs one core at most.
+    bcrypt calls run one at a time on a daemon thread of their own (:class:`exporter.common.fileio.Runner`):
+    the event loop keeps serving, a flood of wrong passwords costs one core at most, and a
+    SIGTERM is not held up by a bcrypt in progress (``asyncio``'s default executor would be
+    joined at the end of ``asyncio.run``).
 
     Args:
         checkpw: ``(password, hash) -> bool`` (tests count calls).
@@ -89,8 +95,9 @@ class BasicAuth:
         self.checkpw = checkpw
         self.cache_size = cache_size
         self._cache: collections.OrderedDict[bytes, bool] = collections.OrderedDict()
-        self._lock: asyncio.Lock | None = None
         self._dummies: dict[int, bytes] = {}
+        self._checking: dict[bytes, asyncio.Future[bool]] = {}  # key -> the bcrypt in progress
+        self.bcrypt = Runner("nvgpu-bcrypt", deadline_s=None)
 
     @staticmethod
     def parse(header: str | None) -> tuple[str, bytes] | None:
@@ -109,6 +116,22 @@ class BasicAuth:
             return None
         return user.decode("utf-8", "replace"), password
 
+    @staticmethod
+    def _key(users: Mapping[str, bytes], user: str, password: bytes) -> bytes:
+        return hashlib.sha256(b"\0".join((user.encode(), users.get(user) or b"?", password))).digest()
+
+    def cached(self, users: Mapping[str, bytes], header: str | None) -> bool | None:
+        """What is known of these credentials without a bcrypt: True (verified before), False
+        (missing, malformed, or refused before), None (a bcrypt would have to run)."""
+        creds = self.parse(header)
+        if creds is None:
+            return False
+        user, password = creds
+        ok = self._cache.get(self._key(users, user, password))
+        if ok is None:
+            return None
+        return ok and user in users
+
     async def check(self, users: Mapping[str, bytes], header: str | None) -> str | None:
         """The authenticated user name, or None (missing, malformed or wrong credentials)."""
         creds = self.parse(header)
@@ -117,30 +140,89 @@ class BasicAuth:
         user, password = creds
         hashed = users.get(user)
         known = hashed is not None
-        key = hashlib.sha256(b"\0".join((user.encode(), hashed or b"?", password))).digest()
+        key = self._key(users, user, password)
         ok = self._cache.get(key)
-        if ok is None:
-            if self._lock is None:
-                self._lock = asyncio.Lock()
-            async with self._lock:
+        if ok is not None:
+            self._cache.move_to_end(key)
+        elif key in self._checking:  # the same credentials are being checked: one bcrypt for all
+            ok = await asyncio.shield(self._checking[key])
+        else:
+            pending: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._checking[key] = pending
+            try:
                 against = hashed if hashed is not None else await self._dummy(users)
-                ok = await asyncio.to_thread(self.checkpw, password, against)
+                ok = await self.bcrypt.acall(self.checkpw, password, against)
+            except asyncio.CancelledError:
+                pending.cancel()
+                raise
+            except Exception as exc:
+                pending.set_exception(exc)
+                pending.exception()  # retrieved: nobody else may be waiting
+                raise
+            finally:
+                del self._checking[key]
+            pending.set_result(ok)
             self._cache[key] = ok
             if len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
         return user if ok and known else None
 
     async def _dummy(self, users: Mapping[str, bytes]) -> bytes:
         """A hash of nobody's password at the cost of the configured users' hashes (the highest)."""
         costs = [int(m.group(1)) for h in users.values() if (m := BCRYPT_HASH.fullmatch(h.decode()))]
-        cost = max(costs, default=10)
+        cost = min(max(costs, default=10), BCRYPT_MAX_COST)
         if cost == 10:
             return DUMMY_HASH
         if cost not in self._dummies:
-            self._dummies[cost] = await asyncio.to_thread(_hash_random, cost)
+            self._dummies[cost] = await self.bcrypt.acall(_hash_random, cost)
         return self._dummies[cost]
+
+
+class FailedLogins:
+    """Wrong passwords rate-limited per client (by address): a token bucket of ``burst`` failed
+    bcrypt checks per client, one more every ``refill_s``.
+
+    Only checks that ran a bcrypt and failed take a token: a missing or malformed header, or a
+    wrong password already refused (cached), costs nothing and takes nothing, and credentials
+    already verified are let through whatever the bucket holds, so Prometheus behind the same
+    address as a guesser is never delayed. A client whose bucket is empty gets 429 with
+    ``Retry-After`` instead of a bcrypt. At most ``clients`` addresses are remembered (the least
+    recently seen are forgotten).
+
+    Args:
+        burst: failed checks a client may make at once.
+        refill_s: seconds for one more.
+        clients: addresses remembered.
+        clock: monotonic clock.
+    """
+
+    def __init__(
+        self, burst: int = 5, refill_s: float = 2.0, clients: int = 4096, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.burst = burst
+        self.refill_s = refill_s
+        self.clients = clients
+        self.clock = clock
+        self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+
+    def _tokens(self, client: str, now: float) -> float:
+        tokens, stamp = self._buckets.get(client, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - stamp) / self.refill_s)
+
+    def retry_after(self, client: str) -> float:
+        """Seconds until ``client`` may have a password checked again; 0 when it may now."""
+        if client not in self._buckets:
+            return 0.0
+        tokens = self._tokens(client, self.clock())
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) * self.refill_s
+
+    def failed(self, client: str) -> None:
+        """A bcrypt check for ``client`` failed: take a token."""
+        now = self.clock()
+        self._buckets[client] = (max(0.0, self._tokens(client, now) - 1.0), now)
+        self._buckets.move_to_end(client)
+        while len(self._buckets) > self.clients:
+            self._buckets.popitem(last=False)
 
 
 def _hash_random(cost: int) -> bytes:
@@ -150,9 +232,16 @@ def _hash_random(cost: int) -> bytes:
 
 
 def hash_password(password: str, cost: int = 10) -> str:
-    """A bcrypt hash for ``basic_auth_users`` (``nvgpu-exporter hash-password``)."""
+    """A bcrypt hash for ``basic_auth_users`` (``nvgpu-exporter hash-password``).
+
+    Raises:
+        ValueError: an empty password, one over 72 bytes, or a cost outside the range the web
+            config accepts (:data:`exporter.supervisor.http.webconfig.BCRYPT_MAX_COST`).
+    """
     import bcrypt
 
+    if not BCRYPT_MIN_COST <= cost <= BCRYPT_MAX_COST:
+        raise ValueError(f"cost {cost}: the web config accepts {BCRYPT_MIN_COST} to {BCRYPT_MAX_COST}")
     if not password:
         raise ValueError("an empty password")
     if len(password.encode()) > 72:

@@ -25,9 +25,21 @@ Python's ``ssl`` module cannot do what a value asks, the value is refused rather
 
 - ``client_auth_type`` ``RequestClientCert`` and ``RequireAnyClientCert`` (accept a certificate
   without verifying it; exporter-toolkit calls them insecure): OpenSSL verifies every certificate a
-  client sends. ``VerifyClientCertIfGiven`` and ``RequireAndVerifyClientCert`` need a client CA.
+  client sends.
 - ``curve_preferences`` with more than one curve: ``ssl`` sets one curve.
 - ``http_server_config.http2``: accepted (``true`` is the toolkit's default), HTTP/1.1 is served.
+
+What the toolkit accepts and does something surprising with is accepted too, as the toolkit does
+it, and said in :attr:`WebConfig.cautions` (logged at start and at each reload):
+
+- ``VerifyClientCertIfGiven`` / ``RequireAndVerifyClientCert`` without ``client_ca_file`` or
+  ``client_ca``: Go's ``crypto/tls`` then verifies client certificates against the host's system
+  roots (``tls.Config.ClientCAs`` nil); so does this exporter (``load_default_certs``).
+- ``rate_limit.burst: 0`` with an interval: ``golang.org/x/time/rate`` allows no request with a
+  burst of 0, so the toolkit answers every request 429; so does this exporter (the probe paths
+  excepted while ``NVGPU_WEB_PROBES_WITHOUT_AUTH`` is on).
+- a header value YAML reads as a number or a boolean (``X-XSS-Protection: 1``): yaml.v2 fills the
+  toolkit's ``map[string]string`` with the scalar's text, so the header is ``1`` here too.
 
 The rest of the web edge builds on this: :mod:`exporter.supervisor.http.webtls` (the TLS context, reloads when a
 file changes) and :mod:`exporter.supervisor.http.webauth` (basic auth, client SANs, the rate limit per request).
@@ -44,7 +56,18 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BCRYPT_HASH", "TlsSettings", "WebConfig", "WebConfigError", "file_problem", "load", "parse_go_duration"]
+from exporter.common import durations, fileio
+
+__all__ = [
+    "BCRYPT_HASH",
+    "BCRYPT_MAX_COST",
+    "BCRYPT_MIN_COST",
+    "TlsSettings",
+    "WebConfig",
+    "WebConfigError",
+    "load",
+    "parse_go_duration",
+]
 
 
 class WebConfigError(ValueError):
@@ -53,10 +76,13 @@ class WebConfigError(ValueError):
     Attributes:
         problems: every problem found, one sentence each; each problem of a file starts with the
             file's absolute path. ``str()`` joins them with ``"; "``.
+        reason: how the failure is counted (:data:`exporter.common.fileio.REASONS`): the reason a
+            file was refused (``not_regular``, ``too_large``, ``timeout``), else ``error``.
     """
 
-    def __init__(self, problems: str | Sequence[str]) -> None:
+    def __init__(self, problems: str | Sequence[str], reason: str = "error") -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.reason = reason
         super().__init__("; ".join(self.problems))
 
 
@@ -119,8 +145,17 @@ HEADERS: dict[str, tuple[str, ...]] = {
 }
 
 BCRYPT_HASH = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
-_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# bcrypt costs accepted in basic_auth_users (and made by `hash-password --cost`). What users of
+# exporter-toolkit's format write: 10 (its documentation's `htpasswd -nBC 10`, Go's
+# bcrypt.DefaultCost), 12 (Python's bcrypt.gensalt() default, as in the Prometheus documentation's
+# Python snippet), 5 (htpasswd's own default; Apache htpasswd takes 4 to 17). Every check of a
+# password not yet verified (the first scrape after a start, every wrong password) runs one
+# bcrypt: about 70 ms at cost 10 (exporter-toolkit's documentation; 64 ms measured on this
+# project's 2-core development VM), doubling with each step. 14 (about 1 s) keeps a first scrape
+# well inside Prometheus's default 10 s scrape timeout on a slower core; cost 31 would be about
+# 1.7 days of one core per wrong password.
+BCRYPT_MIN_COST = 4
+BCRYPT_MAX_COST = 14
 
 
 @dataclass(frozen=True)
@@ -163,6 +198,11 @@ class TlsSettings:
         return self.client_auth != "NoClientCert"
 
     @property
+    def verifies_against_system_roots(self) -> bool:
+        """Client certificates are verified, and no client CA is given: the system's roots are used."""
+        return self.verifies_clients and not (self.client_ca_file or self.client_ca_pem)
+
+    @property
     def requires_client_cert(self) -> bool:
         """``RequireAndVerifyClientCert``: no verified certificate, no answer."""
         return self.client_auth == "RequireAndVerifyClientCert"
@@ -184,6 +224,9 @@ class WebConfig:
         http2: ``http_server_config.http2`` (accepted; HTTP/1.1 is served).
         rate_interval_s: ``rate_limit.interval`` in seconds; 0 disables the limiter.
         rate_burst: ``rate_limit.burst``.
+        cautions: what the file asks for that works as exporter-toolkit does but may surprise (client
+            certificates against the system roots, a rate limit that refuses everything), one
+            sentence each; logged at start and at each reload.
         context: the TLS server context built from ``tls`` by
             :func:`exporter.supervisor.http.webtls.load_with_context` (None without TLS, and from :func:`load`,
             which builds nothing). Client certificates are requested and verified if given
@@ -199,6 +242,7 @@ class WebConfig:
     http2: bool = True
     rate_interval_s: float = 0.0
     rate_burst: int = 0
+    cautions: tuple[str, ...] = ()
     context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
     def files(self) -> tuple[str, ...]:
@@ -213,7 +257,8 @@ class WebConfig:
         else:
             parts.append(f"TLS {self.tls.min_version.name}-{self.tls.max_version.name}")
             if self.tls.verifies_clients:
-                parts.append(f"client certificates {self.tls.client_auth}")
+                roots = " against the system roots" if self.tls.verifies_against_system_roots else ""
+                parts.append(f"client certificates {self.tls.client_auth}{roots}")
         parts.append(f"basic auth for {len(self.users)} user(s)" if self.users else "no basic auth")
         if self.rate_interval_s:
             parts.append(f"rate limit {self.rate_burst} per {self.rate_interval_s:g} s")
@@ -229,6 +274,7 @@ class _Problems:
     def __init__(self, path: str) -> None:
         self.path = path
         self.found: list[str] = []
+        self.reason = "error"  # the first refused file's reason, for counting
 
     def add(self, text: str) -> None:
         self.found.append(f"{self.path}: {text}")
@@ -239,6 +285,9 @@ def load(path: str) -> WebConfig:
 
     Builds nothing: :func:`exporter.supervisor.http.webtls.load_with_context` adds the TLS context (and the one
     problem building it can still find: a key that does not match its certificate, a bad PEM).
+    Every file is opened without blocking and must be a regular file
+    (:func:`exporter.common.fileio.open_checked`): a FIFO or a device node at any of these paths is
+    a problem, not a wait.
 
     Args:
         path: the YAML file.
@@ -249,9 +298,23 @@ def load(path: str) -> WebConfig:
     Raises:
         WebConfigError: with every problem of the file (unknown keys, wrong values, missing or
             unreadable certificate, key or CA files); with the one reason when the file cannot be
-            read, is larger than 1 MiB, is not UTF-8, not YAML or not a mapping.
+            read, is not a regular file, is larger than 1 MiB, is not UTF-8, not YAML, not a
+            mapping, or loading it fails in any other way (YAML nested thousands deep, a NUL
+            byte in a path: every exception of the loader is a problem of the file, never a
+            traceback).
     """
     path = os.path.abspath(path)
+    try:
+        return _load(path)
+    except WebConfigError:
+        raise
+    except RecursionError:
+        raise WebConfigError(f"{path}: nested too deeply to be a web config file") from None
+    except Exception as exc:  # noqa: BLE001 - any failure of the loader is a problem of the file
+        raise WebConfigError(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from None
+
+
+def _load(path: str) -> WebConfig:
     p = _Problems(path)
     data = _read(p)
     _check_keys(p, data, TOP_KEYS, "")
@@ -260,18 +323,31 @@ def load(path: str) -> WebConfig:
     users = _users(p, data.get("basic_auth_users"))
     rate_interval_s, rate_burst = _rate(p, _mapping(p, data, "rate_limit"))
     if p.found:
-        raise WebConfigError(p.found)
-    return WebConfig(path, tls, users, headers, http2, rate_interval_s, rate_burst)
+        raise WebConfigError(p.found, p.reason)
+    cautions = []
+    if tls is not None and tls.verifies_against_system_roots:
+        cautions.append(
+            f"{_TLS}client_auth_type {tls.client_auth} without client_ca_file: client certificates are verified "
+            "against this system's CA roots (as exporter-toolkit does); give client_ca_file to trust your own CA only"
+        )
+    if rate_interval_s and rate_burst == 0:
+        cautions.append(
+            "rate_limit.burst is 0: every request is answered 429 (as exporter-toolkit does), the probe paths "
+            "excepted while NVGPU_WEB_PROBES_WITHOUT_AUTH is true"
+        )
+    return WebConfig(path, tls, users, headers, http2, rate_interval_s, rate_burst, tuple(cautions))
+
+
+MAX_FILE_BYTES = 1 << 20  # the web config file, and each certificate, key or CA file it names
 
 
 def _read(p: _Problems) -> dict[str, Any]:
     try:
-        with open(p.path, "rb") as fh:
-            raw = fh.read(1 << 20)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise WebConfigError(f"cannot read {p.path!r}: {getattr(exc, 'strerror', None) or exc}") from None
-    if len(raw) >= 1 << 20:
-        raise WebConfigError(f"{p.path}: larger than 1 MiB; is it the right file?")
+        raw = fileio.read_bytes(p.path, MAX_FILE_BYTES - 1)
+    except fileio.FileRefused as exc:
+        if exc.reason == "too_large":
+            raise WebConfigError(f"{p.path}: larger than 1 MiB; is it the right file?", exc.reason) from None
+        raise WebConfigError(f"cannot read {p.path!r}: {exc.detail}", exc.reason) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -305,7 +381,42 @@ def _parse_yaml(p: _Problems, text: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise WebConfigError(f"{p.path}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {type(data).__name__}")
+    _header_texts(text, data)
     return data
+
+
+def _header_texts(text: str, data: dict[str, Any]) -> None:
+    """Header values that YAML read as a number or a boolean become the scalar's text, as yaml.v2
+    fills the toolkit's ``map[string]string`` (``X-XSS-Protection: 1`` is the header ``1``)."""
+    import yaml
+
+    headers = (
+        (data.get("http_server_config") or {}).get("headers")
+        if isinstance(data.get("http_server_config"), dict)
+        else None
+    )
+    if not isinstance(headers, dict) or not any(isinstance(v, (bool, int, float)) for v in headers.values()):
+        return
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    for key in ("http_server_config", "headers"):
+        node = _child(node, key)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key_node, value_node in node.value:
+        name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        if isinstance(value_node, yaml.ScalarNode) and isinstance(headers.get(name), (bool, int, float)):
+            headers[name] = value_node.value
+
+
+def _child(node: Any, key: str) -> Any:
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    for key_node, value_node in node.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+            return value_node
+    return None
 
 
 def _check_keys(p: _Problems, data: Mapping[Any, Any], allowed: tuple[str, ...], where: str) -> None:
@@ -401,26 +512,24 @@ def _tls_files(p: _Problems, base: str, values: Mapping[str, str], wrong: set[st
         if not (values.get(inline) or values.get(file_key) or wrong & {inline, file_key}):
             p.add(f"{_TLS}{file_key} (or {inline}) is missing")
     files = {file_key: _resolve(base, values.get(file_key, "")) for _inline, file_key in _SOURCES}
-    for key in ("cert_file", "key_file"):
-        why = file_problem(key, files[key]) if files[key] else None
-        if why:
-            p.add(why)
-    ca = files["client_ca_file"]
-    if ca:
-        try:
-            with open(ca, "rb"):
-                pass
-        except OSError as exc:
-            p.add(f"{_TLS}client_ca_file {ca}: {exc.strerror or exc}")
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        if files[key]:
+            _file_problem(p, key, files[key])
     return files
 
 
-def file_problem(key: str, file: str) -> str | None:
-    """Why ``tls_server_config.<key>`` (an absolute path) cannot be read by this process, or None."""
-    if os.access(file, os.R_OK):
-        return None
-    why = "does not exist" if not os.path.exists(file) else "is not readable by this user"
-    return f"{_TLS}{key} {file} {why}"
+def _file_problem(p: _Problems, key: str, file: str) -> None:
+    """A problem when ``tls_server_config.<key>`` (an absolute path) cannot be read by this
+    process: it does not exist, cannot be opened, is not a regular file (a FIFO would block the
+    reader) or is larger than 1 MiB. Opens without blocking (:func:`exporter.common.fileio.open_checked`)."""
+    try:
+        fd, _st = fileio.open_checked(file, MAX_FILE_BYTES)
+    except fileio.FileRefused as exc:
+        p.add(f"{_TLS}{key} {file} {exc.detail}")
+        if p.reason == "error":
+            p.reason = exc.reason
+        return
+    os.close(fd)
 
 
 def _client_auth(p: _Problems, values: Mapping[str, str]) -> str | None:
@@ -442,9 +551,7 @@ def _client_auth(p: _Problems, values: Mapping[str, str]) -> str | None:
             f"{_TLS}client_ca_file is set but client_auth_type is NoClientCert; "
             "set client_auth_type: RequireAndVerifyClientCert"
         )
-    if client_auth != "NoClientCert" and not has_ca:
-        p.add(f"{_TLS}client_auth_type {client_auth} needs client_ca_file (or client_ca)")
-    return client_auth
+    return client_auth  # verifying without a CA: the system roots, as Go's crypto/tls does (cautions)
 
 
 def _versions(p: _Problems, values: Mapping[str, str]) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
@@ -536,11 +643,23 @@ def _users(p: _Problems, data: Any) -> dict[str, bytes]:
                 f"basic_auth_users.{user} is not a bcrypt hash ($2y$10$ followed by 53 characters); "
                 "make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'"
             )
-        elif not 4 <= int(m.group(1)) <= 31:
-            p.add(f"basic_auth_users.{user}: bcrypt cost {m.group(1)} is not in 4..31")
+        elif not BCRYPT_MIN_COST <= int(m.group(1)) <= BCRYPT_MAX_COST:
+            p.add(_cost_problem(user, int(m.group(1))))
         else:
             users[user] = text.encode()
     return users
+
+
+def _cost_problem(user: str, cost: int) -> str:
+    if cost < BCRYPT_MIN_COST:
+        return f"basic_auth_users.{user}: bcrypt cost {cost} is below {BCRYPT_MIN_COST}, the lowest bcrypt defines"
+    seconds = 0.07 * 2 ** (cost - 10)
+    took = f"{seconds / 86400:.1f} days" if seconds >= 86400 else f"{seconds:.0f} s"
+    return (
+        f"basic_auth_users.{user}: bcrypt cost {cost} is above {BCRYPT_MAX_COST}, the most accepted: every check of "
+        f"a password not yet verified (each wrong one) would hold a core for about {took} (cost 10: ~70 ms, "
+        f"doubling with each step); make a new hash with: nvgpu-exporter hash-password --cost 12"
+    )
 
 
 def _rate(p: _Problems, data: dict[str, Any]) -> tuple[float, int]:
@@ -556,9 +675,7 @@ def _rate(p: _Problems, data: dict[str, Any]) -> tuple[float, int]:
     if not isinstance(burst, int) or isinstance(burst, bool) or burst < 0:
         p.add(f"rate_limit.burst must be a non-negative integer, got {burst!r}")
         return seconds, 0
-    if seconds and burst == 0:
-        p.add("rate_limit.burst is 0: every request would be refused")
-    return seconds, burst
+    return seconds, burst  # burst 0 refuses every request, as the toolkit's limiter does (cautions)
 
 
 def parse_go_duration(path: str, where: str, value: Any) -> float:
@@ -574,9 +691,12 @@ def parse_go_duration(path: str, where: str, value: Any) -> float:
     """
     if isinstance(value, int) and not isinstance(value, bool) and value == 0:
         return 0.0
-    text = value if isinstance(value, str) else None
-    if text == "0":
-        return 0.0
-    if not text or _GO_DURATION.sub("", text) != "":
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        seconds = durations.parse_go_duration(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
         raise WebConfigError(f"{path}: {where} must be a duration such as 100ms, 1s or 1m30s, got {value!r}")
-    return sum(float(n) * _DURATION_UNITS[u] for n, u in _GO_DURATION.findall(text))
+    return seconds

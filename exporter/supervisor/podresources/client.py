@@ -6,6 +6,21 @@ device-plugin devices assigned to each of its containers; for NVIDIA's device pl
 UUIDs (``GPU-…``), MIG device UUIDs (``MIG-…``) and, for GPUs shared by time-slicing or MPS,
 replica ids ``<uuid>::<n>``. This module turns that into ``{uuid: (PodRef, …)}``.
 
+Dynamic Resource Allocation: a GPU allocated through a ResourceClaim is not in ``devices`` but in
+the container's ``dynamic_resources`` (served from Kubernetes 1.27 behind the
+``KubeletPodResourcesDynamicResources`` gate, on by default from 1.34): per claim
+(``claim_namespace``/``claim_name``) each allocated device as ``driver_name``/``pool_name``/
+``device_name`` plus its CDI device names. NVIDIA's DRA driver (``gpu.nvidia.com``,
+github.com/NVIDIA/k8s-dra-driver-gpu) names a GPU ``gpu-<n>`` (its minor number in current
+releases, its index in older ones) and a MIG device ``gpu-<n>-mig-<profile>-<start>-<size>``;
+neither carries the UUID, and its CDI names are ``k8s.gpu.nvidia.com/device=<claim uid>-<device>``.
+The UUID comes from the CDI names where they carry one (a CDI spec generated with the UUID
+device-name strategy: ``nvidia.com/gpu=GPU-…``), else from the driver's ResourceSlice (its
+devices' ``uuid`` attribute), which the caller passes as a lookup (:class:`DraDevice.key` ->
+UUID). A device of a GPU driver that neither names is returned unmapped, never dropped
+(:func:`assignments`). These functions take the parsed ``ListPodResourcesResponse``: the
+transport only has to deliver that message.
+
 The calls go over HTTP/2 with ``h2`` (:mod:`exporter.supervisor.podresources.transport`) and the
 messages are the generated protobuf classes (``v1/api_pb2.py``, parsed by the protobuf runtime),
 so a caller gets the same message objects as from a grpcio stub. h2 and protobuf are an optional
@@ -28,7 +43,7 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -76,6 +91,121 @@ class PodRef:
     namespace: str
     pod: str
     container: str
+
+
+# DRA drivers whose devices are GPUs (an unresolved device of theirs is counted, not ignored).
+DRA_GPU_DRIVERS = ("gpu.nvidia.com",)
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class DraDevice:
+    """One device allocated to a ResourceClaim, as the kubelet reports it under ``dynamic_resources``.
+
+    Attributes:
+        driver: the DRA driver (``gpu.nvidia.com``).
+        pool: the driver's resource pool (NVIDIA's driver: the node name).
+        device: the device's name in the pool (``gpu-0``).
+        claim_namespace: the ResourceClaim's namespace.
+        claim_name: the ResourceClaim's name.
+        cdi_devices: the fully qualified CDI device names the kubelet prepared.
+    """
+
+    driver: str
+    pool: str
+    device: str
+    claim_namespace: str = ""
+    claim_name: str = ""
+    cdi_devices: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """(driver, pool, device): the device in the driver's ResourceSlice."""
+        return (self.driver, self.pool, self.device)
+
+    def describe(self) -> str:
+        """``gpu.nvidia.com/node-1/gpu-0 of claim ml/train-gpu``."""
+        return f"{self.driver}/{self.pool}/{self.device} of claim {self.claim_namespace}/{self.claim_name}"
+
+
+def uuid_from_cdi_devices(names: Iterable[str]) -> str | None:
+    """The GPU or MIG UUID a CDI device name carries (``nvidia.com/gpu=GPU-…``), or None.
+
+    A CDI name is ``<vendor>/<class>=<device>`` (the CDI specification); NVIDIA's container
+    toolkit names devices by UUID with ``--device-name-strategy=uuid``, by index by default, and
+    NVIDIA's DRA driver by claim and device (``k8s.gpu.nvidia.com/device=<claim uid>-gpu-0``),
+    which carries none.
+    """
+    for name in names:
+        _kind, sep, device = name.partition("=")
+        uuid = gpu_uuid_from_device_id(device) if sep else None
+        if uuid is not None:
+            return uuid
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignments:
+    """Who holds which GPU, from one ``List`` answer.
+
+    Attributes:
+        gpus: GPU/MIG UUID -> containers holding it (device plugin and DRA together), see
+            :func:`gpu_assignments`.
+        not_a_uuid: device-plugin ids of GPU resources that are not UUIDs -> containers, see
+            :func:`unmapped_assignments`.
+        dra_unresolved: DRA devices of a GPU driver (:data:`DRA_GPU_DRIVERS`) that neither their
+            CDI names nor the ResourceSlice lookup map to a UUID -> containers.
+    """
+
+    gpus: dict[str, tuple[PodRef, ...]] = dataclasses.field(default_factory=dict)
+    not_a_uuid: dict[str, tuple[PodRef, ...]] = dataclasses.field(default_factory=dict)
+    dra_unresolved: dict[DraDevice, tuple[PodRef, ...]] = dataclasses.field(default_factory=dict)
+
+
+def dra_devices(response: Any) -> dict[DraDevice, tuple[PodRef, ...]]:
+    """Every device of every ResourceClaim in a ``ListPodResourcesResponse``, with the containers
+    it is prepared for (a kubelet without DRA sends none)."""
+    found: dict[DraDevice, set[PodRef]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
+            for claim in container.dynamic_resources:
+                for res in claim.claim_resources:
+                    dev = DraDevice(
+                        driver=res.driver_name,
+                        pool=res.pool_name,
+                        device=res.device_name,
+                        claim_namespace=claim.claim_namespace,
+                        claim_name=claim.claim_name,
+                        cdi_devices=tuple(c.name for c in res.cdi_devices),
+                    )
+                    found.setdefault(dev, set()).add(ref)
+    return {d: tuple(sorted(found[d])) for d in sorted(found)}
+
+
+def assignments(response: Any, dra_uuids: Mapping[tuple[str, str, str], str] | None = None) -> Assignments:
+    """The GPUs and MIG devices of one ``List`` answer, device plugin and DRA together.
+
+    Args:
+        response: a parsed ``v1.ListPodResourcesResponse`` (or anything shaped like one).
+        dra_uuids: (driver, pool, device) -> GPU or MIG UUID, from the DRA driver's ResourceSlice
+            (its devices' ``uuid`` attribute); empty or None without that lookup.
+
+    Returns:
+        :class:`Assignments`; a DRA device is mapped from its CDI names first, then the lookup.
+    """
+    gpus: dict[str, set[PodRef]] = {u: set(refs) for u, refs in gpu_assignments(response).items()}
+    unresolved: dict[DraDevice, tuple[PodRef, ...]] = {}
+    for dev, refs in dra_devices(response).items():
+        uuid = uuid_from_cdi_devices(dev.cdi_devices) or (dra_uuids or {}).get(dev.key)
+        if uuid is not None:
+            gpus.setdefault(uuid, set()).update(refs)
+        elif dev.driver in DRA_GPU_DRIVERS:
+            unresolved[dev] = refs
+    return Assignments(
+        gpus={u: tuple(sorted(gpus[u])) for u in sorted(gpus)},
+        not_a_uuid=unmapped_assignments(response),
+        dra_unresolved=unresolved,
+    )
 
 
 class PodResourcesError(Exception):
@@ -344,15 +474,14 @@ class PodResourcesClient:
         """
         return gpu_assignments(self.list())
 
-    def list_device_assignments(self) -> tuple[dict[str, tuple[PodRef, ...]], dict[str, tuple[PodRef, ...]]]:
-        """Call ``List`` once: (GPU/MIG UUID -> containers, see :func:`gpu_assignments`; GPU device
-        ids that are not UUIDs -> containers, see :func:`unmapped_assignments`).
+    def list_assignments(self, dra_uuids: Mapping[tuple[str, str, str], str] | None = None) -> Assignments:
+        """Call ``List`` once and map it (:func:`assignments`): device-plugin and DRA GPUs, and
+        what cannot be mapped.
 
         Raises:
             PodResourcesError: as for :meth:`list_gpu_assignments`.
         """
-        response = self.list()
-        return gpu_assignments(response), unmapped_assignments(response)
+        return assignments(self.list(), dra_uuids)
 
     def allocatable_gpus(self) -> dict[str, int] | None:
         """Call ``GetAllocatableResources``: the GPUs/MIG devices the node can hand out.

@@ -18,12 +18,15 @@ Standard library only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Final, TypeGuard
+
+from exporter.common import fileio
 
 log = logging.getLogger(__name__)
 
@@ -99,21 +102,18 @@ class Cursor:
     def _read(self) -> dict[str, Any] | None:
         if self.path is None:
             return None
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            log.info("no kernel-log cursor at %s: counting history since boot", self.path)
+        try:  # without blocking on a FIFO, a regular file only, not through a link
+            raw = fileio.read_bytes(self.path, MAX_BYTES, follow=False)
+        except fileio.FileRefused as exc:
+            if exc.errno == errno.ENOENT:
+                log.info("no kernel-log cursor at %s: counting history since boot", self.path)
+            else:
+                fileio.count_failure("kmsg_cursor", exc)
+                log.warning("ignoring unreadable kernel-log cursor %s: %s", self.path, exc.detail)
             return None
-        except OSError as exc:
-            log.warning("ignoring unreadable kernel-log cursor %s: %s", self.path, exc.strerror or exc)
-            return None
         try:
-            with os.fdopen(fd, "rb") as fh:
-                raw = fh.read(MAX_BYTES + 1)
-            if len(raw) > MAX_BYTES:
-                raise ValueError(f"larger than {MAX_BYTES} bytes")
             data = json.loads(raw.decode("utf-8"))
-        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
             log.warning("ignoring unreadable kernel-log cursor %s: %s", self.path, exc)
             return None
         if not isinstance(data, dict) or data.get("version") != VERSION:

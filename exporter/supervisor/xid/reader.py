@@ -18,10 +18,10 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Collection
 from typing import Final
 
+from exporter.common import fileio
 from exporter.supervisor.xid.cursor import Cursor
 from exporter.supervisor.xid.parse import (
     KernelXidEvent,
@@ -66,19 +66,23 @@ class KernelLogUnavailable(Exception):
         self.reason = reason
 
 
+def _read_small(path: str) -> str:
+    return fileio.read_bytes(path, 4096).decode("ascii")
+
+
 def _read_boot_id(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        return Path(path).read_text(encoding="ascii").strip() or None
-    except (OSError, UnicodeDecodeError):
+        return _read_small(path).strip() or None
+    except (fileio.FileRefused, UnicodeDecodeError):
         return None
 
 
 def _read_uptime(path: str) -> float | None:
     try:
-        return float(Path(path).read_text(encoding="ascii").split()[0])
-    except (OSError, UnicodeDecodeError, ValueError, IndexError):
+        return float(_read_small(path).split()[0])
+    except (fileio.FileRefused, UnicodeDecodeError, ValueError, IndexError):
         return None
 
 
@@ -157,6 +161,9 @@ class KmsgReader:
         kernel_only: ignore kmsg records whose facility is not the kernel's (userspace writes).
         read_fn: ``os.read`` stand-in used on character devices, for tests that replay records
             (and EAGAIN/EPIPE) through ``/dev/null``.
+        devices: (major, minor) of the character devices accepted: ``/dev/kmsg``'s (1:11) by
+            default; None accepts any (tests that replay records through ``/dev/null``). Any other
+            device, a FIFO, a directory or a socket is refused at open, without blocking.
     """
 
     def __init__(
@@ -170,6 +177,7 @@ class KmsgReader:
         boot_wall_time: float | None = None,
         kernel_only: bool = True,
         read_fn: Callable[[int, int], bytes] = os.read,
+        devices: Collection[tuple[int, int]] | None = (fileio.KMSG_DEVICE,),
     ) -> None:
         self.path = os.fspath(path)
         self.cursor_path = os.fspath(cursor_path) if cursor_path is not None else None
@@ -180,6 +188,7 @@ class KmsgReader:
         self._boot_wall_time = boot_wall_time
         self._kernel_only = kernel_only
         self._read = read_fn
+        self._devices = devices
         self._parser = KernelXidParser()
         self._fd: int | None = None
         self._is_device = False
@@ -208,27 +217,31 @@ class KmsgReader:
         Raises:
             KernelLogUnavailable: the path cannot be opened (missing, ``EACCES``, or ``EPERM``
                 from ``/dev/kmsg`` under ``kernel.dmesg_restrict=1`` without ``CAP_SYSLOG``), or
-                is neither a character device nor a regular file.
+                is neither ``/dev/kmsg`` (or another accepted device) nor a regular file.
         """
         if self._fd is not None:
             return
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            raise KernelLogUnavailable(self.path, f"cannot open: {exc.strerror or exc}") from exc
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+            raise KernelLogUnavailable(self.path, f"cannot open: {getattr(exc, 'strerror', None) or exc}") from exc
         try:
             st = os.fstat(fd)
         except OSError as exc:  # pragma: no cover - fstat on an open fd does not fail
             os.close(fd)
             raise KernelLogUnavailable(self.path, f"cannot stat: {exc}") from exc
-        if stat.S_ISCHR(st.st_mode):
+        device = (os.major(st.st_rdev), os.minor(st.st_rdev))
+        if stat.S_ISCHR(st.st_mode) and (self._devices is None or device in self._devices):
             self._is_device = True
         elif stat.S_ISREG(st.st_mode):
             self._is_device = False
             self._identity = (st.st_dev, st.st_ino)
         else:
             os.close(fd)
-            raise KernelLogUnavailable(self.path, "neither a character device nor a regular file")
+            what = fileio.describe_kind(st.st_mode)
+            if stat.S_ISCHR(st.st_mode):
+                what += f" {device[0]}:{device[1]}, not /dev/kmsg (1:11)"
+            raise KernelLogUnavailable(self.path, f"is {what}: expected /dev/kmsg or a regular text file")
         self._fd = fd
         self._boot_id = _read_boot_id(self._boot_id_path)
         if self._boot_wall_time is None:

@@ -25,8 +25,8 @@ class FakeNvml(GpmCalls, FabricCalls, ProcessCalls, EventCalls):
 
     Args:
         path: scenario JSON file.
-        epoch: Unix time that is scenario time 0 (the supervisor's start); default: now.
-        clock: time source (tests).
+        epoch: the ``time.monotonic()`` instant that is scenario time 0 (the supervisor's start); default: now.
+        clock: the scenario and wall clock (tests); default: scenario time on the monotonic clock.
 
     Raises:
         exporter.common.scenarios.scenario.ScenarioError: the file is unreadable or not a valid scenario.

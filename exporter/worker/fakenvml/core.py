@@ -55,15 +55,55 @@ def memory_info(mem: Any, version: Any) -> SimpleNamespace:
 
 
 class FakeHandle:
-    """A device handle; only the fake's own handles are valid arguments."""
+    """A device handle: the scenario GPU it stands for (its position in ``gpus``, which is not its
+    NVML index once ``enumeration`` renumbers) and the GPU's presence it was looked up in. Only the
+    fake's own handles are valid arguments; one from before the GPU left (or was reset) answers
+    GPU_IS_LOST, as a real stale handle does."""
 
-    __slots__ = ("index",)
+    __slots__ = ("generation", "gpu")
 
-    def __init__(self, index: int) -> None:
-        self.index = index
+    def __init__(self, gpu: int, generation: int = 1) -> None:
+        self.gpu = gpu
+        self.generation = generation
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FakeHandle) and (other.gpu, other.generation) == (self.gpu, self.generation)
+
+    def __hash__(self) -> int:
+        return hash((self.gpu, self.generation))
 
     def __repr__(self) -> str:
-        return f"<FakeHandle gpu={self.index}>"
+        return f"<FakeHandle gpu={self.gpu} generation={self.generation}>"
+
+
+class Phases:
+    """The scenario's ``enumeration`` (docs/scenarios.md, "Enumeration over time"): which GPUs NVML
+    enumerates, in index order, over scenario time; a single phase when the scenario has none."""
+
+    def __init__(self, phases: list[dict[str, Any]]) -> None:
+        self.phases = phases
+
+    def at(self, t: float) -> tuple[int, ...]:
+        """The phase in force at ``t``: the first whose ``until_s`` lies above it, else the last."""
+        phases = self.phases
+        if len(phases) == 1:
+            return phases[0]["gpus"]  # type: ignore[no-any-return]
+        return next((p["gpus"] for p in phases if p["until_s"] is None or t < p["until_s"]), phases[-1]["gpus"])
+
+    def generation(self, gpu: int, t: float) -> int | None:
+        """Which presence of scenario GPU ``gpu`` this is at ``t`` (1 for the first; one more each
+        time it comes back or is reset), None while NVML does not enumerate it."""
+        if len(self.phases) == 1:
+            return 1 if gpu in self.phases[0]["gpus"] else None
+        generation, present = 0, False
+        for phase in self.phases:
+            here = gpu in phase["gpus"]
+            if here and (not present or gpu in phase["reset"]):
+                generation += 1
+            present = here
+            if phase["until_s"] is None or t < phase["until_s"]:
+                break
+        return generation if present else None
 
 
 class FakeCore:
@@ -71,8 +111,12 @@ class FakeCore:
 
     Args:
         path: scenario JSON file.
-        epoch: Unix time that is scenario time 0 (the supervisor's start); default: now.
-        clock: time source (tests).
+        epoch: when scenario time is 0 (the supervisor's start): a ``time.monotonic()`` instant
+            (CLOCK_MONOTONIC is one clock for every process of a host), or, with ``clock``, a time
+            on that clock; default: now.
+        clock: the scenario clock and the wall clock at once (tests); default: scenario time runs on
+            ``time.monotonic()``, so a wall-clock step moves NVML's timestamps (as it would real
+            NVML's) but not scenario time, in this worker or the next one.
 
     Raises:
         ScenarioError: the file is unreadable or not a valid scenario.
@@ -80,11 +124,18 @@ class FakeCore:
 
     NVMLError = pynvml.NVMLError
 
-    def __init__(self, path: str, epoch: float | None = None, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
-        self._epoch = clock() if epoch is None else epoch
+    def __init__(self, path: str, epoch: float | None = None, clock: Callable[[], float] | None = None) -> None:
+        if clock is None:
+            origin_mono = time.monotonic() if epoch is None else epoch
+            self._wall: Callable[[], float] = lambda: time.time()  # looked up per call: a clock stepped later
+            self._scenario_clock: Callable[[], float] = lambda: time.monotonic() - origin_mono
+        else:
+            origin = clock() if epoch is None else epoch
+            self._wall = clock
+            self._scenario_clock = lambda: clock() - origin
         self.scenario = scenario.load_compiled(path)
         self._gpus: list[dict[str, Any]] = self.scenario["gpus"]
+        self._phases = Phases(self.scenario["enumeration"])
         self._missing = set(self.scenario.get("missing_functions", []))
         self._faults = Faults(self.scenario.get("faults", []), nvml_error)
         self._counts: dict[str, int] = {}
@@ -97,11 +148,11 @@ class FakeCore:
 
     def now(self) -> float:
         """Scenario time in seconds."""
-        return self._clock() - self._epoch
+        return self._scenario_clock()
 
     def timestamp_us(self) -> int:
-        """The clock as NVML timestamps are: microseconds since 1970."""
-        return int(self._clock() * 1e6)
+        """The clock as NVML timestamps are: microseconds since 1970 (the wall clock)."""
+        return int(self._wall() * 1e6)
 
     def resolve(self, value: spec.Spec, t: float, as_read: bool = True) -> Any:
         """A compiled value spec at scenario time ``t``; ``as_read=False`` gives a struct spec's
@@ -119,20 +170,36 @@ class FakeCore:
         if fn != "nvmlInit" and not self._initialised:
             raise nvml_error(errors.UNINITIALIZED)
 
-    def gpu_count(self) -> int:
-        """How many GPUs NVML enumerates."""
-        return len(self._gpus)
+    def enumerated(self, t: float | None = None) -> tuple[int, ...]:
+        """The scenario GPUs (positions in ``gpus``) NVML enumerates at ``t`` (default now), in
+        index order (:class:`Phases`)."""
+        return self._phases.at(self.now() if t is None else t)
 
-    def gpu_at(self, index: int) -> dict[str, Any]:
-        """The compiled GPU object at enumeration index ``index`` (IndexError past the count)."""
-        return self._gpus[index]
+    def generation(self, gpu: int, t: float | None = None) -> int | None:
+        """Which presence of scenario GPU ``gpu`` this is at ``t`` (:meth:`Phases.generation`)."""
+        return self._phases.generation(gpu, self.now() if t is None else t)
+
+    def gpu_count(self) -> int:
+        """How many GPUs NVML enumerates now."""
+        return len(self.enumerated())
+
+    def gpu_at(self, gpu: int) -> dict[str, Any]:
+        """The compiled GPU object of scenario GPU ``gpu`` (its position in ``gpus``)."""
+        return self._gpus[gpu]
+
+    def handle_of(self, gpu: int) -> FakeHandle:
+        """A handle for scenario GPU ``gpu`` as it is now (a stale one while it is not enumerated)."""
+        return FakeHandle(gpu, self.generation(gpu) or 0)
 
     def gpu_of(self, handle: Any) -> dict[str, Any]:
-        """The GPU a device handle stands for; anything but a valid :class:`FakeHandle` crashes."""
-        if not isinstance(handle, FakeHandle) or not 0 <= handle.index < self.gpu_count():
+        """The GPU a device handle stands for; anything but a :class:`FakeHandle` crashes, and a handle
+        of a GPU that left or was reset since answers GPU_IS_LOST."""
+        if not isinstance(handle, FakeHandle) or not 0 <= handle.gpu < len(self._gpus):
             # A real bad handle is a wild pointer: the library reads garbage and crashes.
             crash_segfault()
-        return self.gpu_at(handle.index)
+        if self.generation(handle.gpu) != handle.generation:
+            raise nvml_error(errors.GPU_IS_LOST)
+        return self.gpu_at(handle.gpu)
 
     def value(self, gpu: dict[str, Any], fn: str, args: Sequence[Any], t: float | None = None) -> Any:
         """The GPU's ``values`` answer for ``fn(handle, *args)`` at ``t`` (default now): the key
@@ -181,33 +248,56 @@ class FakeCore:
         version = self.scenario.get("kernel_module_version", self.scenario.get("driver_version", DRIVER_VERSION))
         return str(self.resolve(version, self.now()))
 
+    def proc_self(self) -> tuple[str, str, tuple[str, ...]]:
+        """What ``/proc/self/maps`` and ``/proc/self/mountinfo`` would say about the mapped
+        ``libnvidia-ml.so``, and the host libraries visible, from the scenario's ``native_library``
+        (default: the host's ``libnvidia-ml.so.<driver_version>``, bind-mounted as the NVIDIA
+        container toolkit mounts it). Not an NVML call: no faults apply."""
+        t = self.now()
+        raw = self.scenario.get("native_library")
+        lib = self.resolve(raw, t) if raw is not None else None
+        version = str(self.resolve(self.scenario.get("driver_version", DRIVER_VERSION), t))
+        path = str(getattr(lib, "path", f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}"))
+        origin = str(getattr(lib, "origin", "host"))
+        deleted = " (deleted)" if getattr(lib, "deleted", False) else ""
+        maps = "7f0000000000-7f0000100000 r--p 00000000 fd:00 1234  /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        if origin != "none":
+            maps += f"7f1000000000-7f1000200000 r-xp 00000000 fd:00 4321  {path}{deleted}\n"
+        mountinfo = "1 0 0:50 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w\n"
+        if origin == "host":
+            mountinfo += f"2 1 259:1 {path} {path} ro,nosuid,nodev,relatime - ext4 /dev/nvme0n1p1 rw\n"
+        hosts = tuple(str(h) for h in getattr(lib, "host_libraries", ()))
+        return maps, mountinfo, hosts
+
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         self.enter("nvmlDeviceGetCount", None)
         return self.gpu_count()
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:  # noqa: N802
-        self.enter("nvmlDeviceGetHandleByIndex", index)
-        if not 0 <= index < self.gpu_count():
+        gpus = self.enumerated()
+        self.enter("nvmlDeviceGetHandleByIndex", gpus[index] if 0 <= index < len(gpus) else None)
+        if not 0 <= index < len(gpus):
             raise nvml_error(errors.INVALID_ARGUMENT)
-        return FakeHandle(index)
+        return self.handle_of(gpus[index])
 
     def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes) -> FakeHandle:  # noqa: N802
         """By PCI bus id (``00000000:00:06.0`` or ``0000:00:06.0``, case-insensitive)."""
         text = (bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)).strip().upper()
         wanted = text[-12:] if len(text) >= 12 else text
+        gpus = self.enumerated()
         index = next(
-            (i for i in range(self.gpu_count()) if str(self.gpu_at(i).get("pci_bus_id", "")).upper().endswith(wanted)),
+            (i for i, g in enumerate(gpus) if str(self.gpu_at(g).get("pci_bus_id", "")).upper().endswith(wanted)),
             None,
         )
-        self.enter("nvmlDeviceGetHandleByPciBusId", index)
+        self.enter("nvmlDeviceGetHandleByPciBusId", None if index is None else gpus[index])
         if index is None:
             raise nvml_error(errors.NOT_FOUND)
-        return FakeHandle(index)
+        return self.handle_of(gpus[index])
 
     # -- identity --------------------------------------------------------------------------
 
     def _identity(self, fn: str, handle: Any, key: str, default: Any) -> Any:
-        self.enter(fn, getattr(handle, "index", None))
+        self.enter(fn, getattr(handle, "gpu", None))
         gpu = self.gpu_of(handle)
         if fn in gpu["values"]:
             return self.value(gpu, fn, ())
@@ -225,7 +315,7 @@ class FakeCore:
         return str(self._identity("nvmlDeviceGetSerial", handle, "serial", None))
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:  # noqa: N802
-        return int(self._identity("nvmlDeviceGetMinorNumber", handle, "minor_number", handle.index))
+        return int(self._identity("nvmlDeviceGetMinorNumber", handle, "minor_number", handle.gpu))
 
     def nvmlDeviceGetArchitecture(self, handle: Any) -> int:  # noqa: N802
         return int(self._identity("nvmlDeviceGetArchitecture", handle, "architecture", 9))
@@ -240,14 +330,14 @@ class FakeCore:
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> SimpleNamespace:  # noqa: N802
         fn = "nvmlDeviceGetMemoryInfo"
-        self.enter(fn, getattr(handle, "index", None))
+        self.enter(fn, getattr(handle, "gpu", None))
         if version is not None and "nvmlDeviceGetMemoryInfo_v2" in self._missing:
             raise nvml_error(errors.FUNCTION_NOT_FOUND)
         return memory_info(self.value(self.gpu_of(handle), fn, ()), version)
 
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: Sequence[Any]) -> list[SimpleNamespace]:  # noqa: N802
         pairs = [(f, 0) if isinstance(f, int) else (int(f[0]), int(f[1])) for f in field_ids]
-        self.enter("nvmlDeviceGetFieldValues", getattr(handle, "index", None), [p[0] for p in pairs])
+        self.enter("nvmlDeviceGetFieldValues", getattr(handle, "gpu", None), [p[0] for p in pairs])
         gpu = self.gpu_of(handle)
         if not pairs:
             raise nvml_error(errors.INVALID_ARGUMENT)
@@ -293,7 +383,7 @@ class FakeCore:
             raise AttributeError(fn)
 
         def call(handle: Any, *args: Any) -> Any:
-            self.enter(fn, getattr(handle, "index", None))
+            self.enter(fn, getattr(handle, "gpu", None))
             gpu = self.gpu_of(handle)
             if fn in PER_LINK_FUNCTIONS and args and int(args[0]) >= gpu.get("nvlink_link_count", 0):
                 raise nvml_error(errors.INVALID_ARGUMENT)

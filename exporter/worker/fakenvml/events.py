@@ -14,7 +14,7 @@ from typing import Any
 
 from exporter.common.nvml import errors
 from exporter.common.scenarios.scenario import EVENT_TYPES
-from exporter.worker.fakenvml.core import FakeCore, FakeHandle, nvml_error
+from exporter.worker.fakenvml.core import FakeCore, nvml_error
 
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event that is not a MIG device's
 
@@ -23,14 +23,14 @@ class FakeEventSet:
     """An event set: which GPUs registered, when, and which scenario events were delivered."""
 
     def __init__(self) -> None:
-        self.registered: dict[int, float] = {}  # gpu index -> scenario time of registration
+        self.registered: dict[int, float] = {}  # scenario GPU -> scenario time of registration
         self.delivered: set[int] = set()  # positions in the scenario's events list
 
 
 class EventCalls(FakeCore):
     """``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``, ``nvmlEventSetWait_v2``, ``nvmlEventSetFree``."""
 
-    def __init__(self, path: str, epoch: float | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: str, epoch: float | None = None, clock: Callable[[], float] | None = None) -> None:
         super().__init__(path, epoch, clock)
         self._events: list[dict[str, Any]] = self.scenario.get("events", [])
 
@@ -43,7 +43,7 @@ class EventCalls(FakeCore):
 
     def nvmlDeviceRegisterEvents(self, handle: Any, mask: int, event_set: FakeEventSet) -> None:  # noqa: N802
         fn = "nvmlDeviceRegisterEvents"
-        self.enter(fn, getattr(handle, "index", None))
+        self.enter(fn, getattr(handle, "gpu", None))
         gpu = self.gpu_of(handle)
         spec = gpu["values"].get(fn)
         if spec is not None:
@@ -51,7 +51,7 @@ class EventCalls(FakeCore):
         supported = self.value(gpu, "nvmlDeviceGetSupportedEventTypes", ())
         if mask & ~int(supported):
             raise nvml_error(errors.NOT_SUPPORTED)
-        event_set.registered[handle.index] = self.now()
+        event_set.registered[handle.gpu] = self.now()
 
     def nvmlEventSetWait_v2(self, event_set: FakeEventSet, timeout_ms: int) -> SimpleNamespace:  # noqa: N802
         self.enter("nvmlEventSetWait_v2", None)
@@ -64,7 +64,7 @@ class EventCalls(FakeCore):
                     continue
                 event_set.delivered.add(i)
                 return SimpleNamespace(
-                    device=FakeHandle(ev["gpu"]),
+                    device=self.handle_of(ev["gpu"]),
                     eventType=EVENT_TYPES[ev["event_type"]],
                     eventData=int(ev.get("data", 0)),
                     gpuInstanceId=NO_INSTANCE,

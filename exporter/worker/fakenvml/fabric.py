@@ -32,7 +32,7 @@ class FabricCalls(FakeCore):
         version>"`` overrides it for one version.
         """
         fn = "nvmlDeviceGetGpuFabricInfoV"
-        self.enter(fn, getattr(handle, "index", None))
+        self.enter(fn, getattr(handle, "gpu", None))
         gpu = self.gpu_of(handle)
         struct = getattr(info, "_obj", info)
         value = self.value(gpu, fn, (int(struct.version) >> 24,))

@@ -51,7 +51,7 @@ class GpmCalls(MigCalls):
     c_nvmlGpmMetricsGet_t = getattr(pynvml, "c_nvmlGpmMetricsGet_t", None)
     NVML_GPM_METRICS_GET_VERSION = getattr(pynvml, "NVML_GPM_METRICS_GET_VERSION", None)
 
-    def __init__(self, path: str, epoch: float | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: str, epoch: float | None = None, clock: Callable[[], float] | None = None) -> None:
         super().__init__(path, epoch, clock)
         self._gpm_samples: dict[int, GpmSample] = {}  # address of an allocated sample -> its state
         self._metrics_get_inside = 0  # threads in nvmlGpmMetricsGet (the real one is not reentrant)
@@ -76,7 +76,7 @@ class GpmCalls(MigCalls):
 
     def nvmlGpmQueryDeviceSupport(self, handle: Any) -> SimpleNamespace:  # noqa: N802
         fn = "nvmlGpmQueryDeviceSupport"
-        self.enter(fn, getattr(handle, "index", None))
+        self.enter(fn, getattr(handle, "gpu", None))
         value = self.value(self.gpu_of(handle), fn, ())
         return SimpleNamespace(version=1, isSupportedDevice=int(getattr(value, "isSupportedDevice", 0)))
 
@@ -97,10 +97,10 @@ class GpmCalls(MigCalls):
 
     def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:  # noqa: N802
         fn = "nvmlGpmSampleGet"
-        if isinstance(handle, FakeHandle) and self.mig.enabled(handle.index):
-            self.enter(fn, handle.index)
+        if isinstance(handle, FakeHandle) and self.mig.enabled(handle.gpu):
+            self.enter(fn, handle.gpu)
             raise nvml_error(errors.NOT_SUPPORTED)  # the whole GPU is not sampled in MIG mode
-        self.enter(fn, getattr(handle, "index", None))
+        self.enter(fn, getattr(handle, "gpu", None))
         gpu = self.gpu_of(handle)
         state = self._gpm_sample(sample)
         spec = gpu["values"].get(fn)
@@ -108,7 +108,7 @@ class GpmCalls(MigCalls):
             self.resolve(spec, self.now())  # raises the scenario's error, if any
         if not self._gpm_supported(gpu):
             raise nvml_error(errors.NOT_SUPPORTED)
-        state.gpu, state.gi, state.t = handle.index, None, self.now()
+        state.gpu, state.gi, state.t = handle.gpu, None, self.now()
         return sample
 
     def nvmlGpmMigSampleGet(self, handle: Any, gpu_instance_id: int, sample: Any) -> Any:  # noqa: N802

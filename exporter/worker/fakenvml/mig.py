@@ -7,7 +7,6 @@ from its ``values`` and has no MIG device.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -21,7 +20,7 @@ from exporter.worker.fakenvml.mig_model import FakeGpuInstance, FakeMigHandle, M
 class MigCalls(FakeCore):
     """MIG mode, MIG device handles, GPU instances and profiles; calls with MIG device handles."""
 
-    def __init__(self, path: str, epoch: float | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: str, epoch: float | None = None, clock: Callable[[], float] | None = None) -> None:
         super().__init__(path, epoch, clock)
         self.mig = MigModel(self.gpu_at, self.resolve, self.now)
 
@@ -34,7 +33,7 @@ class MigCalls(FakeCore):
             self.mig.instance(handle)  # a stale handle answers INVALID_ARGUMENT
             raise nvml_error(errors.NOT_SUPPORTED)  # not on a MIG device handle
         self.gpu_of(handle)
-        return handle.index if self.mig.spec(handle.index) is not None else None
+        return handle.gpu if self.mig.spec(handle.gpu) is not None else None
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:  # noqa: N802
         gpu = self.enter_parent("nvmlDeviceGetMigMode", handle)
@@ -101,7 +100,7 @@ class MigCalls(FakeCore):
         return super().nvmlDeviceGetName(handle)
 
     def _mig_id(self, fn: str, handle: Any, key: str) -> int:
-        self.enter(fn, getattr(handle, "gpu", getattr(handle, "index", None)))
+        self.enter(fn, getattr(handle, "gpu", None))
         if not isinstance(handle, FakeMigHandle):
             self.gpu_of(handle)
             raise nvml_error(errors.INVALID_ARGUMENT)  # not a MIG device handle

@@ -36,7 +36,7 @@ class ProcessCalls(FakeCore):
         newer than ``timeStamp`` raises NOT_FOUND, as the driver does.
         """
         fn = "nvmlDeviceGetProcessUtilization"
-        self.enter(fn, getattr(handle, "index", None))
+        self.enter(fn, getattr(handle, "gpu", None))
         gpu = self.gpu_of(handle)
         if fn not in gpu["values"]:
             raise nvml_error(errors.NOT_SUPPORTED)

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.common import fileio, nativelib
 from exporter.common.nvml import errors
 
 FAKE_PREFIX = "fake:"
@@ -76,10 +77,9 @@ def kernel_module_version(path: str = DRIVER_VERSION_FILE) -> str:
 
     Not NVML: readable when NVML is not (LIB_RM_VERSION_MISMATCH names the mismatch this shows).
     """
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            head = fh.read(4096)
-    except OSError:
+    try:  # opened without blocking; the file is one line
+        head = fileio.read_bytes(path, 65536).decode("utf-8", "replace")
+    except fileio.FileRefused:
         return ""
     m = _KERNEL_MODULE_RE.search(head)
     return m.group(1) if m else ""
@@ -100,6 +100,10 @@ class RealNvml:
     def clock(self) -> float:
         """The clock NVML windows are measured on (GPM): ``time.monotonic()``."""
         return time.monotonic()
+
+    def timestamp_us(self) -> int:
+        """Now as NVML stamps its samples (field values, process utilization): CPU time in µs since 1970."""
+        return int(time.time() * 1e6)
 
     def field_values(self, handle: Any, pairs: list[tuple[int, int]]) -> list[FieldValue]:
         """Query field values with a sentinel-filled, one-longer array.
@@ -130,6 +134,14 @@ class RealNvml:
         """The loaded kernel module's version (:func:`kernel_module_version`)."""
         return kernel_module_version()
 
+    def proc_view(self) -> nativelib.ProcView:
+        """This process's ``/proc/self/maps``, ``/proc/self/mountinfo`` and the host libraries visible."""
+        return nativelib.read_proc_view()
+
+    def realpath(self, path: str) -> str:
+        """``os.path.realpath`` of a mapped file."""
+        return os.path.realpath(path)
+
     def binding_version(self) -> str | None:
         """The installed nvidia-ml-py version, or None."""
         from importlib import metadata
@@ -157,9 +169,22 @@ class FakeBackend:
         """Scenario time: windows measured on it match the scenario's ramps and cycles."""
         return self._fake.now()
 
+    def timestamp_us(self) -> int:
+        """Now as the fake stamps its samples (its clock, in µs since 1970)."""
+        return self._fake.timestamp_us()
+
     def field_values(self, handle: Any, pairs: list[tuple[int, int]]) -> list[FieldValue]:
         """Same contract as :meth:`RealNvml.field_values`."""
         return [decode_entry(e) for e in self._fake.nvmlDeviceGetFieldValues(handle, pairs)]
+
+    def proc_view(self) -> nativelib.ProcView:
+        """The scenario's ``native_library`` as ``/proc/self`` would show it (the real files are never read)."""
+        maps, mountinfo, hosts = self._fake.proc_self()
+        return nativelib.ProcView(maps, mountinfo, hosts)
+
+    def realpath(self, path: str) -> str:
+        """The scenario's paths are not on this file system: as given."""
+        return path
 
     def binding_version(self) -> str | None:
         """The installed nvidia-ml-py version (the fake raises its errors)."""

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from exporter.common import plausibility
 from exporter.common.breadcrumb import SLOT_SAMPLER, BreadcrumbWriter
 from exporter.common.gpustate import GpuStates, S
 from exporter.common.logs import log_once
@@ -92,6 +93,12 @@ class NvmlClient:
         fake (so a window measured here agrees with the fake's counters and value cycles)."""
         clock: Callable[[], float] = self.backend.clock
         return clock()
+
+    def timestamp_us(self) -> int:
+        """Now as NVML stamps samples (µs since 1970; the fake's clock for the fake): what a sample's
+        timestamp is checked against (:func:`exporter.common.plausibility.in_future`)."""
+        stamp: Callable[[], int] = self.backend.timestamp_us
+        return stamp()
 
     def fork(self, slot: int) -> NvmlClient:
         """A client for another thread, sharing the backend and breadcrumb memory."""
@@ -278,6 +285,7 @@ class DeviceClient:
         handle: bool = True,
         discovery: bool = False,
         context: errors.Context = errors.Context.CALL,
+        absent: Any = None,
     ) -> Any:
         """Like :meth:`get`, for calls whose arguments cannot key the unsupported cache.
 
@@ -290,6 +298,8 @@ class DeviceClient:
         on a MIG device handle, which the caller then passes itself with ``handle=False``).
         ``discovery=True`` for a call that only decides what to ask for (the driver version): its
         success does not make the feature look supported.
+        An ABSENT answer (in ``context``: a MIG device gone since it was enumerated) returns
+        ``absent``, which tells "not there any more" from "no answer" (None) where that matters.
 
         Returns:
             The value, or None when it is missing (unsupported, absent, transient, bug).
@@ -304,6 +314,8 @@ class DeviceClient:
         try:
             value = self.client.raw(feature, function, self.uuid, *call_args)
         except Exception as exc:  # classified in one place: errors.classify
+            if absent is not None and errors.classify(exc, context).error_class is ErrorClass.ABSENT:
+                return absent
             self.handle_error(feature, function, key, exc, context=context)
             return None
         if not discovery:
@@ -399,9 +411,13 @@ class DeviceClient:
             self.handle_error(feature, "nvmlDeviceGetFieldValues", FIELD_CALL, exc)
             return {}
         out: dict[tuple[int, int], int | float] = {}
+        now_us = self.client.timestamp_us()
         for entry in entries:
             pair = (entry.field_id, entry.scope_id)
             if entry.code == errors.SUCCESS and entry.value is not None:
+                if plausibility.in_future(entry.timestamp_us, now_us):
+                    self._stamped_in_future(feature, entry, now_us)
+                    continue
                 out[pair] = entry.value
                 continue
             if entry.code == UNPOPULATED:
@@ -419,6 +435,14 @@ class DeviceClient:
         elif wanted and all(("field", *p) in self.unsupported for p in wanted):
             self.feature_unsupported.add(feature)
         return out
+
+    def _stamped_in_future(self, feature: str, entry: FieldValue, now_us: int) -> None:
+        """A field value the driver stamped later than now: not this sample's value (omitted, counted
+        in ``nvgpu_readings_dropped_total{reason="timestamp_in_future"}``, logged once per GPU)."""
+        where = f"field {entry.field_id}" + (f":{entry.scope_id}" if entry.scope_id else "")
+        ahead = (entry.timestamp_us - now_us) / 1e6
+        drop = plausibility.Drop("timestamp_in_future", where, entry.value, f"stamped {ahead:.0f} s ahead of now")
+        self.state_of(plausibility.Dropped).add(feature, drop)
 
     def field_unsupported(self, field_id: int, scope_id: int = 0) -> bool:
         """Whether this GPU answered unsupported for the field (or for the field-value call itself)."""

@@ -19,7 +19,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-exporter/supervisor/podresources/v1/api.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"[\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevicesJ\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"\x1d\n\x1b\x41llocatableResourcesRequest\"Q\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevicesJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04\x32\xb9\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-exporter/supervisor/podresources/v1/api.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"\x85\x01\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResourceJ\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05\"p\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResourceJ\x04\x08\x01\x10\x02\"v\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\tJ\x04\x08\x05\x10\x06\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"\x1d\n\x1b\x41llocatableResourcesRequest\"Q\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevicesJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04\x32\xb9\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,18 +32,24 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=147
   _globals['_PODRESOURCES']._serialized_start=149
   _globals['_PODRESOURCES']._serialized_end=240
-  _globals['_CONTAINERRESOURCES']._serialized_start=242
-  _globals['_CONTAINERRESOURCES']._serialized_end=333
-  _globals['_CONTAINERDEVICES']._serialized_start=335
-  _globals['_CONTAINERDEVICES']._serialized_end=432
-  _globals['_TOPOLOGYINFO']._serialized_start=434
-  _globals['_TOPOLOGYINFO']._serialized_end=477
-  _globals['_NUMANODE']._serialized_start=479
-  _globals['_NUMANODE']._serialized_end=501
-  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=503
-  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=532
-  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=534
-  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=615
-  _globals['_PODRESOURCESLISTER']._serialized_start=618
-  _globals['_PODRESOURCESLISTER']._serialized_end=803
+  _globals['_CONTAINERRESOURCES']._serialized_start=243
+  _globals['_CONTAINERRESOURCES']._serialized_end=376
+  _globals['_DYNAMICRESOURCE']._serialized_start=378
+  _globals['_DYNAMICRESOURCE']._serialized_end=490
+  _globals['_CLAIMRESOURCE']._serialized_start=492
+  _globals['_CLAIMRESOURCE']._serialized_end=610
+  _globals['_CDIDEVICE']._serialized_start=612
+  _globals['_CDIDEVICE']._serialized_end=637
+  _globals['_CONTAINERDEVICES']._serialized_start=639
+  _globals['_CONTAINERDEVICES']._serialized_end=736
+  _globals['_TOPOLOGYINFO']._serialized_start=738
+  _globals['_TOPOLOGYINFO']._serialized_end=781
+  _globals['_NUMANODE']._serialized_start=783
+  _globals['_NUMANODE']._serialized_end=805
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=807
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=836
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=838
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=919
+  _globals['_PODRESOURCESLISTER']._serialized_start=922
+  _globals['_PODRESOURCESLISTER']._serialized_end=1107
 # @@protoc_insertion_point(module_scope)
