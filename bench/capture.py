@@ -1,10 +1,10 @@
 """Real worker messages for in-process benchmarks (issue 30): run ``python -m exporter.worker``.
 
 :func:`capture` starts the worker as the supervisor does (``NVGPU_WORKER_CONFIG`` from
-:meth:`exporter.config.Config.worker_config`, the message pipe as ``NVGPU_WORKER_FD``, stdin kept
+:func:`exporter.supervisor.workerproc.worker_config`, the message pipe as ``NVGPU_WORKER_FD``, stdin kept
 open) with ``samples: N`` so that it stops by itself, and returns every JSON line it wrote: the
 ``selfcheck``/``hello`` lines and one ``snapshot`` line per sample, byte for byte as the
-supervisor's ``exporter/workerproc.py`` reads them. The fake backend's values move with wall time,
+supervisor's ``exporter/supervisor/workerproc.py`` reads them. The fake backend's values move with wall time,
 so consecutive snapshots at a 1 s interval differ as they do in a running exporter.
 
 ``python bench/capture.py --samples 20 --out /tmp/h200x8.jsonl`` writes them to a file; the
@@ -31,15 +31,14 @@ def worker_config(scenario: str, interval_s: float, samples: int) -> dict[str, A
     """The worker's configuration for a fake scenario, as the supervisor would send it."""
     sys.path.insert(0, str(ROOT))
     from exporter.config import Config
+    from exporter.supervisor.workerproc import worker_config as make_config
 
     env = {
         "NVGPU_NVML_BACKEND": f"fake:{(ROOT / scenario).resolve()}",
         "NVGPU_STATE_FILE": "",
         "NVGPU_SAMPLE_INTERVAL_SECONDS": f"{interval_s:g}",
     }
-    config = Config.from_env(env).worker_config({})
-    config["samples"] = samples
-    return config
+    return make_config(Config.from_env(env), {}, samples=samples).to_wire()
 
 
 def capture(

@@ -3,8 +3,10 @@
 
 Three views, one JSON:
 
-1. **running**: the real exporter (``python -m exporter``) on a backend (``--backend nvml`` on a
-   GPU machine, the fake by default), after two samples and a few scrapes: RSS, USS and PSS of the
+1. **running**: the real exporter (``python -m exporter``, 1 s interval) on a backend (``--backend
+   nvml`` on a GPU machine, the fake by default), with pod attribution loaded as on Kubernetes (a
+   fake kubelet socket that loads no gRPC library of its own, ``bench/kubelet.py``; ``--no-pods``
+   without), idle after two samples and a few scrapes: RSS, USS and PSS of the
    supervisor, the worker and any probe, and each process's PSS and RSS grouped by mapping from
    ``/proc/<pid>/smaps`` (``[heap]`` and anonymous memory: Python objects and malloc arenas; the
    interpreter; each site-packages distribution's shared objects; libnvidia-ml; other libraries);
@@ -17,12 +19,20 @@ Three views, one JSON:
 
     python bench/footprint.py [--backend fake:examples/scenarios/h200x2.json] [--json out.json] [--markdown]
 
-About 15 s. Not a test: numbers go to docs/performance.md.
+``--env MALLOC_ARENA_MAX=2`` and ``--trim-after 10`` measure two allocator options (fewer malloc
+arenas for the worker's threads; memory freed after start returned to the system).
+
+Goals (issue 30), printed as PASS/MISS: RSS and PSS of all processes, idle, at most
+``--ratio`` (1.5) times nvitop-exporter's (``--peer-rss-mb`` / ``--peer-pss-mb``: 57.0 / 46.8 MB,
+nvitop-exporter 1.7.2 on one H200; ``bench/peer.py`` measures both side by side in one run).
+
+About 20 s. Not a test: numbers go to docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -40,16 +50,20 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import kubelet  # noqa: E402
 import load  # noqa: E402
 
 import bench  # noqa: E402
+
+PEER_RSS_MB = 57.0  # nvitop-exporter 1.7.2 on one H200, all processes, idle (issue 30)
+PEER_PSS_MB = 46.8
+GOAL_RATIO = 1.5
 
 # What each process imports, in the order it does (exporter/cli.py serve; exporter/worker/main.py main).
 SUPERVISOR_STEPS: list[tuple[str, list[str]]] = [
     ("asyncio", ["asyncio"]),
     ("uvloop", ["uvloop"]),
     ("aiohttp (web server)", ["aiohttp.web"]),
-    ("prometheus_client", ["prometheus_client.core", "prometheus_client.openmetrics.exposition"]),
     (
         "exporter (supervisor side)",
         [
@@ -61,7 +75,12 @@ SUPERVISOR_STEPS: list[tuple[str, list[str]]] = [
             "exporter.common.selfcheck",
         ],
     ),
-    ("grpc + protobuf (pod attribution)", ["exporter.supervisor.podresources.client", "grpc", "google.protobuf"]),
+    (
+        "h2 + protobuf (pod attribution)",
+        ["exporter.supervisor.podresources.transport", "exporter.supervisor.podresources.v1.api_pb2"],
+    ),
+    ("(for comparison, not loaded) grpcio", ["grpc"]),
+    ("(for comparison, not loaded) prometheus_client", ["prometheus_client.core"]),
 ]
 WORKER_STEPS: list[tuple[str, list[str]]] = [
     (
@@ -173,13 +192,50 @@ def smaps(pid: int) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["pss"]))
 
 
-def running(backend: str, settle_s: float = 3.0) -> dict[str, Any]:
-    """The real exporter after two samples and a few scrapes: memory per process and mapping."""
-    with tempfile.TemporaryDirectory(prefix="nvgpu-footprint-") as tmp:
+_TRIM = """
+import ctypes, os, threading, time
+def _trim():
+    time.sleep(float(os.environ["FOOTPRINT_TRIM_AFTER_S"]))
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+threading.Thread(target=_trim, daemon=True).start()
+"""
+
+
+def running(
+    backend: str,
+    settle_s: float = 3.0,
+    pods: bool = True,
+    extra_env: dict[str, str] | None = None,
+    trim_after_s: float = 0,
+) -> dict[str, Any]:
+    """The real exporter after two samples and a few scrapes: memory per process and mapping.
+
+    ``extra_env`` (e.g. ``MALLOC_ARENA_MAX``) reaches both processes; ``trim_after_s`` > 0 makes
+    each process call glibc's ``malloc_trim(0)`` that long after it starts (a ``sitecustomize`` on
+    ``PYTHONPATH``: a measurement of what trimming would give, not something the exporter does).
+    """
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="nvgpu-footprint-"))
         env = {"NVGPU_NVML_BACKEND": backend, "NVGPU_STATE_FILE": "", "NVGPU_SAMPLE_INTERVAL_SECONDS": "1"}
+        env.update(extra_env or {})
+        if trim_after_s > 0:
+            (Path(tmp) / "sitecustomize.py").write_text(_TRIM)
+            env["FOOTPRINT_TRIM_AFTER_S"] = f"{trim_after_s:g}"
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH", "")) if p)
+            settle_s = max(settle_s, trim_after_s + 2)
+        if pods:
+            env.update(kubelet.pod_env(stack.enter_context(kubelet.fake_kubelet(kubelet.uuids_of(backend)))))
         server = bench.start_exporter(env, load.free_port(), Path(tmp) / "exporter.log")
         try:
             server.wait_status("/readyz", 60.0)
+            deadline = time.monotonic() + 30.0
+            while pods and time.monotonic() < deadline:  # the client built and one List answered
+                if re.search(rb"^nvgpu_pod_attribution_up 1", server.get("/metrics")[1], re.M):
+                    break
+                time.sleep(0.5)
+            else:
+                if pods:
+                    raise RuntimeError("pod attribution did not come up (nvgpu_pod_attribution_up is not 1)")
             for _ in range(5):
                 server.get("/metrics")
                 time.sleep(0.5)
@@ -200,9 +256,40 @@ def running(backend: str, settle_s: float = 3.0) -> dict[str, Any]:
                         "by_mapping": smaps(p.pid),
                     }
                 )
-            return {"backend": backend, "processes": out}
+            return {
+                "backend": backend,
+                "pod_attribution": pods,
+                "env": extra_env or {},
+                "trim_after_s": trim_after_s,
+                "processes": out,
+            }
         finally:
             server.stop()
+
+
+def goals(result: dict[str, Any], peer_rss_mb: float, peer_pss_mb: float, ratio: float) -> list[dict[str, Any]]:
+    """RSS and PSS of all processes against ``ratio`` times nvitop-exporter's: PASS or MISS (N/A on
+    the fake backend, which has none of the NVML library's memory)."""
+    run = result["running"]
+    procs = run["processes"]
+    rss = sum(p["rss"] for p in procs) / 1e6
+    pss = sum(p["pss"] or 0 for p in procs) / 1e6
+    fake = str(run["backend"]).startswith("fake:")
+    pods = "pod attribution loaded" if run.get("pod_attribution") else "WITHOUT pod attribution"
+    rows = []
+    for what, ours, peer in (("RSS", rss, peer_rss_mb), ("PSS", pss, peer_pss_mb)):
+        bound = ratio * peer
+        value = f"{ours:.1f} MB vs {peer:.1f} MB ({ours / peer:.2f}x; bound {bound:.1f} MB)"
+        if fake:
+            value += "; fake NVML: the NVML library's own memory (about 34 MB RSS on an H200) is not in it"
+        rows.append(
+            {
+                "goal": f"{what}, all processes, idle, {pods}: at most {ratio:g}x nvitop-exporter's",
+                "value": value,
+                "status": "N/A" if fake else "PASS" if ours <= bound else "MISS",
+            }
+        )
+    return rows
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -245,22 +332,56 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def bytecode() -> dict[str, Any]:
+    """Whether imports read bytecode: a module compiled from source at import leaves more memory held
+    (h2 + hpack: about 4 MB more USS in the supervisor, 2026-12-01), so a footprint is only comparable
+    with the package's ``.pyc`` files present, as after ``pip install`` (``python -m compileall``)."""
+    import importlib.util
+
+    missing = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "exporter").rglob("*.py"))
+        if not Path(importlib.util.cache_from_source(str(path))).exists()
+    ]
+    return {
+        "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE", ""),
+        "exporter_modules_without_pyc": len(missing),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default=f"fake:{ROOT / 'examples' / 'scenarios' / 'h200x2.json'}")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--no-pods", dest="pods", action="store_false", help="without pod attribution (no kubelet)")
+    ap.add_argument("--peer-rss-mb", type=float, default=PEER_RSS_MB, help="nvitop-exporter's RSS, all processes")
+    ap.add_argument("--peer-pss-mb", type=float, default=PEER_PSS_MB, help="nvitop-exporter's PSS, all processes")
+    ap.add_argument("--ratio", type=float, default=GOAL_RATIO)
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="e.g. MALLOC_ARENA_MAX=2")
+    ap.add_argument("--trim-after", type=float, default=0.0, help="malloc_trim(0) in each process after S s")
     args = ap.parse_args(argv)
-    result = {
+    extra = dict(kv.split("=", 1) for kv in args.env)
+    result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": sys.version.split()[0],
-        "running": running(args.backend),
+        "machine": bench.machine_info(),
+        "bytecode": bytecode(),
+        "running": running(args.backend, pods=args.pods, extra_env=extra, trim_after_s=args.trim_after),
         "imports": {"supervisor": imports(SUPERVISOR_STEPS), "worker": imports(WORKER_STEPS)},
     }
+    result["goals"] = goals(result, args.peer_rss_mb, args.peer_pss_mb, args.ratio)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(markdown(result) if args.markdown else json.dumps(result, indent=1))
+    for row in result["goals"]:
+        print(f"{row['status']:4}  {row['goal']}: {row['value']}")
+    if result["bytecode"]["exporter_modules_without_pyc"]:
+        print(
+            f"note: {result['bytecode']['exporter_modules_without_pyc']} exporter modules have no .pyc "
+            "(run python -m compileall exporter first: imports compiled from source hold more memory)"
+        )
     return 0
 
 

@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 R=/tmp/hw-$name; rm -rf "$R"; mkdir -p "$R/hw"
 # packages the image lacks (bcrypt for the web config) travel as wheels in .whl/ (device README)
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > "$R/wheels.log" 2>&1 && export PYTHONPATH=/tmp/site:$PWD
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1

@@ -3,10 +3,10 @@
 Not product code, and nothing in ``exporter/`` changes: this launcher runs ``exporter.cli.main()``
 in its own process after replacing, in memory,
 
-* ``exporter.workerproc.decode_message`` (the supervisor's one decode of each worker line) by
+* ``exporter.supervisor.workerproc.decode_message`` (the supervisor's one decode of each worker line) by
   prototype (a)'s compiled decoder with the reading memo (``bench/proto_decode.py: MemoDecoder``);
-* ``exporter.exposition.render`` (what ``exporter.web.Renderer`` calls per change) by prototype
-  (b)'s renderer: families written directly and kept per feature while their readings are equal
+* ``exporter.supervisor.exposition.render`` (what ``exporter.supervisor.http.web.Renderer`` calls per
+  change) by prototype (b)'s renderer: families written directly and kept per feature while their readings are equal
   (``bench/proto_render.py: CachedRenderer("feature", direct=True)``). Its text body is the one
   checked byte for byte against today's render; the OpenMetrics body, asked for rarely, is made
   by today's code on first request.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 class _Rendered:
-    """What ``exporter.web`` reads from a rendering: ``text``, ``openmetrics``, ``body()``."""
+    """What ``exporter.supervisor.http.web`` reads from a rendering: ``text``, ``openmetrics``, ``body()``."""
 
     def __init__(self, text: bytes, state: Any) -> None:
         self.text = text
@@ -58,7 +58,7 @@ _TODAY: Any = None
 
 def patch(which: set[str]) -> None:
     global _TODAY
-    from exporter import exposition, workerproc
+    from exporter.supervisor import exposition, workerproc
 
     if "a" in which:
         import proto_decode

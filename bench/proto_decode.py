@@ -1,6 +1,6 @@
 """Issue 30 prototype (a): the snapshot decoded by functions compiled once per dataclass.
 
-Not product code. ``exporter/snapshot.py`` decodes each snapshot reflectively: for every field of
+Not product code. ``exporter/common/snapshot.py`` decodes each snapshot reflectively: for every field of
 every reading of every GPU it asks ``typing.get_origin`` / ``get_args`` what the annotation is,
 walks ``dataclasses.fields`` twice and builds a ``where`` string for the error message it might
 need. This prototype keeps the same rules and builds, once per class, a Python function (source
@@ -15,8 +15,8 @@ What it measures on real snapshot lines of the worker (``bench/capture.py``: h20
 1 s apart), in CPU time of this process (``time.process_time``, best of ``--repeat`` rounds: the
 machine is shared):
 
-* ``json.loads`` of a line (``exporter.protocol.decode``), the same for both;
-* ``exporter.snapshot.decode_message`` (reflective) against :func:`decode_message` here (compiled);
+* ``json.loads`` of a line (``exporter.common.protocol.decode``), the same for both;
+* ``exporter.common.snapshot.decode_message`` (reflective) against :func:`decode_message` here (compiled);
 * equivalence: every captured snapshot decodes to an equal ``Snapshot``; then every field of every
   reading of one snapshot, and the snapshot's and each GPU's own fields, are replaced in turn by
   each value of :data:`MUTATIONS` (plus a missing field and an unknown one): both decoders must
@@ -45,9 +45,10 @@ from typing import Any, Union
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import capture  # noqa: E402
-from exporter.protocol import ProtocolError  # noqa: E402
 
-from exporter import collectors, protocol, snapshot  # noqa: E402
+from exporter.common import collectors, protocol, snapshot  # noqa: E402
+from exporter.common.decode import DecodeError  # noqa: E402
+from exporter.common.protocol import ProtocolError  # noqa: E402
 from guards.features import FeatureState, Reason  # noqa: E402
 
 
@@ -251,7 +252,7 @@ def compiled(cls: type) -> Conv:
     return decode
 
 
-# -- the snapshot, mirroring exporter/snapshot.py's _snapshot and _gpu -----------------------------
+# -- the snapshot, mirroring exporter/common/snapshot.py's _snapshot and _gpu -----------------------------
 
 _FEATURES = converter(dict[str, dict[str, float]])
 _ERRORS = converter(tuple[tuple[str, str, int], ...])
@@ -312,7 +313,7 @@ def _gpu(raw: Any, where: str, undecodable: set[str], memo: Memo | None = None, 
         except _Fail:  # as today: that reading is left out, the feature listed (the slow path decides)
             try:
                 readings[feature] = snapshot.decode_dataclass(reader[1], data, f"{where}.readings.{feature}")
-            except snapshot._Bad:  # exactly what the reflective _gpu catches
+            except DecodeError:  # exactly what the reflective _gpu catches
                 undecodable.add(feature)
     state = raw.get("state")
     if type(state) is not str or state not in snapshot.GPU_STATES:
@@ -374,7 +375,7 @@ def _snapshot(msg: dict[str, Any], memo: Memo | None = None) -> snapshot.Snapsho
 
 
 def decode_message(msg: dict[str, Any]) -> snapshot.Message:
-    """As :func:`exporter.snapshot.decode_message`; snapshots take the compiled path."""
+    """As :func:`exporter.common.snapshot.decode_message`; snapshots take the compiled path."""
     if msg.get("type") != "snapshot":
         return snapshot.decode_message(msg)
     try:

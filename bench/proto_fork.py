@@ -5,7 +5,7 @@ scenario), each under the same stand-in supervisor, and the memory of every proc
 ``--seconds`` of sampling at ``--interval``:
 
 ``spawn``
-    today: ``python -m exporter.worker`` as a fresh interpreter (``exporter/workerproc.py``).
+    today: ``python -m exporter.worker`` as a fresh interpreter (``exporter/supervisor/workerproc.py``).
 ``zygote``
     the stand-in supervisor imports the modules both processes load (:data:`COMMON`: the typed
     snapshot and collectors, protocol, logs, self-check with ``importlib.metadata``, config,
@@ -16,13 +16,13 @@ scenario), each under the same stand-in supervisor, and the memory of every proc
     nvidia-ml-py defines ctypes structures and a lock, it does not ``dlopen`` the library; that
     happens in ``nvmlInit``), calls ``gc.freeze()`` and waits. For each worker the supervisor sends
     the message-pipe and stdin descriptors over a unix socket (``SCM_RIGHTS``); the zygote forks a
-    child that sets the worker's environment and runs ``exporter.worker.main()``, so
+    child that sets the worker's environment and runs ``exporter.worker.main.main()``, so
     ``nvmlInit`` happens only in the fresh child, never in a process that forks.
 
 The stand-in supervisor is the real one without HTTP: it imports what ``exporter.cli.serve``
-imports (aiohttp.web, uvloop, ``exporter.web``), builds ``exporter.supervisor.Supervisor`` and
-``exporter.web.Renderer``, and feeds every worker line through ``decode_message`` ->
-``Supervisor.handle`` -> the coalesced render, on uvloop.
+imports (aiohttp.web, uvloop, ``exporter.supervisor.http.web``), builds the supervisor
+(``exporter.app.build_supervisor``) and ``exporter.supervisor.http.web.Renderer``, and feeds every
+worker line through ``decode_message`` -> ``Supervisor.handle`` -> the coalesced render, on uvloop.
 
 Reported per process: RSS, USS, PSS (``psutil.memory_full_info``) and, for all processes together,
 the sums (RSS counts shared pages once per process; PSS splits them), plus the time from asking
@@ -62,28 +62,35 @@ COMMON = (
     "guards.features",
     "guards.known_issues",
     "guards.versions",
-    "exporter.protocol",
-    "exporter.logs",
-    "exporter.breadcrumb",
-    "exporter.collectors",
-    "exporter.snapshot",
-    "exporter.selfcheck",
+    "exporter.common.protocol",
+    "exporter.common.logs",
+    "exporter.common.breadcrumb",
+    "exporter.common.collectors",
+    "exporter.common.snapshot",
+    "exporter.common.selfcheck",
     "exporter.config",
-    "exporter.nvml.errors",
-    "exporter.nvml.scenario",
+    "exporter.common.nvml.errors",
+    "exporter.common.scenarios.scenario",
 )
 WORKER = (
     "pynvml",
-    "exporter.worker",
-    "exporter.sampler",
-    "exporter.gpuslot",
-    "exporter.nvml.backend",
-    "exporter.nvml.client",
-    "exporter.nvml.structs",
-    "exporter.nvml.fake",
-    "exporter.nvml_events",
+    "exporter.worker.main",
+    "exporter.worker.sampler",
+    "exporter.worker.gpuslot",
+    "exporter.worker.nvml.backend",
+    "exporter.worker.nvml.client",
+    "exporter.worker.nvml.structs",
+    "exporter.worker.fakenvml.binding",
+    "exporter.worker.nvml_events",
 )
-SUPERVISOR = ("uvloop", "aiohttp.web", "prometheus_client", "exporter.web", "exporter.supervisor", "exporter.httpedge")
+SUPERVISOR = (
+    "uvloop",
+    "aiohttp.web",
+    "prometheus_client",
+    "exporter.supervisor.http.web",
+    "exporter.supervisor.supervisor",
+    "exporter.supervisor.http.httpedge",
+)
 
 
 def _mem(pid: int) -> dict[str, float]:
@@ -145,9 +152,9 @@ def zygote_main(sock: socket.socket) -> None:
             os.environ.update(cmd["env"], NVGPU_WORKER_FD=str(msg_fd))
             code = 70
             try:
-                import exporter.worker
+                import exporter.worker.main
 
-                code = exporter.worker.main()
+                code = exporter.worker.main.main()
             finally:
                 sys.stderr.flush()
                 os._exit(code)
@@ -200,20 +207,19 @@ def run(mode: str, seconds: float, interval: float, scenario: str) -> dict[str, 
     for name in SUPERVISOR:
         importlib.import_module(name)
     import uvloop
-    from exporter.snapshot import Hello, decode_message
-    from exporter.web import Renderer
 
-    from exporter import protocol
+    from exporter.app import build_supervisor
+    from exporter.common import protocol
+    from exporter.common.snapshot import Hello, decode_message
     from exporter.config import Config
-    from exporter.supervisor import Supervisor
+    from exporter.supervisor.http.web import Renderer
 
     config = Config.from_env({"NVGPU_STATE_FILE": "", "NVGPU_SAMPLE_INTERVAL_SECONDS": f"{interval:g}"})
     out: dict[str, Any] = {"mode": mode}
 
     async def main() -> None:
-        sup = Supervisor(config)
-        renderer = Renderer(sup.state)
-        sup.state.on_change = renderer.changed
+        sup = build_supervisor(config)
+        Renderer(sup.state)  # follows the state from construction on
         read_fd, write_fd = os.pipe()
         stdin_r, stdin_w = os.pipe()
         err = tempfile.TemporaryFile()

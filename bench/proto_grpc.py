@@ -9,7 +9,7 @@ after ``--calls`` calls, its threads, the CPU time per call, and the GPU -> pod 
 must be the same for all):
 
 ``grpcio``
-    the product's client (``exporter.podresources.client.PodResourcesClient``: grpcio + protobuf,
+    the product's client (``exporter.supervisor.podresources.client.PodResourcesClient``: grpcio + protobuf,
     a blocking call; the supervisor runs it in a thread).
 ``grpclib``
     grpclib (pure-Python gRPC on asyncio, over ``h2``) with the same protobuf messages.
@@ -50,7 +50,7 @@ LIST_PATH = "/v1.PodResourcesLister/List"
 def response_bytes(gpu_pods: int, other_pods: int) -> bytes:
     """The serialized ``ListPodResourcesResponse`` of the fake node (protobuf, our generated stubs)."""
     sys.path.insert(0, str(ROOT))
-    from exporter.podresources.v1 import api_pb2
+    from exporter.supervisor.podresources.v1 import api_pb2
 
     pods = []
     for i in range(gpu_pods):
@@ -135,7 +135,7 @@ def kubelet(sock: str, payload_path: str) -> int:
 
 
 class _Msg:
-    """Attributes as the generated message has them (what exporter.podresources.client reads)."""
+    """Attributes as the generated message has them (what exporter.supervisor.podresources.client reads)."""
 
     def __init__(self, **kw: Any) -> None:
         self.__dict__.update(kw)
@@ -290,7 +290,7 @@ def client(kind: str, sock: str, calls: int, base: str) -> int:
     out["before_import"] = _mem()
     t0 = time.perf_counter()
     if kind == "grpcio":
-        from exporter.podresources.client import PodResourcesClient
+        from exporter.supervisor.podresources.client import PodResourcesClient
 
         pc = PodResourcesClient(sock)  # imports grpc and the generated modules
 
@@ -298,12 +298,13 @@ def client(kind: str, sock: str, calls: int, base: str) -> int:
             return pc.list_device_assignments()[0]
 
     else:
-        from exporter.podresources.client import gpu_assignments
+        from exporter.supervisor.podresources.client import gpu_assignments
 
         if kind == "grpclib":
             import grpclib.client
             import grpclib.const
-            from exporter.podresources.v1 import api_pb2
+
+            from exporter.supervisor.podresources.v1 import api_pb2
 
             loop = asyncio.new_event_loop()
 

@@ -1,7 +1,8 @@
 """Issue 30: the supervisor's work per sample, in process, and prototype (b): incremental rendering.
 
 Not product code. Feeds real worker lines (``bench/capture.py``: the h200x8 fake scenario, 1 s
-apart) through the supervisor's own code, as ``exporter/workerproc.py`` and ``exporter/web.py`` do:
+apart) through the supervisor's own code, as ``exporter/supervisor/workerproc.py`` and
+``exporter/supervisor/http/web.py`` do:
 ``protocol.decode`` (JSON) -> ``snapshot.decode_message`` -> ``Supervisor.handle`` -> one
 ``exposition.render``, and measures each step in CPU time of this process (``time.process_time``,
 best and median of ``--repeat`` passes over the captured snapshots; the machine is shared). The
@@ -57,14 +58,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import capture  # noqa: E402
-from exporter.metric import GpuKey  # noqa: E402
 from prometheus_client.core import Metric  # noqa: E402
 from prometheus_client.utils import floatToGoString  # noqa: E402
 from prometheus_client.validation import _is_valid_legacy_labelname, _is_valid_legacy_metric_name  # noqa: E402
 
-from exporter import collectors, exposition, protocol, selfmetrics, snapshot  # noqa: E402
+from exporter.app import build_supervisor  # noqa: E402
+from exporter.common import collectors, protocol, snapshot  # noqa: E402
+from exporter.common.metric import GpuKey  # noqa: E402
 from exporter.config import Config  # noqa: E402
-from exporter.supervisor import Supervisor  # noqa: E402
+from exporter.supervisor import exposition, selfmetrics  # noqa: E402
 
 # -- the harness: the supervisor's code on captured lines ------------------------------------------
 
@@ -75,7 +77,7 @@ class Harness:
     def __init__(self, lines: list[bytes]) -> None:
         self.lines = lines
         config = Config.from_env({"NVGPU_STATE_FILE": "", "NVGPU_SAMPLE_INTERVAL_SECONDS": "1"})
-        self.sup = Supervisor(config)
+        self.sup = build_supervisor(config)
         self.state = self.sup.state
         self.state.changed = lambda: None  # type: ignore[method-assign]  # rendering is measured apart
         # a live process in the worker's place, so process_* is read as in the exporter
@@ -397,7 +399,7 @@ class CachedRenderer:
     def render(self, state: Any) -> bytes:
         if not self.direct:
             return self._render(state)
-        import exporter.metric as metric_mod
+        import exporter.common.metric as metric_mod
 
         saved = metric_mod.Family
         metric_mod.Family = DirectFamily  # type: ignore[misc, assignment]
@@ -481,7 +483,7 @@ class CachedRenderer:
 
 
 class DirectFamily:
-    """Stand-in for :class:`exporter.metric.Family` that keeps (label values, value) rows and is
+    """Stand-in for :class:`exporter.common.metric.Family` that keeps (label values, value) rows and is
     encoded by :func:`encode_direct`; same interface (``add``, ``add_labels``, ``done``, ``always``)
     and, for the bag that merges families of one name, ``name`` and ``samples``."""
 
@@ -553,7 +555,7 @@ def encode_direct(fam: DirectFamily, dropped: collections.Counter[str], header: 
 
 def render_direct(state: Any) -> bytes:
     """``exposition.render(state).text`` with :class:`DirectFamily` for every ``MetricDef.family()``."""
-    import exporter.metric as metric_mod
+    import exporter.common.metric as metric_mod
 
     saved = metric_mod.Family
     metric_mod.Family = DirectFamily  # type: ignore[misc, assignment]

@@ -211,36 +211,60 @@ def _short(frame: str) -> str:
 # fake NVML's time is not counted as the collector's that called it.
 PHASES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "supervisor": [
-        ("decode: JSON text (protocol.decode, json.loads)", ("decode (exporter/protocol.py",)),
-        ("decode: typed (snapshot.decode_message)", ("decode_message (exporter/snapshot.py", "proto_decode.py")),
+        ("decode: JSON text (protocol.decode, json.loads)", ("decode (exporter/common/protocol.py",)),
         (
-            "render: encode (prometheus_client generate_latest)",
-            ("_encode (exporter/exposition.py", "encode_direct (", "encode_samples (", "encode_text (", "_body ("),
+            "decode: typed (snapshot.decode_message)",
+            ("decode_message (exporter/common/snapshot.py", "exporter/common/decode.py", "proto_decode.py"),
+        ),
+        (
+            "render: encode (text lines)",
+            (
+                "_encode (exporter/supervisor/exposition.py",
+                "exporter/supervisor/textformat.py",
+                "encode_direct (",
+                "encode_samples (",
+                "encode_text (",
+                "_body (",
+            ),
         ),
         (
             "render: per-GPU families (collectors, health, Xids, extensions)",
-            ("gpu_families (exporter/", "families (exporter/collectors/", "GpuHealth.families", "XidLedger.families"),
+            (
+                "gpu_families (exporter/",
+                "families (exporter/common/collectors/",
+                "GpuHealth.families",
+                "XidLedger.families",
+            ),
         ),
-        ("render: self-metrics (selfmetrics, process_* via psutil)", ("families (exporter/selfmetrics.py",)),
+        (
+            "render: self-metrics (selfmetrics, process_* via psutil)",
+            ("families (exporter/supervisor/selfmetrics.py", "exporter/supervisor/procmetrics.py"),
+        ),
         (
             "render: the rest (extensions' self families, render errors, assembly)",
-            ("render (exporter/exposition.py", "CachedRenderer", "Renderer._render"),
+            ("render (exporter/supervisor/exposition.py", "CachedRenderer", "Renderer._render"),
         ),
         ("apply the snapshot (served state, GPU health, extensions)", ("Supervisor.handle",)),
         (
             "HTTP (aiohttp, the edge)",
-            ("aiohttp/", "metrics (exporter/web.py", "edge_middleware", "exporter/httpedge.py"),
+            ("aiohttp/", "metrics (exporter/supervisor/http/web.py", "edge_middleware", "exporter/supervisor/http/"),
         ),
+        ("the worker's process (wait, deadline, stderr)", ("exporter/supervisor/workerproc.py",)),
+        ("probes, kernel log, pods (background loops)", ("Prober.loop", "KernelXid.run", "PodAttribution.run")),
     ],
     "worker": [
-        ("fake NVML (the scenario backend)", ("exporter/nvml/fake", "fake.py", "scenario.py")),
+        ("fake NVML (the scenario backend)", ("exporter/worker/fakenvml/", "exporter/common/scenarios/")),
         ("JSON encode and write (Channel.send)", ("Channel.send",)),
         ("snapshot to wire (to_wire, collectors.to_json)", ("Snapshot.to_wire",)),
         (
             "NVML client (breadcrumbs, counting, error handling, structs)",
-            ("client.py", "backend.py", "structs.py", "breadcrumb.py", "errors.py"),
+            (
+                "exporter/worker/nvml/",
+                "exporter/common/breadcrumb.py",
+                "exporter/common/nvml/errors.py",
+            ),
         ),
-        ("collectors' read()", ("exporter/collectors/",)),
+        ("collectors' read()", ("exporter/common/collectors/",)),
         ("event thread", ("nvml_events.py",)),
         ("sampler and GPU slots (threads, merging, feature states)", ("sampler.py", "gpuslot.py")),
     ],

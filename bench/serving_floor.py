@@ -8,19 +8,24 @@ scenario) from a ladder of servers, each one step closer to the exporter, on the
     aiohttp ``AppRunner`` + ``TCPSite`` (``loop.create_server``), one route, a handler returning a
     ``web.Response`` of the cached bytes with our Content-Type. The floor.
 ``handler``
-    the same server with our ``/metrics`` handler (``exporter.web.metrics``: the renderer's age
+    the same server with our ``/metrics`` handler (``exporter.supervisor.http.web.metrics``: the renderer's age
     check, Accept negotiation, Accept-Encoding parsing, the ``Vary`` header) on a stand-in renderer
     holding the same bytes.
 ``app``
-    our whole application (``exporter.web.make_app``): the edge middleware (rate limit, client
+    our whole application (``exporter.supervisor.http.web.make_app``): the edge middleware (rate limit, client
     certificate, basic auth when a web config is set; the header-timer hooks), the ``Server``
     header hook, the four routes.
 ``edge``
-    ``app`` behind our own accept loop (``exporter.httpedge.Listener``: connection cap, header
+    ``app`` behind our own accept loop (``exporter.supervisor.http.httpedge.Listener``: connection cap, header
     timeout, ``connect_accepted_socket`` per connection) as ``exporter.cli.serve`` builds it.
 ``exporter``
     the exporter itself (``python -m exporter`` on the fake scenario; it samples and renders in the
     background, every ``--interval`` seconds).
+``auth``
+    the exporter with a web config file (``--web.config.file``) of one basic-auth user (bcrypt) and a
+    rate limit that never refuses (``interval: 1ms``, ``burst: 1000000``), every request carrying
+    that user's ``Authorization`` header: the per-request cost of auth (header parse, the verified
+    credentials' cache; bcrypt only once, for the first request) and of the limiter.
 
 For each, in ``--passes`` passes over the levels (every other pass in reverse order, so that
 drift on a shared machine evens out): ``--seq-runs`` x ``--sequential`` requests on one
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import datetime as dt
 import json
 import os
@@ -62,7 +68,9 @@ import sample_cost  # noqa: E402
 import bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-LEVELS = ("bare", "handler", "app", "edge", "exporter")
+LEVELS = ("bare", "handler", "app", "edge", "exporter", "auth")
+AUTH_USER, AUTH_PASSWORD = "bench", "serving-floor"
+HEADERS: dict[str, dict[str, str]] = {}  # request headers by URL (the auth level's Authorization)
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -83,14 +91,14 @@ class _Body:
 
 
 class _Renderer:
-    """Stand-in for ``exporter.web.Renderer``: ``fresh()`` with the same age check."""
+    """Stand-in for ``exporter.supervisor.http.web.Renderer``: ``fresh()`` with the same age check."""
 
     def __init__(self, body: bytes) -> None:
         self.current = _Body(body)
         self.rendered_mono = time.monotonic()
 
     def fresh(self) -> _Body:
-        if time.monotonic() - self.rendered_mono > 5.0:  # exporter.web.REFRESH_S
+        if time.monotonic() - self.rendered_mono > 5.0:  # exporter.supervisor.http.web.REFRESH_S
             self.rendered_mono = time.monotonic()
         return self.current
 
@@ -107,13 +115,13 @@ async def _serve(level: str, port: int, body: bytes) -> None:
         app = web.Application()
         app.router.add_get("/metrics", handler)
     elif level == "handler":
-        from exporter import web as our_web
+        from exporter.supervisor.http import web as our_web
 
         app = web.Application()
         app[our_web.RENDERER] = _Renderer(body)  # type: ignore[assignment]
         app.router.add_get("/metrics", our_web.metrics)
     else:
-        from exporter import web as our_web
+        from exporter.supervisor.http import web as our_web
 
         supervisor = SimpleNamespace(state=SimpleNamespace(liveness=lambda: (True, "ok"), ready=lambda: (True, "ok")))
         edge = our_web.Edge()
@@ -121,12 +129,12 @@ async def _serve(level: str, port: int, body: bytes) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=75.0)
     await runner.setup()
     if level == "edge":
-        from exporter.httpedge import HttpEdge, Listener
+        from exporter.supervisor.http.httpedge import HttpEdge, Listener
 
         assert runner.server is not None
-        listener = Listener(runner.server, HttpEdge(), 4096, 10.0)
+        listener = Listener(HttpEdge(), 4096, 10.0)
         app[our_web.EDGE].listener = listener
-        await listener.start("127.0.0.1", port, backlog=4096)
+        await listener.start(runner.server, "127.0.0.1", port, backlog=4096)
     else:
         await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
     print("serving", flush=True)
@@ -150,14 +158,16 @@ def serve(level: str, port: int, body_path: str) -> int:
 def start(level: str, body_path: Path, tmp: Path, interval: float, scenario: Path) -> load.ServerProcess:
     port = load.free_port()
     log_path = tmp / f"{level}.log"
-    if level == "exporter":
+    if level in ("exporter", "auth"):
         env = {
             "NVGPU_NVML_BACKEND": f"fake:{scenario}",
             "NVGPU_STATE_FILE": "",
             "NVGPU_SAMPLE_INTERVAL_SECONDS": f"{interval:g}",
         }
+        if level == "auth":
+            env["NVGPU_WEB_CONFIG_FILE"] = str(_web_config(tmp))
         server = bench.start_exporter(env, port, log_path)
-        server.wait_status("/readyz", 60.0)
+        server.wait_status("/readyz", 60.0)  # probes skip auth by default
         return server
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
@@ -168,6 +178,16 @@ def start(level: str, body_path: Path, tmp: Path, interval: float, scenario: Pat
     return server
 
 
+def _web_config(tmp: Path) -> Path:
+    """The ``auth`` level's web config: one bcrypt user (cost 4) and a limiter that never refuses."""
+    import bcrypt
+
+    hashed = bcrypt.hashpw(AUTH_PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+    path = tmp / "web-config.yml"
+    path.write_text(f"basic_auth_users:\n  {AUTH_USER}: '{hashed}'\nrate_limit:\n  interval: 1ms\n  burst: 1000000\n")
+    return path
+
+
 def _cpu(pid: int) -> float:
     t = psutil.Process(pid).cpu_times()
     return float(t.user + t.system)
@@ -175,11 +195,12 @@ def _cpu(pid: int) -> float:
 
 async def measure(server: load.ServerProcess, args: argparse.Namespace, profile_dir: Path | None) -> dict[str, Any]:
     url = server.base + "/metrics"
+    headers = HEADERS.get(url)
     out: dict[str, Any] = {}
     seq_runs = []
     for _ in range(args.seq_runs):
         c0 = _cpu(server.pid)
-        seq = await load.sequential(url, args.sequential)
+        seq = await load.sequential(url, args.sequential, headers=headers)
         cpu = _cpu(server.pid) - c0
         seq["server_cpu_ms_per_request"] = round(1000 * cpu / (args.sequential + seq["warmup"]), 4)
         seq_runs.append(seq)
@@ -204,7 +225,7 @@ async def measure(server: load.ServerProcess, args: argparse.Namespace, profile_
     rounds = []
     for _ in range(args.rounds):
         c0 = _cpu(server.pid)
-        r = await load.concurrent(url, args.concurrency)
+        r = await load.concurrent(url, args.concurrency, headers=headers)
         r["server_cpu_s"] = round(_cpu(server.pid) - c0, 3)
         rounds.append({k: r.get(k) for k in ("ok", "timeouts", "errors", "latency", "wall_s", "server_cpu_s")})
         await asyncio.sleep(1.5)
@@ -213,7 +234,7 @@ async def measure(server: load.ServerProcess, args: argparse.Namespace, profile_
         rec_task = asyncio.to_thread(
             sample_cost.pyspy_record, {"server": server.pid}, args.profile_seconds, 1000, profile_dir
         )
-        load_task = asyncio.ensure_future(_keep_loading(url, args.profile_seconds))
+        load_task = asyncio.ensure_future(_keep_loading(url, args.profile_seconds, headers))
         rec = await rec_task
         await load_task
         out["profile"] = (
@@ -224,33 +245,41 @@ async def measure(server: load.ServerProcess, args: argparse.Namespace, profile_
     return out
 
 
-async def _keep_loading(url: str, seconds: float) -> None:
+async def _keep_loading(url: str, seconds: float, headers: dict[str, str] | None) -> None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds + 1:
-        await load.sequential(url, 500, warmup=0)
+        await load.sequential(url, 500, headers=headers, warmup=0)
 
 
 # Per-request work, by the layer whose code was running (the matching frame nearest the leaf).
 PHASES: list[tuple[str, tuple[str, ...]]] = [
     (
         "our handler (negotiate, Accept-Encoding, headers)",
-        ("metrics (exporter/web.py", "negotiate (exporter/", "accepts_gzip", "Renderer.fresh", "Rendered.body"),
+        (
+            "metrics (exporter/supervisor/http/web.py",
+            "negotiate (exporter/",
+            "accepts_gzip",
+            "Renderer.fresh",
+            "Rendered.body",
+        ),
+    ),
+    (
+        "auth and rate limit (auth level only)",
+        (
+            "exporter/supervisor/http/webauth.py",
+            "exporter/supervisor/http/webtls.py",
+            "exporter/supervisor/http/webconfig.py",
+        ),
     ),
     ("our middleware (edge, header timer)", ("edge_middleware",)),
     ("Server header hook (on_response_prepare)", ("_response_headers",)),
-    ("our accept loop and connection guard (httpedge)", ("exporter/httpedge.py",)),
+    ("our accept loop and connection guard (httpedge)", ("exporter/supervisor/http/httpedge.py",)),
     (
         "sampling side: decode, apply, render (exporter only)",
         (
-            "exporter/snapshot.py",
-            "exporter/exposition.py",
-            "exporter/collectors/",
-            "exporter/selfmetrics.py",
-            "exporter/metric.py",
+            "exporter/common/",
+            "exporter/supervisor/",
             "prometheus_client/",
-            "exporter/supervisor.py",
-            "exporter/workerproc.py",
-            "exporter/served.py",
             "exporter/",
         ),
     ),
@@ -300,7 +329,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="issue 30 (c): serving floor vs our /metrics")
-    p.add_argument("--serve", choices=LEVELS[:-1], help="(server side) serve at this level")
+    p.add_argument("--serve", choices=LEVELS[:-2], help="(server side) serve at this level")
     p.add_argument("--port", type=int)
     p.add_argument("--body")
     p.add_argument("--levels", default=",".join(LEVELS))
@@ -354,9 +383,12 @@ def main(argv: list[str] | None = None) -> int:
         for level in levels if n % 2 == 0 else list(reversed(levels)):
             print(f"pass {n + 1}: {level} …", flush=True)
             server = start(level, body_path, tmp, args.interval, scenario)
+            if level == "auth":
+                token = base64.b64encode(f"{AUTH_USER}:{AUTH_PASSWORD}".encode()).decode()
+                HEADERS[server.base + "/metrics"] = {"Authorization": f"Basic {token}"}
             try:
                 pdir = None
-                if n == 0 and args.profile and level in ("bare", "exporter") and shutil.which("py-spy"):
+                if n == 0 and args.profile and level in ("bare", "exporter", "auth") and shutil.which("py-spy"):
                     pdir = tmp / f"pyspy-{level}"
                     pdir.mkdir()
                 passes[level].append(asyncio.run(measure(server, args, pdir)))

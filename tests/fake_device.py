@@ -90,9 +90,6 @@ def render(feature: str, readings: Sequence[tuple[DeviceClient, Any]]) -> dict[s
     samples = [(GpuKey(str(d.index), d.uuid), wire(r)) for d, r in readings if r is not None]
     out: dict[str, dict[tuple[str, ...], float]] = {}
     for metric in collectors.COLLECTORS[feature].families(samples, SystemInfo()):
-        name = metric.name + ("_total" if metric.type == "counter" else "")
         for s in metric.samples:
-            if s.name.endswith("_created"):
-                continue
-            out.setdefault(name, {})[tuple(s.labels.values())] = s.value
+            out.setdefault(metric.name, {})[tuple(s.labels.values())] = s.value
     return out

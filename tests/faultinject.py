@@ -53,18 +53,18 @@ def _dispatch() -> None:
 
 
 def _decode() -> None:
-    from exporter.supervisor import workerproc
+    from exporter.common.snapshot import SnapshotDecoder
 
-    real = workerproc.decode_message
+    real = SnapshotDecoder.decode_message
     seen = [0]
 
-    def decode(msg: dict[str, Any]) -> Any:
+    def decode(self: SnapshotDecoder, msg: dict[str, Any]) -> Any:
         seen[0] += 1
         if msg.get("type") == "snapshot" and seen[0] % 3 == 0:
             raise RecursionError("injected: maximum recursion depth exceeded while decoding")
-        return real(msg)
+        return real(self, msg)
 
-    workerproc.decode_message = decode
+    SnapshotDecoder.decode_message = decode  # type: ignore[method-assign]
 
 
 def _state() -> None:

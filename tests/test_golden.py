@@ -432,3 +432,20 @@ def test_promtool_check_metrics(name: str) -> None:
         proc.stdout.decode(),
         proc.stderr.decode(),
     )
+
+
+@pytest.mark.parametrize("name", golden_names())
+def test_the_openmetrics_body_of_every_golden(name: str) -> None:
+    """Our OpenMetrics body against prometheus_client's OpenMetrics writer fed with the parsed text golden."""
+    from prometheus_client.openmetrics import exposition as client_om
+    from prometheus_client.parser import text_string_to_metric_families
+
+    parsed = list(text_string_to_metric_families((GOLDEN / f"{name}.prom").read_text()))
+
+    class Parsed:
+        def collect(self) -> list[Any]:
+            return parsed
+
+    got = render_golden(name, openmetrics=True).encode()
+    assert got == client_om.generate_latest(Parsed())  # type: ignore[no-untyped-call]
+    assert got.endswith(b"\n# EOF\n")

@@ -66,6 +66,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
                     "kernel_xid",
                     "pods",
                     "exposition",
+                    "textformat",
                     "selfmetrics",
                     "apis",
                     "procmetrics",

@@ -252,7 +252,7 @@ def test_families_render_the_counts_per_gpu() -> None:
     (metric,) = plausibility.families(
         [(GpuKey("0", "GPU-a"), {"power": {"counter_decreased": 2}}), (GpuKey("1", "GPU-b"), {})]
     )
-    assert metric.name == "nvgpu_readings_dropped"
+    assert metric.name == "nvgpu_readings_dropped_total"
     samples = [(s.labels, s.value) for s in metric.samples if s.name.endswith("_total")]
     assert samples == [({"gpu": "0", "uuid": "GPU-a", "feature": "power", "reason": "counter_decreased"}, 2.0)]
 

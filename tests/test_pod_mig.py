@@ -11,14 +11,13 @@ import logging
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.common.collectors import mig, power
 from exporter.common.metric import GpuKey
 from exporter.common.snapshot import GpuSample, Snapshot, SystemInfo
 from exporter.config import Config
-from exporter.supervisor import exposition
+from exporter.supervisor import exposition, textformat
 from exporter.supervisor.podresources import PodRef
 from exporter.supervisor.pods import Layout, PodAttribution
 
@@ -46,11 +45,7 @@ def snapshot() -> Snapshot:
 
 
 def families(metrics: Any) -> dict[str, Any]:
-    class Bag:
-        def collect(self) -> Any:
-            return list(metrics)
-
-    return {f.name: f for f in text_string_to_metric_families(generate_latest(Bag()).decode())}  # type: ignore[arg-type]
+    return {f.name: f for f in text_string_to_metric_families(textformat.encode(list(metrics)).decode())}
 
 
 def attribution() -> PodAttribution:
@@ -128,7 +123,7 @@ def test_pod_labels_on_series_follow_the_mig_device_not_the_parent() -> None:
     info.add(GpuKey("2", GPU2), 1, "2", "0", "3g.71gb", MIG_A)
     watts = power.USAGE.family()
     watts.add(GpuKey("2", GPU2), 300.0)
-    (relabelled,) = exposition._with_pod_labels(info.metric, ext).samples
+    (relabelled,) = exposition._with_pod_labels(info, ext).samples
     assert (relabelled.labels["namespace"], relabelled.labels["pod"]) == ("ml", "mig-0")
-    (parent,) = exposition._with_pod_labels(watts.metric, ext).samples
+    (parent,) = exposition._with_pod_labels(watts, ext).samples
     assert parent.labels["pod"] == ""

@@ -7,12 +7,12 @@ import logging
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.common.collectors.processes import Reading
 from exporter.common.snapshot import GpuSample, Snapshot, SystemInfo
 from exporter.config import Config
+from exporter.supervisor import textformat
 from exporter.supervisor.podresources import PodRef
 from exporter.supervisor.pods import PodAttribution, pod_usage
 
@@ -94,11 +94,7 @@ def _snapshot(readings: dict[int, Reading]) -> Snapshot:
 
 
 def _text(metrics: Any) -> dict[str, Any]:
-    class Bag:
-        def collect(self) -> Any:
-            return list(metrics)
-
-    return {f.name: f for f in text_string_to_metric_families(generate_latest(Bag()).decode())}  # type: ignore[arg-type]
+    return {f.name: f for f in text_string_to_metric_families(textformat.encode(list(metrics)).decode())}
 
 
 def test_families_and_sources(caplog: pytest.LogCaptureFixture) -> None:

@@ -27,12 +27,13 @@ from exporter.supervisor.podresources import (
     PodRef,
     PodResourcesClient,
     PodResourcesError,
+    gpu_assignments,
     gpu_uuid_from_device_id,
 )
 
 REPO = Path(__file__).resolve().parents[1]
 
-grpc = pytest.importorskip("grpc", reason="grpcio not installed (nvgpu-exporter[kubernetes])")
+grpc = pytest.importorskip("grpc", reason="grpcio not installed (the fake kubelet: nvgpu-exporter[test])")
 from fake_kubelet import FakeKubelet  # noqa: E402
 
 from exporter.supervisor.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: E402
@@ -310,12 +311,11 @@ def test_socket_not_writable_by_this_uid_is_permission_denied(serve: Servers) ->
     assert kernel == "kernel: EACCES"
 
 
-def test_without_grpc_the_package_imports_and_reports_unsupported() -> None:
+def test_without_h2_the_package_imports_and_reports_unsupported() -> None:
     code = """
 import sys
-sys.modules["grpc"] = None  # as if grpcio were not installed
+sys.modules["h2"] = None  # as if h2 were not installed
 import exporter.supervisor.podresources as pr
-assert "grpc" not in [m for m in sys.modules if sys.modules[m] is not None], "grpc imported"
 reason = pr.unsupported_reason()
 assert reason is not None and "nvgpu-exporter[kubernetes]" in reason, reason
 try:
@@ -323,17 +323,41 @@ try:
 except pr.PodResourcesUnsupported as exc:
     print("unsupported:", exc)
 else:
-    raise SystemExit("client built without grpc")
+    raise SystemExit("client built without h2")
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("unsupported: pod attribution needs grpcio and protobuf")
+    assert proc.stdout.startswith("unsupported: pod attribution needs h2 and protobuf")
 
 
-def test_importing_the_package_does_not_import_grpc() -> None:
-    code = "import sys, exporter.supervisor.podresources; print('grpc' in sys.modules)"
+def test_importing_the_package_imports_neither_h2_nor_protobuf() -> None:
+    code = (
+        "import sys, exporter.supervisor.podresources; "
+        "print(sorted({'h2', 'google.protobuf', 'grpc'} & set(sys.modules)))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert proc.stdout.strip() == "False", proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stderr
+
+
+_NO_GRPC_PROBE = """
+import sys
+from exporter.supervisor.podresources import PodResourcesClient
+print(sorted(PodResourcesClient(sys.argv[1], timeout_s=5).list_gpu_assignments()))
+print("grpc" in sys.modules, "h2" in sys.modules)
+"""
+
+
+def test_the_client_calls_a_grpc_server_without_grpcio(serve: Servers) -> None:
+    """The real gRPC server (grpcio, in this process) answers a client process that loads h2 and
+    protobuf only: grpcio costs the supervisor 16 MB and six threads (docs/performance.md)."""
+    path = serve(FakeKubelet(NODE_PODS))
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_GRPC_PROBE, path], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    uuids, loaded = proc.stdout.splitlines()
+    assert uuids == repr(sorted(gpu_assignments(api_pb2.ListPodResourcesResponse(pod_resources=NODE_PODS))))
+    assert loaded == "False True"
 
 
 @pytest.mark.parametrize(
@@ -366,11 +390,11 @@ def test_client_rejects_non_positive_timeout() -> None:
 # -- the generated modules and the extra that must load them -----------------------------------
 
 
-def _extra_requirements() -> dict[str, Any]:
+def _extra_requirements(name: str = "kubernetes") -> dict[str, Any]:
     tomllib = pytest.importorskip("tomllib", reason="Python < 3.11")
     requirements = pytest.importorskip("packaging.requirements")
     data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    extra = data["project"]["optional-dependencies"]["kubernetes"]
+    extra = data["project"]["optional-dependencies"][name]
     reqs = [requirements.Requirement(r) for r in extra]
     return {r.name.lower(): r for r in reqs}
 
@@ -391,7 +415,8 @@ def test_the_stubs_carry_no_version_guard() -> None:
 
 def test_kubernetes_extra_admits_what_the_stubs_need_and_was_tested() -> None:
     reqs = _extra_requirements()
-    assert {"grpcio", "protobuf"} <= set(reqs), reqs
+    assert {"h2", "protobuf"} <= set(reqs) and "grpcio" not in reqs, reqs
+    tests = _extra_requirements("test")
     pb2, pb2_grpc = _stub_texts()
     gencode = re.search(r"# Protobuf Python Version: (\d+)\.(\d+)\.(\d+)", pb2)
     assert gencode, "api_pb2.py names no protobuf gencode version"
@@ -407,10 +432,11 @@ def test_kubernetes_extra_admits_what_the_stubs_need_and_was_tested() -> None:
     assert lowest(reqs["protobuf"]) >= tuple(int(x) for x in gencode.groups())
     # ... and the bounds are the oldest combination tests/grpc_matrix.sh runs
     matrix = (REPO / "tests" / "grpc_matrix.sh").read_text()
-    oldest = re.search(r'"grpcio==([\d.]+) protobuf==([\d.]+)"\s+# the extra\'s lower bounds', matrix)
+    oldest = re.search(r'"grpcio==([\d.]+) protobuf==([\d.]+) h2==([\d.]+)"\s+# the extra\'s lower bounds', matrix)
     assert oldest, "tests/grpc_matrix.sh does not run the lower bounds"
-    assert lowest(reqs["grpcio"]) == tuple(int(p) for p in oldest.group(1).split("."))
+    assert lowest(tests["grpcio"]) == tuple(int(p) for p in oldest.group(1).split("."))
     assert reqs["protobuf"].specifier.contains(oldest.group(2))
+    assert lowest(reqs["h2"]) == tuple(int(p) for p in oldest.group(3).split("."))
     assert "8.0.0" not in reqs["protobuf"].specifier, "protobuf 8 is untested"
 
 
@@ -421,7 +447,10 @@ def test_installed_runtimes_load_the_generated_modules() -> None:
     assert reqs["protobuf"].specifier.contains(google.protobuf.__version__), (
         f"installed protobuf {google.protobuf.__version__} is outside the extra's {reqs['protobuf'].specifier}"
     )
-    assert reqs["grpcio"].specifier.contains(grpc.__version__)
+    assert _extra_requirements("test")["grpcio"].specifier.contains(grpc.__version__)
+    from importlib.metadata import version
+
+    assert reqs["h2"].specifier.contains(version("h2"))
     assert api_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"].full_name == ("v1.PodResourcesLister")
 
 

@@ -22,7 +22,7 @@ import pytest
 from exporter_proc import Exporter, load_scenario, write_scenario
 from fakeproc import Container, make_container_logs, make_proc
 
-grpc = pytest.importorskip("grpc", reason="grpcio not installed (nvgpu-exporter[kubernetes])")
+grpc = pytest.importorskip("grpc", reason="grpcio not installed (the fake kubelet: nvgpu-exporter[test])")
 from fake_kubelet import FakeKubelet  # noqa: E402
 
 from exporter.supervisor.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: E402
@@ -148,4 +148,6 @@ def test_each_process_loads_only_its_own_folder_and_common(tmp_path: Path, kubel
     assert under(supervisor, "exporter.worker") == [], "the supervisor loaded worker code"
     assert under(worker, "exporter.supervisor") == [], "the worker loaded supervisor code"
     assert "pynvml" not in supervisor
+    assert not under(supervisor, "grpc"), "pod attribution loaded grpcio (h2 and protobuf do: docs/performance.md)"
+    assert not under(supervisor, "prometheus_client"), "the exposition is written by exporter.supervisor.textformat"
     assert not {"aiohttp", "prometheus_client", "grpc"} & set(worker)

@@ -266,13 +266,9 @@ def test_families_render_every_series_with_its_labels(tmp_path: Path) -> None:
         {"per_process": True, "series_per_gpu": 2, "proc_path": str(proc), "container_log_dir": str(logs)},
     )
     r = gpu.read()
-    from prometheus_client import generate_latest
+    from exporter.supervisor import textformat
 
-    class Bag:
-        def collect(self) -> Any:
-            return list(processes.families([(GpuKey("0", UUID), r)], None))  # type: ignore[arg-type]
-
-    text = generate_latest(Bag()).decode()  # type: ignore[arg-type]
+    text = textformat.encode(processes.families([(GpuKey("0", UUID), r)], None)).decode()  # type: ignore[arg-type]
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     mem = {s.labels["pid"]: (s.labels, s.value) for s in fams["nvgpu_process_memory_used_bytes"].samples}
     assert mem["1184"][0] == {

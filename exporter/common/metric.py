@@ -12,13 +12,11 @@ with or without the suffix and writes it once.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:  # the worker imports collectors for read(); only the supervisor renders
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from typing import NamedTuple
 
 GPU_LABELS = ("gpu", "uuid")
 
@@ -51,7 +49,7 @@ class MetricDef:
         """True for counters (the name ends in ``_total``)."""
         return self.name.endswith("_total")
 
-    @property
+    @functools.cached_property
     def all_labels(self) -> tuple[str, ...]:
         """Label names in exposition order."""
         return (*GPU_LABELS, *self.labels) if self.per_gpu else self.labels
@@ -61,42 +59,69 @@ class MetricDef:
         return Family(self)
 
 
+class Sample(NamedTuple):
+    """One series of a family, as a reader sees it (tests, the status page): name, labels, value."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+Row = tuple[tuple[str, ...], float]
+"""Label values (in the order of :attr:`Family.labels`) and the value."""
+
+
 class Family:
-    """Samples of one :class:`MetricDef` for one rendering; adds nothing for a None value."""
+    """Samples of one :class:`MetricDef` for one rendering; adds nothing for a None value.
 
-    def __init__(self, spec: MetricDef) -> None:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    Attributes:
+        spec: the declaration.
+        labels: the label names of :attr:`rows` (the declaration's; the pod labels add three).
+        rows: (label values, value), in the order added.
+    """
 
+    __slots__ = ("spec", "labels", "rows")
+
+    def __init__(self, spec: MetricDef, labels: tuple[str, ...] | None = None) -> None:
         self.spec = spec
-        self.metric: CounterMetricFamily | GaugeMetricFamily
-        if spec.counter:
-            self.metric = CounterMetricFamily(spec.name, spec.help, labels=list(spec.all_labels))
-        else:
-            self.metric = GaugeMetricFamily(spec.name, spec.help, labels=list(spec.all_labels))
+        self.labels = spec.all_labels if labels is None else labels
+        self.rows: list[Row] = []
+
+    @property
+    def name(self) -> str:
+        """The exported name (a counter's with ``_total``)."""
+        return self.spec.name
 
     def add(self, key: GpuKey, value: float | int | bool | None, *extra: str) -> None:
         """Add one per-GPU sample unless ``value`` is None."""
         if value is None:
             return
-        self.metric.add_metric([key.gpu, key.uuid, *extra], float(value))
+        self.rows.append(((key.gpu, key.uuid, *extra), float(value)))
 
     def add_labels(self, labels: Sequence[str], value: float | int | bool | None) -> None:
         """Add one sample with all label values given (exporter families); skips None and NaN."""
         if value is None or not math.isfinite(float(value)):
             return
-        self.metric.add_metric(list(labels), float(value))
+        self.rows.append((tuple(labels), float(value)))
 
-    def done(self) -> Iterable[Metric]:
+    def done(self) -> Iterable[Family]:
         """Yield the family if it holds any sample."""
-        if self.metric.samples:
-            yield self.metric
+        if self.rows:
+            yield self
 
-    def always(self) -> Metric:
+    def always(self) -> Family:
         """The family, even without samples (exporter families whose HELP/TYPE always show)."""
-        return self.metric
+        return self
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The rows with their label names (a row with fewer values than names has only the first ones)."""
+        return [
+            Sample(self.spec.name, dict(zip(self.labels, values, strict=False)), value) for values, value in self.rows
+        ]
 
 
-def single(spec: MetricDef, value: float | int | bool | None, labels: Sequence[str] = ()) -> Metric:
+def single(spec: MetricDef, value: float | int | bool | None, labels: Sequence[str] = ()) -> Family:
     """An exporter family with at most one sample (none when ``value`` is None or not finite)."""
     fam = spec.family()
     fam.add_labels(labels, value)

@@ -68,7 +68,7 @@ from exporter.common.gpustate import GpuState, Lifetime
 from exporter.common.metric import GpuKey, MetricDef
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
+    from exporter.common.metric import Family as Metric
 
 REASONS = (
     "out_of_range",

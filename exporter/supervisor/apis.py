@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 from exporter.common.metric import MetricDef
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.common.snapshot import GpuSample
 
 API_INFO = MetricDef(

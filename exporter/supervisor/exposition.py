@@ -3,34 +3,42 @@
 :func:`render` builds fresh metric families from the :class:`~exporter.supervisor.served.ServedState`: per-GPU
 families from the snapshot when it is younger than the stale bound (collectors, then the
 supervisor-owned ``device_up`` and Xid/event counters, then extensions), and the self-metrics that
-survive worker restarts (:mod:`exporter.supervisor.selfmetrics`, then extensions). It encodes them as
-Prometheus text 0.0.4 at once; OpenMetrics 1.0.0 and gzip bodies are made on first request and
-kept with the rendering. A collector whose ``families()`` raises loses only the GPU that made it
-raise; that feature's ``nvgpu_feature_success`` becomes 0. A family dropped because building it
-raised, like a series that cannot be encoded, is counted in ``nvgpu_render_errors_total{family}``
+survive worker restarts (:mod:`exporter.supervisor.selfmetrics`, then extensions). It writes them as
+Prometheus text 0.0.4 at once (:mod:`exporter.supervisor.textformat`); the OpenMetrics 1.0.0 body,
+whose sample lines are the same bytes under other headers, and gzip bodies are made on first
+request and kept with the rendering. A collector whose ``families()`` raises loses only the GPU that
+made it raise; that feature's ``nvgpu_feature_success`` becomes 0. A family dropped because building
+it raised, like a series that cannot be encoded, is counted in ``nvgpu_render_errors_total{family}``
 and logged once.
+
+Given a :class:`RenderCache` (the :class:`~exporter.supervisor.http.web.Renderer` keeps one), each
+collector's written lines are kept per feature with the readings they were made from, and reused
+while every GPU's reading of that feature is equal to those (and the system versions are the same):
+``families()`` is pure, so equal readings give equal bytes. Only features whose readings changed are
+rendered again (at a 1 s interval on an idle GPU, about one feature in three). The GPUs' state, the
+counters, the extensions and the self-metrics are built every time, and written again only when
+their rows differ from the last rendering's. A feature whose rendering failed or a family that
+dropped a series is never kept (its errors are counted on every rendering, as without a cache), nor
+is a collector's while pod labels are added to the GPU series (``NVGPU_POD_LABELS``).
 """
 
 from __future__ import annotations
 
 import collections
-import copy
 import functools
 import gzip
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from prometheus_client import exposition as text_format
-from prometheus_client.core import Metric
-from prometheus_client.openmetrics import exposition as om_format
 
 from exporter.common import collectors, plausibility
 from exporter.common.logs import log_once
-from exporter.common.metric import GpuKey, MetricDef
-from exporter.supervisor import apis, selfmetrics
+from exporter.common.metric import Family, GpuKey, MetricDef
+from exporter.supervisor import apis, selfmetrics, textformat
 
 if TYPE_CHECKING:
+    from exporter.common.collectors.base import SystemInfo
     from exporter.common.snapshot import Snapshot
     from exporter.supervisor.extensions import Extension
     from exporter.supervisor.served import ServedState
@@ -51,91 +59,90 @@ METRICS = (RENDER_ERRORS,)
 
 
 class _Families:
-    """A ``collect()``-able bag of families that merges families of the same name."""
+    """A bag of families that merges families of the same name (rows appended to the first)."""
 
     def __init__(self) -> None:
-        self._by_name: dict[str, Metric] = {}
+        self._by_name: dict[str, Family] = {}
 
-    def add(self, metrics: Iterable[Metric]) -> None:
-        for m in metrics:
-            have = self._by_name.get(m.name)
+    def add(self, families: Iterable[Family]) -> None:
+        for fam in families:
+            have = self._by_name.get(fam.spec.name)
             if have is None:
-                self._by_name[m.name] = m
+                self._by_name[fam.spec.name] = fam
             else:
-                have.samples.extend(m.samples)
+                have.rows.extend(fam.rows)
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         return iter(self._by_name.values())
 
 
-class _One:
-    """A registry of one family, for encoding families one at a time."""
+@dataclass
+class _Part:
+    """One family of the exposition: its headers (text, OpenMetrics) and its sample lines, in pieces
+    (a family that several sources add, e.g. per-GPU and per-MIG-device series, has several)."""
 
-    def __init__(self, metric: Metric) -> None:
-        self.metric = metric
-
-    def collect(self) -> Iterator[Metric]:
-        yield self.metric
-
-
-_OM_EOF = b"# EOF\n"
+    text_header: bytes
+    om_header: bytes
+    lines: list[bytes]
 
 
-def _encode(metrics: list[Metric], openmetrics: bool, dropped: collections.Counter[str]) -> bytes:
-    """Encode family by family; a family that cannot be encoded is retried sample by sample, and
-    only the samples that fail are dropped (counted in ``dropped`` by family, logged once)."""
+class _Exposition:
+    """The families of one rendering in order, written as they are added; a family added again
+    under the same name gets its lines appended (one header). Series that cannot be encoded are
+    counted in :attr:`pending` and added to the render-error counter after the counter's own
+    family is written (as it always was: a rendering shows the drops of the renderings before it).
 
-    def generate(metric: Metric) -> bytes:
-        if openmetrics:
-            out: bytes = om_format.generate_latest(_One(metric))  # type: ignore[no-untyped-call, arg-type, unused-ignore]
-            return out[: -len(_OM_EOF)] if out.endswith(_OM_EOF) else out
-        return text_format.generate_latest(_One(metric))  # type: ignore[arg-type, unused-ignore]
+    Args:
+        written: the lines of each family of the last rendering with the rows they were written
+            from (:attr:`RenderCache.written`), reused for a family whose rows are equal; None: none.
+    """
 
-    parts = []
-    for metric in metrics:
-        try:
-            parts.append(generate(metric))
-            continue
-        except Exception:  # noqa: BLE001 - one family must not cost the exposition
-            log_once(
-                log, logging.ERROR, ("encode", metric.name), "family %s cannot be encoded", metric.name, exc_info=True
-            )
-        keep = []
-        for sample in metric.samples:
-            probe = copy.copy(metric)
-            probe.samples = [sample]
-            try:
-                generate(probe)
-                keep.append(sample)
-            except Exception:  # noqa: BLE001
-                dropped[metric.name] += 1
-        if keep or not metric.samples:
-            probe = copy.copy(metric)
-            probe.samples = keep
-            try:
-                parts.append(generate(probe))
-            except Exception:  # noqa: BLE001 - the HELP text itself cannot be encoded
-                dropped[metric.name] += 1
-    if openmetrics:
-        parts.append(_OM_EOF)
-    return b"".join(parts)
+    def __init__(self, written: dict[tuple[str, int], tuple[list[Any], tuple[str, ...], bytes]] | None = None) -> None:
+        self.parts: dict[str, _Part] = {}
+        self.pending: collections.Counter[str] = collections.Counter()
+        self._written = written
+        self._seen: collections.Counter[str] = collections.Counter()
+
+    def add(self, families: Iterable[Family]) -> None:
+        for fam in families:
+            self.add_lines(fam.spec, fam.labels, self._lines(fam))
+
+    def _lines(self, fam: Family) -> bytes:
+        if self._written is None:
+            return textformat.encode_lines(fam, self.pending)
+        key = (fam.spec.name, self._seen[fam.spec.name])  # the n-th family of this name in the rendering
+        self._seen[fam.spec.name] += 1
+        have = self._written.get(key)
+        if have is not None and have[1] == fam.labels and have[0] == fam.rows:
+            return have[2]
+        drops = collections.Counter[str]()
+        lines = textformat.encode_lines(fam, drops)
+        if drops:  # counted on every rendering: never kept
+            self.pending.update(drops)
+            self._written.pop(key, None)
+        else:
+            self._written[key] = (fam.rows, fam.labels, lines)
+        return lines
+
+    def add_lines(self, spec: MetricDef, labels: tuple[str, ...], lines: bytes) -> None:
+        part = self.parts.get(spec.name)
+        if part is None:
+            plan = textformat.plan(spec, labels)
+            self.parts[spec.name] = _Part(plan.text_header, plan.om_header, [lines])
+        else:
+            part.lines.append(lines)
 
 
 class Rendered:
     """One rendering: the text format eagerly; OpenMetrics and gzip bodies on first request, kept.
 
-    Rendering OpenMetrics costs about twice the text format in prometheus_client (it validates
-    every label name), and most scrapers of a cluster ask for one format only.
-
     Args:
-        families: the families to encode.
-        dropped: family name -> samples that could not be encoded (updated by this rendering).
+        parts: the families in order (headers and sample lines).
     """
 
-    def __init__(self, families: _Families, dropped: collections.Counter[str] | None = None) -> None:
-        self._metrics = list(families.collect())
-        self._dropped = dropped if dropped is not None else collections.Counter()
-        self.text: bytes = _encode(self._metrics, False, self._dropped)
+    def __init__(self, parts: list[_Part]) -> None:
+        self._parts = parts
+        self.text: bytes = b"".join([b"".join([p.text_header, *p.lines]) for p in parts])
         self._openmetrics: bytes | None = None
         self._gzip: dict[bool, bytes] = {}
 
@@ -143,7 +150,7 @@ class Rendered:
     def openmetrics(self) -> bytes:
         """OpenMetrics 1.0.0 body (ends with ``# EOF``)."""
         if self._openmetrics is None:
-            self._openmetrics = _encode(self._metrics, True, collections.Counter())
+            self._openmetrics = b"".join([b"".join([p.om_header, *p.lines]) for p in self._parts]) + textformat.EOF
         return self._openmetrics
 
     def body(self, openmetrics: bool, gzipped: bool) -> bytes:
@@ -154,6 +161,46 @@ class Rendered:
         if openmetrics not in self._gzip:
             self._gzip[openmetrics] = gzip.compress(raw, compresslevel=6, mtime=0)
         return self._gzip[openmetrics]
+
+
+@dataclass
+class _Kept:
+    """One feature's lines and what they were made from."""
+
+    samples: list[tuple[GpuKey, Any]]
+    system: SystemInfo
+    families: list[tuple[MetricDef, tuple[str, ...], bytes]]
+
+
+class RenderCache:
+    """Each collector's written lines per feature, kept while its readings are unchanged (see the
+    module docstring). One per renderer; :func:`render` reads and updates it.
+
+    Attributes:
+        reused: features taken from the cache since it was made.
+        rendered: features rendered (and kept) since it was made.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[str, _Kept] = {}
+        self.written: dict[tuple[str, int], tuple[list[Any], tuple[str, ...], bytes]] = {}
+        """The other families' lines, by (name, n-th of that name), with the rows they were written from."""
+        self.reused = 0
+        self.rendered = 0
+
+    def lookup(self, feature: str, samples: list[tuple[GpuKey, Any]], system: SystemInfo) -> _Kept | None:
+        have = self._kept.get(feature)
+        if have is not None and have.samples == samples and (have.system is system or have.system == system):
+            self.reused += 1
+            return have
+        return None
+
+    def keep(self, feature: str, kept: _Kept) -> None:
+        self._kept[feature] = kept
+        self.rendered += 1
+
+    def forget(self, feature: str) -> None:
+        self._kept.pop(feature, None)
 
 
 def negotiate(accept: str | None) -> bool:
@@ -182,7 +229,19 @@ def negotiate(accept: str | None) -> bool:
     return best_om > 0 and best_om >= best_text
 
 
-def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
+def _by_feature(state: ServedState, snap: Snapshot) -> dict[str, list[tuple[GpuKey, Any]]]:
+    """Readings to render, by feature: every GPU that is up with fresh readings; identity always."""
+    fresh = {g.key for g in state.fresh_gpus() if g.up}  # a GPU that is not up has no readings
+    by_feature: dict[str, list[tuple[GpuKey, Any]]] = {}
+    for g in snap.gpus:
+        key = GpuKey(str(g.index), g.uuid)
+        for feature, reading in g.readings.items():
+            if g.key in fresh or feature == "identity":  # identity is static: never dropped
+                by_feature.setdefault(feature, []).append((key, reading))
+    return by_feature
+
+
+def gpu_families(state: ServedState) -> tuple[list[Family], set[str]]:
     """Per-GPU families; returns (families, features whose rendering failed).
 
     What the supervisor owns is rendered whatever the age of the readings: the GPUs' state
@@ -196,29 +255,66 @@ def gpu_families(state: ServedState) -> tuple[list[Metric], set[str]]:
     snap = state.last
     failed: set[str] = set()
     if snap is not None:
-        fresh = {g.key for g in state.fresh_gpus() if g.up}  # a GPU that is not up has no readings
-        by_feature: dict[str, list[tuple[GpuKey, Any]]] = {}
-        for g in snap.gpus:
-            key = GpuKey(str(g.index), g.uuid)
-            for feature, reading in g.readings.items():
-                if g.key in fresh or feature == "identity":  # identity is static: never dropped
-                    by_feature.setdefault(feature, []).append((key, reading))
-        for feature, samples in by_feature.items():
+        for feature, samples in _by_feature(state, snap).items():
             if not _render_feature(bag, feature, samples, snap, state.render_errors):
                 failed.add(feature)
-        bag.add(plausibility.families([(GpuKey(str(g.index), g.uuid), g.dropped) for g in snap.gpus if g.key in fresh]))
+    _supervisor_gpu_families(bag.add, state, snap)
+    families = list(bag.collect())
+    labelers = [e for e in state.active_extensions() if e.relabels_gpus]
+    for ext in labelers:
+        families = [_with_pod_labels(f, ext) for f in families]
+    return families, failed
+
+
+def _supervisor_gpu_families(
+    add: Callable[[Iterable[Family]], None], state: ServedState, snap: Snapshot | None
+) -> None:
+    """The per-GPU families that follow the collectors': the readings dropped as implausible, Xid
+    and event counters, then extensions'."""
+    if snap is not None:
+        fresh = {g.key for g in state.fresh_gpus() if g.up}
+        add(plausibility.families([(GpuKey(str(g.index), g.uuid), g.dropped) for g in snap.gpus if g.key in fresh]))
     live = [g.uuid for g in state.fresh_gpus() if g.up]
-    bag.add(apis.families(g for g in state.fresh_gpus() if g.up))
-    bag.add(state.xids.families(live, state.gpu_index, now=state.verdicts.clock()))
+    add(apis.families(g for g in state.fresh_gpus() if g.up))
+    add(state.xids.families(live, state.gpu_index, now=state.verdicts.clock()))
     for ext in state.active_extensions():
         if snap is not None:
             call = functools.partial(ext.gpu_families, snap)
-            bag.add(_guarded(ext, "gpu_families", call, state.render_errors))
-    metrics = list(bag.collect())
-    labelers = [e for e in state.active_extensions() if e.relabels_gpus]
-    for ext in labelers:
-        metrics = [_with_pod_labels(m, ext) for m in metrics]
-    return metrics, failed
+            add(_guarded(ext, "gpu_families", call, state.render_errors))
+
+
+def _cached_gpu_families(out: _Exposition, state: ServedState, cache: RenderCache) -> set[str]:
+    """:func:`gpu_families` written into ``out``, each collector's lines from ``cache`` while its
+    readings are unchanged; returns the features whose rendering failed."""
+    out.add(state.health.families(state.fresh_snapshot() is not None))
+    out.add(state.verdicts.families())
+    snap = state.last
+    failed: set[str] = set()
+    if snap is not None:
+        for feature, samples in _by_feature(state, snap).items():
+            kept = cache.lookup(feature, samples, snap.system)
+            if kept is None:
+                bag = _Families()
+                if not _render_feature(bag, feature, samples, snap, state.render_errors):
+                    failed.add(feature)
+                    cache.forget(feature)
+                    out.add(bag.collect())
+                    continue
+                drops = collections.Counter[str]()
+                written = [(f.spec, f.labels, textformat.encode_lines(f, drops)) for f in bag.collect()]
+                if drops:
+                    out.pending.update(drops)
+                    cache.forget(feature)
+                else:
+                    kept = _Kept(samples, snap.system, written)
+                    cache.keep(feature, kept)
+                for spec, labels, lines in written:
+                    out.add_lines(spec, labels, lines)
+                continue
+            for spec, labels, lines in kept.families:
+                out.add_lines(spec, labels, lines)
+    _supervisor_gpu_families(out.add, state, snap)
+    return failed
 
 
 def _render_feature(
@@ -253,8 +349,8 @@ def _render_feature(
 
 
 def _guarded(
-    ext: Extension, hook: str, call: Callable[[], Iterable[Metric]], dropped: collections.Counter[str]
-) -> Iterable[Metric]:
+    ext: Extension, hook: str, call: Callable[[], Iterable[Family]], dropped: collections.Counter[str]
+) -> Iterable[Family]:
     """An extension's families; an extension that raises costs only its own families, each counted
     in ``dropped`` (its per-GPU families for ``gpu_families``, the others for ``self_families``)."""
     try:
@@ -275,7 +371,10 @@ def _guarded(
         return []
 
 
-def _with_pod_labels(metric: Metric, ext: Extension) -> Metric:
+POD_LABELS = ("namespace", "pod", "container")
+
+
+def _with_pod_labels(fam: Family, ext: Extension) -> Family:
     """Add namespace/pod/container labels to every sample of a per-GPU family (NVGPU_POD_LABELS).
 
     A GPU held by exactly one container gets its names; an unassigned or shared GPU (time-slicing:
@@ -283,27 +382,31 @@ def _with_pod_labels(metric: Metric, ext: Extension) -> Metric:
     one MIG device (``mig_uuid``) gets the container holding that MIG device; the parent GPU's own
     series get none (MIG pods hold instances, not the GPU).
     """
-    first = metric.samples[0].labels if metric.samples else {}
-    if "uuid" not in first or "pod" in first:  # not per GPU, or already per pod (pod info, per-pod/process usage)
-        return metric
-    samples = []
-    for s in metric.samples:
-        ns, pod, container = ext.gpu_labels(s.labels.get("mig_uuid") or s.labels["uuid"])
-        samples.append(s._replace(labels={**s.labels, "namespace": ns, "pod": pod, "container": container}))
-    metric.samples = samples
-    return metric
+    if not fam.rows or "uuid" not in fam.labels or "pod" in fam.labels:
+        return fam  # nothing to label, not per GPU, or already per pod (pod info, per-pod/process usage)
+    uuid_at = fam.labels.index("uuid")
+    mig_at = fam.labels.index("mig_uuid") if "mig_uuid" in fam.labels else -1
+    out = Family(fam.spec, (*fam.labels, *POD_LABELS))
+    for values, value in fam.rows:
+        holder = (values[mig_at] if 0 <= mig_at < len(values) else "") or values[uuid_at]
+        out.rows.append(((*values, *ext.gpu_labels(holder)), value))
+    return out
 
 
-def render(state: ServedState) -> Rendered:
-    """Both encodings of the current state."""
-    bag = _Families()
-    gpu, failed = gpu_families(state)
-    bag.add(gpu)
-    bag.add(selfmetrics.families(state, failed))
+def render(state: ServedState, cache: RenderCache | None = None) -> Rendered:
+    """Both encodings of the current state; ``cache``: see the module docstring."""
+    out = _Exposition(cache.written if cache is not None else None)
+    if cache is not None and not any(e.relabels_gpus for e in state.active_extensions()):
+        failed = _cached_gpu_families(out, state, cache)
+    else:
+        gpu, failed = gpu_families(state)
+        out.add(gpu)
+    out.add(selfmetrics.families(state, failed))
     for ext in state.active_extensions():
-        bag.add(_guarded(ext, "self_families", ext.self_families, state.render_errors))
+        out.add(_guarded(ext, "self_families", ext.self_families, state.render_errors))
     errors = RENDER_ERRORS.family()
     for family, count in sorted(state.render_errors.items()):
         errors.add_labels([family], count)
-    bag.add([errors.always()])
-    return Rendered(bag, state.render_errors)
+    out.add([errors])
+    state.render_errors.update(out.pending)
+    return Rendered(list(out.parts.values()))

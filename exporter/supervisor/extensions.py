@@ -21,8 +21,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.common.metric import MetricDef
     from exporter.common.snapshot import Snapshot
     from guards.features import FeatureState

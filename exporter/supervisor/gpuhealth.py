@@ -41,8 +41,7 @@ from exporter.common.metric import GpuKey, MetricDef
 from exporter.common.workerconfig import Exclusion, GpuRef
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.common.snapshot import GpuSample, Snapshot
 
 log = logging.getLogger("exporter.supervisor")

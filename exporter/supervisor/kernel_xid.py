@@ -1,8 +1,10 @@
 """The ``kernel_xid`` feature: Xid lines from ``/dev/kmsg`` (or a file), counted once.
 
-A supervisor extension (:mod:`exporter.supervisor.extensions`). Every :data:`KMSG_POLL_S` seconds it reads
-new kernel-log records in a thread (:class:`exporter.supervisor.xid.reader.KmsgReader`, which keeps a
-cursor across restarts), maps each Xid's PCI bus id to the GPU's UUID through the last snapshot,
+A supervisor extension (:mod:`exporter.supervisor.extensions`). It reads new kernel-log records in a
+thread (:class:`exporter.supervisor.xid.reader.KmsgReader`, which keeps a cursor across restarts)
+when ``/dev/kmsg`` has some (``poll(2)`` says it is readable: an idle kernel log costs nothing), at
+most every :data:`KMSG_POLL_S` seconds; a text log, or a device that cannot be polled, is read every
+:data:`KMSG_POLL_S` seconds. It maps each Xid's PCI bus id to the GPU's UUID through the last snapshot,
 and counts it unless the same Xid already arrived as an NVML event
 (:class:`exporter.supervisor.xid.dedupe.XidDeduplicator`, both directions: :meth:`KernelXid.accept_xid`
 filters the NVML side). The line's ``pid=`` and ``name=`` go with the Xid either way: on the
@@ -31,8 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -45,14 +49,13 @@ from exporter.supervisor.extensions import Extension, Host
 from guards import features as gf
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.common.snapshot import Snapshot
     from exporter.config import Config
     from exporter.supervisor.xid.parse import KernelXidEvent
 
 log = logging.getLogger(__name__)
-KMSG_POLL_S = 2.0
+KMSG_POLL_S = 2.0  # at most one read of the kernel log this often (and every this often if it cannot be polled)
 POLL_DEADLINE_S = 10.0  # a poll reads at most 4 MiB: longer than this is a hung mount
 PENDING_MAX = 1000
 
@@ -94,6 +97,7 @@ class KernelXid(Extension):
         self.dedupe = XidDeduplicator()
         self.up: bool | None = None
         self.pending: list[KernelXidEvent] = []  # events waiting for a bus id -> UUID mapping
+        self._pollable: bool | None = None  # the open log is a character device that poll(2) takes
         self.wall_to_mono: float | None = None  # time.monotonic() - time.time() when the log was first read
         self.in_future: collections.Counter[tuple[str, str]] = collections.Counter()  # (gpu, uuid) -> Xids
 
@@ -203,6 +207,7 @@ class KernelXid(Extension):
         from exporter.supervisor.xid.reader import KernelLogUnavailable
 
         while True:
+            polled_at = time.monotonic()
             try:
                 events = await self._poll(host)
             except KernelLogUnavailable as exc:
@@ -217,4 +222,31 @@ class KernelXid(Extension):
                 self.wall_to_mono = time.monotonic() - time.time()
             if events or self.pending:
                 self.count(host, events)
-            await asyncio.sleep(KMSG_POLL_S)
+            await asyncio.sleep(max(0.0, KMSG_POLL_S - (time.monotonic() - polled_at)))
+            await self._readable()
+
+    async def _readable(self) -> None:
+        """Return once ``/dev/kmsg`` has a record to read (at once for a text log, or a device that
+        ``poll(2)`` does not take, such as ``/dev/zero``: those are read on the timer)."""
+        from exporter.supervisor.xid.reader import KernelLogUnavailable
+
+        try:
+            fd = self.reader.fileno()
+        except KernelLogUnavailable:  # not open (it opens on the next read): the timer decides
+            return
+        if self._pollable is None:
+            self._pollable = stat.S_ISCHR(os.fstat(fd).st_mode)
+        if not self._pollable:
+            return
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        try:
+            loop.add_reader(fd, lambda: None if ready.done() else ready.set_result(None))
+        except (OSError, ValueError, NotImplementedError):  # EPERM: a device without poll support
+            self._pollable = False
+            return
+        try:
+            await ready
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                loop.remove_reader(fd)

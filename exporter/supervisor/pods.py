@@ -51,8 +51,7 @@ from exporter.supervisor.extensions import Extension, Host
 from guards import features as gf
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.common.snapshot import Snapshot
     from exporter.config import Config
     from exporter.supervisor.podresources import DraDevice, PodRef
@@ -353,7 +352,7 @@ class PodAttribution(Extension):
             unsupported_reason,
         )
 
-        # grpcio and protobuf cost the supervisor about 10 MB (docs/performance.md): they load only
+        # h2 and protobuf cost the supervisor a few MB (docs/performance.md): they load only
         # once the kubelet's socket is there (never on a node without a kubelet).
         while True:
             try:

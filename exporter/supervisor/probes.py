@@ -8,11 +8,16 @@ deadlines, so a probe that hangs is killed and one that crashes names the call. 
 a time, and none while an earlier one is stuck unreaped in the driver (no pile-up). A probe that
 answers readmits the GPU (the running worker is told on its standard input); one that crashes or
 hangs counts toward its feature's quarantine like any worker.
+
+The loop sleeps until the earliest probe is due (:attr:`exporter.supervisor.gpuhealth.GpuRecord.next_probe`),
+or until :meth:`Prober.poke` says the schedule changed; it does not poll, except every
+:data:`PROBE_POLL_S` while an earlier probe is stuck unreaped (its end wakes nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +30,7 @@ from exporter.supervisor.quarantine import QuarantineStore
 from exporter.supervisor.served import ServedState
 from exporter.supervisor.workerproc import WorkerProcess, worker_config, worker_env
 
-PROBE_POLL_S = 1.0
+PROBE_POLL_S = 1.0  # while a probe is stuck unreaped in the driver: how often to look again
 
 
 class Prober:
@@ -63,11 +68,39 @@ class Prober:
         self.stopped = stopped
         self.probe: WorkerProcess | None = None  # the running (or unreaped) probe
         self._crumbs: BreadcrumbReader | None = None
+        self._wake = asyncio.Event()
+        self._sleeping_until: float | None = None  # the next_probe the loop sleeps for
+
+    def _earliest(self) -> float | None:
+        due = [r.next_probe for r in self.state.health.gpus.values() if r.next_probe is not None]
+        return min(due) if due else None
+
+    def poke(self) -> None:
+        """The probe schedule may have changed (a GPU hung, crashed, was readmitted) or the exporter
+        stops: wake the loop if it sleeps for another time than the earliest due now."""
+        if self.stopped() or self._earliest() != self._sleeping_until:
+            self._wake.set()
+        if self.stopped() and self.probe is not None:
+            self.probe.wake()
+
+    async def _sleep(self) -> None:
+        """Until the earliest probe is due, or :meth:`poke`; :data:`PROBE_POLL_S` while one is stuck."""
+        self._wake.clear()
+        earliest = self._earliest()
+        self._sleeping_until = earliest
+        stuck = self.probe is not None and self.probe.proc is not None and self.probe.proc.returncode is None
+        delay = None if earliest is None else max(0.0, earliest - self.state.health.clock())
+        if stuck:
+            delay = PROBE_POLL_S if delay is None else max(delay, PROBE_POLL_S)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
     async def loop(self, host: Any = None) -> None:
         """Start due probes, one at a time, until the exporter stops."""
         while not self.stopped():
-            await asyncio.sleep(PROBE_POLL_S)
+            await self._sleep()
+            if self.stopped():
+                return
             if self.probe is not None:
                 if self.probe.proc is not None and self.probe.proc.returncode is None:
                     continue  # an earlier probe is stuck in the driver: do not pile up another

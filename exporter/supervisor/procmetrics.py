@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from exporter.common.metric import MetricDef
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
+    from exporter.common.metric import Family as Metric
 
 
 def _m(name: str, help: str) -> MetricDef:

@@ -18,8 +18,7 @@ from exporter.common.metric import MetricDef, single
 from exporter.supervisor import procmetrics
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.supervisor.served import ServedState
 
 

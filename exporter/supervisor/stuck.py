@@ -43,8 +43,7 @@ from exporter.common.metric import GpuKey, MetricDef
 from exporter.supervisor.extensions import Extension
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.common.snapshot import Snapshot
 
 SUSPECTED = MetricDef(

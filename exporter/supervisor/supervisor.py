@@ -151,8 +151,7 @@ class Supervisor:
         self.selfcheck = selfcheck.run_in_process("supervisor")
         if config.selfcheck != "off":
             self.state.selfchecks["supervisor"] = self.selfcheck
-
-    # -- messages ----------------------------------------------------------------------------
+        state.subscribe(lambda: _follow_changes(self))
 
     def handle(self, msg: Message) -> None:
         """Apply one decoded message from the worker, then ask for a new rendering. A failure here
@@ -389,7 +388,7 @@ class Supervisor:
     async def stop(self) -> None:
         """Stop the worker in order (drain, nvmlShutdown, exit) and end :meth:`run`."""
         self._stopping = True
-        self._wake.set()
+        _follow_changes(self, stopping=True)
 
     def close(self) -> None:
         """Release the shared memory."""
@@ -407,3 +406,14 @@ def _event_gpu(health: GpuHealth, msg: NvmlEvent) -> tuple[str, str]:
     if rec is None:
         return ("" if msg.gpu is None else str(msg.gpu)), msg.uuid
     return str(rec.index), rec.uuid
+
+
+def _follow_changes(sup: Supervisor, stopping: bool = False) -> None:
+    """After every change of the served state (and when stopping: :meth:`Supervisor.run` too): wake
+    what waits on a condition that may have turned (the worker's watch on stopping or replacing it,
+    the probe schedule); nothing polls."""
+    if stopping:
+        sup._wake.set()
+    if sup.current is not None and (sup._stopped() or sup.accountant.replace_worker):
+        sup.current.wake()
+    sup.prober.poke()

@@ -39,8 +39,7 @@ from exporter.supervisor.classify import (
 from exporter.supervisor.faulttable import CAUSES, RANK, RECUR_WINDOW_S, Fault, fault
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.common.snapshot import GpuSample
     from exporter.supervisor.gpuhealth import GpuRecord
 

@@ -2,12 +2,16 @@
 
 :meth:`WorkerProcess.run` starts ``python -m exporter.worker`` (spawn/exec: NVML state is not
 fork-safe) with the message pipe and the breadcrumb memory passed as descriptors, decodes each
-message once (:func:`exporter.common.snapshot.decode_message`) and hands it to ``on_message``, echoes the
+message once (:class:`exporter.common.snapshot.SnapshotDecoder`: one per worker, so repeated readings
+are reused from its last snapshot) and hands it to ``on_message``, echoes the
 worker's stderr while keeping its tail (the faulthandler stack of a crash), and watches the
 deadline: ``init_deadline_s`` until the worker's ``hello``, then ``interval_s + sample_deadline_s``
-after each snapshot. A worker past its deadline is asked to stop (SIGTERM), then killed (SIGKILL);
-one that survives SIGKILL (uninterruptible sleep in the driver) is reported as not reaped and left
-to the caller. It returns how the worker ended; what happens next is :mod:`exporter.supervisor.policy`'s call.
+after each snapshot, on a timer armed for the deadline itself (no polling: the loop wakes when the
+worker exits, when the deadline passes, or when :meth:`WorkerProcess.wake` is called because the
+caller's ``stopping()`` may have turned true). A worker past its deadline is asked to stop
+(SIGTERM), then killed (SIGKILL); one that survives SIGKILL (uninterruptible sleep in the driver) is
+reported as not reaped and left to the caller. It returns how the worker ended; what happens next is
+:mod:`exporter.supervisor.policy`'s call.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from exporter.common import fileio, protocol
 from exporter.common.breadcrumb import Breadcrumb, BreadcrumbReader
 from exporter.common.logs import WorkerLogRelay, log_once
-from exporter.common.snapshot import Hello, Message, Progress, Snapshot, decode_message
+from exporter.common.snapshot import Hello, Message, Progress, Snapshot, SnapshotDecoder
 from exporter.common.workerconfig import ENV_VAR, CollectorOptions, Exclusion, GpuRef, ProcessOptions, WorkerConfig
 from exporter.supervisor.policy import Outcome
 
@@ -40,7 +44,6 @@ log = logging.getLogger("exporter.supervisor")
 KILL_GRACE_S = 2.0  # SIGTERM -> SIGKILL
 REAP_WAIT_S = 5.0  # SIGKILL -> "cannot be reaped"
 STDERR_LINES = 400
-POLL_S = 0.25
 _CURRENT_THREAD = re.compile(r"Current thread (0x[0-9a-fA-F]+)")
 STDERR_CHUNK = 64 << 10  # bytes read from the worker's stderr at a time
 MAX_LINE = 8 << 10  # bytes of one stderr line kept; the rest is dropped and counted
@@ -94,6 +97,8 @@ class WorkerProcess:
         self.last_message_mono = 0.0
         self.spawned_mono = 0.0
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        self.decoder = SnapshotDecoder()
+        self._wake = asyncio.Event()
 
     @property
     def pid(self) -> int | None:
@@ -142,25 +147,19 @@ class WorkerProcess:
             raise
         return reader
 
+    def wake(self) -> None:
+        """Make :meth:`run` look at ``stopping()`` now (the caller changed what it returns)."""
+        self._wake.set()
+
     async def run(self, reader: asyncio.StreamReader, stopping: Callable[[], bool], drain_s: float) -> Outcome:
-        """Watch the spawned worker until it ends (or ``stopping()``); returns how it ended."""
+        """Watch the spawned worker until it ends (or ``stopping()``, looked at on :meth:`wake`);
+        returns how it ended."""
         proc = self.proc
         assert proc is not None and proc.stderr is not None
         msg_task = asyncio.ensure_future(self._read_messages(reader))
         err_task = asyncio.ensure_future(self._read_stderr(proc.stderr))
         wait_task = asyncio.ensure_future(proc.wait())
-        crumb: Breadcrumb | None = None
-        reaped = True
-        while not stopping():
-            done, _ = await asyncio.wait({wait_task}, timeout=POLL_S)
-            if done:
-                break
-            if time.monotonic() > self._deadline():
-                crumb = self.blame("")
-                self._log_hang(crumb)
-                self.killed_for_hang = True
-                reaped = await self.kill(wait_task)
-                break
+        crumb, reaped = await _watch(self, wait_task, stopping)
         if stopping() and not wait_task.done():
             reaped = await self.stop(wait_task, drain_s)
         if reaped:
@@ -217,7 +216,7 @@ class WorkerProcess:
             if not line:
                 return
             try:
-                msg = decode_message(protocol.decode(line))
+                msg = self.decoder.decode_message(protocol.decode(line))
             except protocol.ProtocolError as exc:
                 log_once(log, logging.ERROR, ("protocol", str(exc)[:80]), "%s", exc)
                 continue
@@ -226,7 +225,9 @@ class WorkerProcess:
                 continue
             if isinstance(msg, (Hello, Snapshot)):  # sampling runs; events come from another thread
                 self.last_message_mono = time.monotonic()
-                self.hello = True
+                if not self.hello:
+                    self.hello = True
+                    self._wake.set()  # the sample deadline replaces the init deadline: it may be sooner
             elif isinstance(msg, Progress):  # an init step finished: the init deadline starts again
                 self.last_message_mono = time.monotonic()
             try:
@@ -455,6 +456,35 @@ class _StderrBlock:
             log.warning("worker %s wrote to stderr: %s", pid, text, extra={"worker_pid": pid})
         else:
             log.warning("worker %s wrote to stderr: %s", pid, last, extra={"worker_pid": pid, "stderr": text})
+
+
+async def _watch(
+    w: WorkerProcess, wait_task: asyncio.Future[Any], stopping: Callable[[], bool]
+) -> tuple[Breadcrumb | None, bool]:
+    """:meth:`WorkerProcess.run`'s wait: until the worker exits, ``stopping()`` (looked at on
+    :meth:`WorkerProcess.wake`) or its deadline passes (then it is killed); returns (the call to
+    blame for a hang, whether the process was reaped)."""
+    woken: asyncio.Future[Any] | None = None
+    try:
+        while not stopping():
+            left = w._deadline() - time.monotonic()
+            if left < 0:
+                crumb = w.blame("")
+                w._log_hang(crumb)
+                w.killed_for_hang = True
+                return crumb, await w.kill(wait_task)
+            if woken is None or woken.done():
+                w._wake.clear()
+                woken = asyncio.ensure_future(w._wake.wait())
+            # the deadline only moves later while this waits (each message), except at the
+            # hello, which wakes it (the init deadline gives way to the sample deadline)
+            done, _ = await asyncio.wait({wait_task, woken}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if wait_task in done:
+                break
+    finally:
+        if woken is not None:
+            woken.cancel()
+    return None, True
 
 
 def _log_error(doing: str) -> None:

@@ -28,7 +28,7 @@ from exporter.common.metric import GpuKey, MetricDef
 from exporter.supervisor import xid as xid_catalog
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
+    from exporter.common.metric import Family as Metric
 
 log = logging.getLogger("exporter.supervisor")
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}  # catalog severity

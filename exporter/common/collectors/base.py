@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.common.metric import GpuKey, MetricDef
     from exporter.common.plausibility import Check
     from exporter.worker.nvml.client import DeviceClient

@@ -44,9 +44,8 @@ from exporter.common.metric import GpuKey, MetricDef
 from exporter.common.plausibility import Check, Exempt, in_future
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
     from exporter.common.collectors.base import SystemInfo
+    from exporter.common.metric import Family as Metric
     from exporter.common.workerconfig import ProcessOptions
     from exporter.worker.nvml.client import DeviceClient
     from exporter.worker.process_attribution import HostView, Proc

@@ -34,9 +34,8 @@ from exporter.common.metric import GpuKey, MetricDef
 from exporter.common.plausibility import Check, Range
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
     from exporter.common.collectors.base import SystemInfo
+    from exporter.common.metric import Family as Metric
     from exporter.worker.nvml.client import DeviceClient
 
 FEATURE = "temperature"

@@ -57,8 +57,7 @@ from exporter.common.metric import MetricDef, single
 from exporter.supervisor.extensions import Extension, Host
 
 if TYPE_CHECKING:
-    from prometheus_client.core import Metric
-
+    from exporter.common.metric import Family as Metric
     from exporter.supervisor.http.webtls import WebConfigWatcher
 
 log = logging.getLogger(__name__)

@@ -81,7 +81,8 @@ class Renderer:
 
     def __init__(self, state: ServedState) -> None:
         self.state = state
-        self.current = exposition.render(state)
+        self.cache = exposition.RenderCache()
+        self.current = exposition.render(state, self.cache)
         self.rendered_mono = time.monotonic()
         self._pending = False
         self.renders = 0
@@ -107,7 +108,7 @@ class Renderer:
         self._pending = False
         self.rendered_mono = time.monotonic()  # a failing render is not retried on every request
         try:
-            self.current = exposition.render(self.state)
+            self.current = exposition.render(self.state, self.cache)
             self.renders += 1
             self.state.render_failed = None
         except Exception as exc:  # the previous rendering stays; /readyz says so until one works

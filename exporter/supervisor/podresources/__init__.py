@@ -1,6 +1,6 @@
 """kubelet PodResources v1 client: which namespace, pod and container holds each GPU.
 
-Importing this package imports only the standard library; grpcio and protobuf (the
+Importing this package imports only the standard library; h2 and protobuf (the
 ``kubernetes`` extra) load when a :class:`PodResourcesClient` is built.
 """
 

@@ -21,13 +21,16 @@ UUID). A device of a GPU driver that neither names is returned unmapped, never d
 (:func:`assignments`). These functions take the parsed ``ListPodResourcesResponse``: the
 transport only has to deliver that message.
 
-grpcio and protobuf are an optional extra (``nvgpu-exporter[kubernetes]``). They are imported
-only when a client is built, through :func:`importlib.import_module`, so the exporter imports and
-runs without them; the feature then reports itself unsupported (:class:`PodResourcesUnsupported`,
-:func:`unsupported_reason`).
+The calls go over HTTP/2 with ``h2`` (:mod:`exporter.supervisor.podresources.transport`) and the
+messages are the generated protobuf classes (``v1/api_pb2.py``, parsed by the protobuf runtime),
+so a caller gets the same message objects as from a grpcio stub. h2 and protobuf are an optional
+extra (``nvgpu-exporter[kubernetes]``). They are imported only when a client is built, through
+:func:`importlib.import_module`, so the exporter imports and runs without them; the feature then
+reports itself unsupported (:class:`PodResourcesUnsupported`, :func:`unsupported_reason`).
 
-Every call is a blocking gRPC call with a deadline. The supervisor runs them in a thread
-executor on an interval, never on the event loop. Failures of the socket or the call raise one
+Every call is a blocking call with a deadline, on a connection of its own (a restarted kubelet,
+a new socket, is reached on the next call). The supervisor runs them in a thread executor on an
+interval, never on the event loop. Failures of the socket or the call raise one
 class, :class:`PodResourcesError`, whose message says what to fix and whose ``reason`` is a short
 stable word for metrics and log-once keys.
 """
@@ -78,6 +81,7 @@ def is_gpu_resource(resource: str) -> bool:
 _REPLICA_SEPARATOR = "::"
 
 _INSTALL_HINT = "install the 'kubernetes' extra: pip install 'nvgpu-exporter[kubernetes]'"
+SERVICE = "/v1.PodResourcesLister/"  # package v1, service PodResourcesLister (proto/podresources/v1/api.proto)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -220,16 +224,15 @@ class PodResourcesError(Exception):
 
 
 class PodResourcesUnsupported(Exception):
-    """grpcio/protobuf are missing or of an unusable version: pod attribution cannot run."""
+    """h2/protobuf are missing or of an unusable version: pod attribution cannot run."""
 
 
 class _Api:
-    """The lazily imported gRPC pieces (typed as Any at this boundary: grpc ships no stubs)."""
+    """The lazily imported pieces: the generated messages (typed as Any at this boundary)."""
 
-    def __init__(self, grpc: ModuleType, pb2: ModuleType, pb2_grpc: ModuleType) -> None:
-        self.grpc = grpc
+    def __init__(self, transport: ModuleType, pb2: ModuleType) -> None:
+        self.transport = transport
         self.pb2 = pb2
-        self.pb2_grpc = pb2_grpc
 
 
 _api_lock = threading.Lock()
@@ -238,7 +241,7 @@ _api_error: str | None = None
 
 
 def _load_api() -> _Api:
-    """Import grpc and the generated modules once; raise PodResourcesUnsupported on failure."""
+    """Import h2 and the generated messages once; raise PodResourcesUnsupported on failure."""
     global _api, _api_error
     with _api_lock:
         if _api is not None:
@@ -246,19 +249,21 @@ def _load_api() -> _Api:
         if _api_error is not None:
             raise PodResourcesUnsupported(_api_error)
         try:
-            grpc = importlib.import_module("grpc")
+            # everything a call needs, now: a process that drops privileges afterwards may no
+            # longer read its own library directories
+            transport = importlib.import_module("exporter.supervisor.podresources.transport")
             pb2 = importlib.import_module("exporter.supervisor.podresources.v1.api_pb2")
-            pb2_grpc = importlib.import_module("exporter.supervisor.podresources.v1.api_pb2_grpc")
         except ImportError as exc:
-            _api_error = f"pod attribution needs grpcio and protobuf ({exc}); {_INSTALL_HINT}"
+            _api_error = f"pod attribution needs h2 and protobuf ({exc}); {_INSTALL_HINT}"
         except Exception as exc:
-            # The generated modules carry no version guard (regenerate.py: grpcio-tools 1.62.3), but
-            # a protobuf or grpcio outside the tested range may still fail to load them.
+            # The generated module carries no version guard (regenerate.py: grpcio-tools 1.62.3), but
+            # a protobuf outside the tested range may still fail to load it.
             _api_error = (
-                f"pod attribution cannot load its generated gRPC modules: {type(exc).__name__}: {exc}; {_INSTALL_HINT}"
+                f"pod attribution cannot load its generated protobuf messages: {type(exc).__name__}: {exc}; "
+                f"{_INSTALL_HINT}"
             )
         else:
-            _api = _Api(grpc, pb2, pb2_grpc)
+            _api = _Api(transport, pb2)
             return _api
         raise PodResourcesUnsupported(_api_error)
 
@@ -372,8 +377,8 @@ def _socket_error(socket_path: str, reason: str, detail: str) -> PodResourcesErr
 def check_socket(socket_path: str) -> None:
     """Fail with a clear message if ``socket_path`` is not a unix socket this process can connect to.
 
-    Standard library only (no gRPC import): the supervisor checks the socket before it loads
-    grpcio and protobuf, which cost it about 10 MB (docs/performance.md).
+    Standard library only: the supervisor checks the socket before it loads h2 and protobuf
+    (a few MB, docs/performance.md).
 
     Raises:
         PodResourcesError: reason ``socket_missing``, ``permission_denied`` or ``not_a_socket``.
@@ -410,16 +415,14 @@ def check_socket(socket_path: str) -> None:
 class PodResourcesClient:
     """Blocking client of the kubelet's PodResources v1 service on a unix socket.
 
-    Thread-safe; meant to be called from a thread executor. One gRPC channel is kept and dropped
-    after a connection failure, so a restarted kubelet (a new socket) is reached on the next call
-    instead of after gRPC's reconnect backoff.
+    Thread-safe (each call has its own connection); meant to be called from a thread executor.
 
     Args:
         socket_path: the kubelet's pod-resources socket.
         timeout_s: deadline of each call, connection included, in seconds.
 
     Raises:
-        PodResourcesUnsupported: grpcio/protobuf missing or unusable (nothing is connected yet).
+        PodResourcesUnsupported: h2/protobuf missing or unusable (nothing is connected yet).
         ValueError: timeout_s is not positive.
     """
 
@@ -429,9 +432,6 @@ class PodResourcesClient:
         self._api = _load_api()
         self.socket_path = socket_path
         self.timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._channel: Any = None
-        self._stub: Any = None
 
     def __enter__(self) -> PodResourcesClient:
         return self
@@ -440,11 +440,28 @@ class PodResourcesClient:
         self.close()
 
     def close(self) -> None:
-        """Close the gRPC channel; a later call opens a new one."""
-        with self._lock:
-            channel, self._channel, self._stub = self._channel, None, None
-        if channel is not None:
-            channel.close()
+        """Nothing is kept between calls; kept so that callers can close what they built."""
+
+    def list(self) -> Any:
+        """Call ``List``: the ``v1.ListPodResourcesResponse`` message (generated class).
+
+        Raises:
+            PodResourcesError: socket missing/unreadable, kubelet unavailable, timeout, RPC error.
+        """
+        return self._call("List", self._api.pb2.ListPodResourcesRequest(), self._api.pb2.ListPodResourcesResponse)
+
+    def get_allocatable_resources(self) -> Any:
+        """Call ``GetAllocatableResources``: the ``v1.AllocatableResourcesResponse`` message.
+
+        Raises:
+            PodResourcesError: as for :meth:`list` (reason ``unimplemented`` where the kubelet does
+                not serve the call).
+        """
+        return self._call(
+            "GetAllocatableResources",
+            self._api.pb2.AllocatableResourcesRequest(),
+            self._api.pb2.AllocatableResourcesResponse,
+        )
 
     def list_gpu_assignments(self) -> dict[str, tuple[PodRef, ...]]:
         """Call ``List`` and map each GPU/MIG UUID to the containers holding it.
@@ -455,8 +472,7 @@ class PodResourcesClient:
         Raises:
             PodResourcesError: socket missing/unreadable, kubelet unavailable, timeout, RPC error.
         """
-        response = self._call("List", self._api.pb2.ListPodResourcesRequest())
-        return gpu_assignments(response)
+        return gpu_assignments(self.list())
 
     def list_assignments(self, dra_uuids: Mapping[tuple[str, str, str], str] | None = None) -> Assignments:
         """Call ``List`` once and map it (:func:`assignments`): device-plugin and DRA GPUs, and
@@ -465,8 +481,7 @@ class PodResourcesClient:
         Raises:
             PodResourcesError: as for :meth:`list_gpu_assignments`.
         """
-        response = self._call("List", self._api.pb2.ListPodResourcesRequest())
-        return assignments(response, dra_uuids)
+        return assignments(self.list(), dra_uuids)
 
     def allocatable_gpus(self) -> dict[str, int] | None:
         """Call ``GetAllocatableResources``: the GPUs/MIG devices the node can hand out.
@@ -480,7 +495,7 @@ class PodResourcesClient:
             PodResourcesError: as for :meth:`list_gpu_assignments`.
         """
         try:
-            response = self._call("GetAllocatableResources", self._api.pb2.AllocatableResourcesRequest())
+            response = self.get_allocatable_resources()
         except PodResourcesError as exc:
             if exc.reason == "unimplemented":
                 return None
@@ -492,43 +507,28 @@ class PodResourcesClient:
     def _error(self, reason: str, detail: str) -> PodResourcesError:
         return _socket_error(self.socket_path, reason, detail)
 
-    def _check_socket(self) -> None:
-        """Fail with a clear message before gRPC turns the same problem into UNAVAILABLE."""
+    def _call(self, method: str, request: Any, response_class: Any) -> Any:
+        """One call; the socket is checked first, so its problems read better than UNAVAILABLE."""
+        transport = self._api.transport
         check_socket(self.socket_path)
-
-    def _get_stub(self) -> Any:
-        with self._lock:
-            if self._stub is None:
-                grpc = self._api.grpc
-                target = "unix://" + os.path.abspath(self.socket_path)
-                self._channel = grpc.insecure_channel(
-                    target,
-                    options=[
-                        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                        ("grpc.enable_http_proxy", 0),
-                    ],
-                )
-                self._stub = self._api.pb2_grpc.PodResourcesListerStub(self._channel)
-            return self._stub
-
-    def _call(self, method: str, request: Any) -> Any:
-        self._check_socket()
-        stub = self._get_stub()
-        grpc = self._api.grpc
         try:
-            return getattr(stub, method)(request, timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            code = exc.code()
-            details = exc.details()
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raw = transport.unary_call(
+                self.socket_path, SERVICE + method, request.SerializeToString(), self.timeout_s, MAX_MESSAGE_BYTES
+            )
+        except transport.CallFailed as exc:
+            code, details = exc.code, exc.details
+            if code == "DEADLINE_EXCEEDED":
                 raise self._error("timeout", f"{method} did not answer within {self.timeout_s:g} s") from None
-            if code == grpc.StatusCode.UNAVAILABLE:
-                self.close()
+            if code == "UNAVAILABLE":
                 raise self._error("unavailable", f"{method}: kubelet not reachable ({details})") from None
-            if code == grpc.StatusCode.UNIMPLEMENTED or (
+            if code == "UNIMPLEMENTED" or (
                 # With the KubeletPodResourcesGetAllocatable gate off (1.21-1.27), the kubelet
                 # answers Unknown "Pod Resources API GetAllocatableResources disabled".
-                code == grpc.StatusCode.UNKNOWN and "disabled" in (details or "").lower()
+                code == "UNKNOWN" and "disabled" in details.lower()
             ):
                 raise self._error("unimplemented", f"{method} is not served by this kubelet ({details})") from None
-            raise self._error("rpc_error", f"{method} failed: {code.name}: {details}") from None
+            raise self._error("rpc_error", f"{method} failed: {code}: {details}") from None
+        try:
+            return response_class.FromString(raw)
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError: a response we cannot parse
+            raise self._error("rpc_error", f"{method} answered a message that does not parse: {exc}") from None
