@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from exporter import __version__
 from exporter.checks import environment_problems, state_file_problem
 from exporter.common import protocol
-from exporter.config import DEFAULT_PORT, SETTINGS, Config, ConfigError, Setting
+from exporter.config import Config
+from exporter.settings import SETTINGS
+from exporter.settingvalues import DEFAULT_PORT, ConfigError, Setting
 
 if TYPE_CHECKING:  # imported where used: the CLI's subcommands must not pay for aiohttp
     from exporter.app import Exporter

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from exporter.checks import environment_problems, state_file_problem
-from exporter.config import DEFAULT_PORT, SETTINGS, Config, ConfigError, parse_listen_address
+from exporter.config import Config
+from exporter.settings import SETTINGS
+from exporter.settingvalues import DEFAULT_PORT, ConfigError, parse_listen_address
 from guards import features as gf
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,9 @@ import pynvml
 import pytest
 
 from exporter.common.scenarios import scenario, spec
-from exporter.config import SETTINGS, Config, Setting
+from exporter.config import Config
+from exporter.settings import SETTINGS
+from exporter.settingvalues import Setting
 from exporter.worker.fakenvml.binding import FakeNvml
 from guards.features import FEATURES
 

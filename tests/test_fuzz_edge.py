@@ -2,7 +2,7 @@
 lines and headers sent to a real server.
 
 - Configuration: any text in any ``NVGPU_*`` variable gives a :class:`~exporter.config.Config` or
-  a :class:`~exporter.config.ConfigError` whose one problem names the variable (a value that
+  a :class:`~exporter.settingvalues.ConfigError` whose one problem names the variable (a value that
   conflicts with another setting's default names both); nothing else.
 - HTTP: any request line and headers, complete or not, sent over a raw socket to a real exporter
   get an HTTP answer or a closed connection; afterwards ``/healthz`` answers, the supervisor is
@@ -25,7 +25,9 @@ import psutil
 import pytest
 from exporter_proc import Exporter
 
-from exporter.config import SETTINGS, Config, ConfigError
+from exporter.config import Config
+from exporter.settings import SETTINGS
+from exporter.settingvalues import ConfigError
 from guards import features as gf
 
 hypothesis = pytest.importorskip("hypothesis")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from tls_material import Material, make_material
 
-from exporter.config import Config, ConfigError
+from exporter.config import Config
+from exporter.settingvalues import ConfigError
 from exporter.supervisor.http import webconfig
 from exporter.supervisor.http.webauth import RateLimiter
 from exporter.supervisor.http.webconfig import WebConfigError, load

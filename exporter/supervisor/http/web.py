@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import aiohttp.web_response
 from aiohttp import web
 
-from exporter.config import PROBE_PATHS
+from exporter.settingvalues import PROBE_PATHS
 from exporter.supervisor import exposition, statuspage
 from exporter.supervisor.http.httpedge import HttpEdge, Listener
 from exporter.supervisor.http.webauth import BasicAuth, FailedLogins, RateLimiter
