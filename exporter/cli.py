@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print a bcrypt hash for basic_auth_users in the web config file (reads the password from the "
         "terminal, or one line of standard input)",
     )
-    from exporter.supervisor.http.webconfig import BCRYPT_MAX_COST, BCRYPT_MIN_COST
+    from exporter.supervisor.http.webmodel import BCRYPT_MAX_COST, BCRYPT_MIN_COST
 
     hp.add_argument(
         "--cost",
@@ -387,7 +387,7 @@ async def serve(config: Config) -> int:
     """Build the exporter (:func:`exporter.app.build`), then run it until SIGTERM/SIGINT; returns
     the exit code."""
     from exporter import app
-    from exporter.supervisor.http.webconfig import WebConfigError
+    from exporter.supervisor.http.webmodel import WebConfigError
 
     try:
         built = app.build(config)

@@ -289,7 +289,7 @@ def parse_web_config(name: str, text: str) -> str:
     path = text.strip()
     if not path:
         return ""
-    from exporter.supervisor.http.webconfig import WebConfigError
+    from exporter.supervisor.http.webmodel import WebConfigError
     from exporter.supervisor.http.webtls import load_bounded  # reads the file and every file it names
 
     try:
