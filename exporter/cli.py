@@ -25,7 +25,7 @@ from exporter.settingvalues import DEFAULT_PORT, ConfigError, Setting
 
 if TYPE_CHECKING:  # imported where used: the CLI's subcommands must not pay for aiohttp
     from exporter.app import Exporter
-    from exporter.supervisor.http.httpedge import Listener
+    from exporter.supervisor.http.listener import Listener
     from exporter.supervisor.http.webtls import WebConfigWatcher
     from exporter.supervisor.supervisor import Supervisor
 

@@ -1,6 +1,6 @@
 """Request-time checks of the web config: basic auth, client certificate SANs, the rate limit.
 
-The HTTP side (:mod:`exporter.supervisor.http.web`, :mod:`exporter.supervisor.http.httpedge`) calls these
+The HTTP side (:mod:`exporter.supervisor.http.web`, :mod:`exporter.supervisor.http.listener`) calls these
 for every request or connection, with the configuration in force (:mod:`exporter.supervisor.http.webconfig`):
 
 - :class:`BasicAuth`: RFC 7617 against bcrypt hashes; results cached, one bcrypt at a time on a
