@@ -340,7 +340,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 def _quarantine(config: Config, args: argparse.Namespace) -> int:
     from exporter.supervisor.quarantine import QuarantineStore
-    from guards.features import FEATURES
+    from guards.featuretable import FEATURES
 
     if args.clear and args.clear not in FEATURES:
         import difflib

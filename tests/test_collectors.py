@@ -15,7 +15,7 @@ from exporter.common.collectors import gpm
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.worker import process_attribution as attribution
 from exporter.worker.nvml.client import DeviceClient
-from guards.features import FEATURES
+from guards.featuretable import FEATURES
 
 
 def test_collectors_and_non_collectors_are_exactly_the_features() -> None:

@@ -18,7 +18,7 @@ from exporter.config import Config
 from exporter.settings import SETTINGS
 from exporter.settingvalues import Setting
 from exporter.worker.fakenvml.binding import FakeNvml
-from guards.features import FEATURES
+from guards.featuretable import FEATURES
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")

@@ -29,6 +29,7 @@ from exporter.config import Config
 from exporter.settings import SETTINGS
 from exporter.settingvalues import ConfigError
 from guards import features as gf
+from guards import featuretable
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -53,7 +54,7 @@ NEAR_MISSES = st.sampled_from(
 VALUES = st.one_of(ENV_TEXT, NEAR_MISSES)
 
 
-@pytest.mark.parametrize("var", [s.env for s in SETTINGS] + [gf.env_var(f) for f in sorted(gf.FEATURES)])
+@pytest.mark.parametrize("var", [s.env for s in SETTINGS] + [gf.env_var(f) for f in sorted(featuretable.FEATURES)])
 def test_every_variable_gives_a_config_or_a_problem_naming_it(var: str) -> None:
     @settings(max_examples=budget(40), derandomize=True, deadline=None, database=None)
     @given(VALUES)
