@@ -67,11 +67,12 @@ def worker_config(extra: dict[str, Any], backend: str = "nvml") -> dict[str, Any
     from exporter.config import Config
     from exporter.supervisor.workerproc import worker_config as build
     from guards import features as gf
+    from guards import featuretable
 
     cfg = Config(
         nvml_backend=backend,
         interval_s=1.0,
-        feature_modes=dict.fromkeys(gf.FEATURES, gf.Mode.AUTO),
+        feature_modes=dict.fromkeys(featuretable.FEATURES, gf.Mode.AUTO),
         log_level="WARNING",
     )
     data = build(cfg, {}).to_wire()  # the worker decodes it as exporter.common.workerconfig.WorkerConfig

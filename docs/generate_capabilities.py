@@ -249,8 +249,8 @@ SOURCES = {
     },
     "repo-features": {
         "kind": "repository",
-        "what": "this repository: guards/features.py FEATURES",
-        "file": "guards/features.py",
+        "what": "this repository: guards/featuretable.py FEATURES",
+        "file": "guards/featuretable.py",
     },
     "repo-xid-catalog": {
         "kind": "repository",
@@ -1642,7 +1642,7 @@ def build(feature_names):
 
 def main():
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-    from guards.features import FEATURES
+    from guards.featuretable import FEATURES
 
     names = list(FEATURES)
     missing = set(names) - set(FEATURE_RULES)
@@ -1663,7 +1663,7 @@ def main():
     doc = {
         "schema": 2,
         "date": "2026-12-01",
-        "description": "Capability table of nvgpu-exporter (docs/capabilities.md): per feature (guards/features.py FEATURES), GPU generation and driver branch, "
+        "description": "Capability table of nvgpu-exporter (docs/capabilities.md): per feature (guards/featuretable.py FEATURES), GPU generation and driver branch, "
         "the NVML calls and fields used, what they answer there, the fallback, and the source of every cell. 'capabilities' holds the capabilities inside "
         "features added for the newer generations (NVLink5 counters, fabric health, temperature thresholds, module power), with the same shape.",
         "statuses": {

@@ -14,7 +14,7 @@ their dependencies:
 4. the :class:`~exporter.supervisor.served.ServedState` over the quarantine and the extensions, and the
    :class:`~exporter.supervisor.supervisor.Supervisor` over it (:func:`build_supervisor`);
 5. the :class:`~exporter.supervisor.http.web.Renderer`, which follows the served state;
-6. the :class:`~exporter.supervisor.http.httpedge.Listener`, the middleware's
+6. the :class:`~exporter.supervisor.http.listener.Listener`, the middleware's
    :class:`~exporter.supervisor.http.web.Edge` (which holds it), and the aiohttp side
    (:class:`~exporter.supervisor.http.web.HttpServer`), whose protocol factory the listener is given
    when it starts.
@@ -32,7 +32,8 @@ from typing import Any
 from exporter import __version__
 from exporter.config import Config
 from exporter.supervisor.extensions import Extension
-from exporter.supervisor.http.httpedge import HttpEdge, Listener, connection_cap, raise_open_file_limit
+from exporter.supervisor.http.httpedge import HttpEdge, connection_cap, raise_open_file_limit
+from exporter.supervisor.http.listener import Listener
 from exporter.supervisor.http.web import Edge, HttpServer, Renderer
 from exporter.supervisor.http.webauth import peer_problem
 from exporter.supervisor.http.webtls import WebConfigWatcher

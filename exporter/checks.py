@@ -59,7 +59,8 @@ def kernel_log_problems(config: Config) -> list[str]:
     be ``/dev/kmsg`` (character device 1:11) or a regular text file, the cursor (when it exists) a
     regular file. A missing kernel log is not a problem (the feature is then unsupported, said at
     run time). Answered within :data:`exporter.common.fileio.DEFAULT_DEADLINE_S`."""
-    from guards.features import FEATURES, Mode
+    from guards.features import Mode
+    from guards.featuretable import FEATURES
 
     mode = config.feature_modes.get("kernel_xid", Mode.AUTO)
     if mode == Mode.OFF or (mode == Mode.AUTO and not FEATURES["kernel_xid"].default):

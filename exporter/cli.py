@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 from exporter import __version__
 from exporter.checks import environment_problems, state_file_problem
 from exporter.common import protocol
-from exporter.config import DEFAULT_PORT, SETTINGS, Config, ConfigError, Setting
+from exporter.config import Config
+from exporter.settings import SETTINGS
+from exporter.settingvalues import DEFAULT_PORT, ConfigError, Setting
 
 if TYPE_CHECKING:  # imported where used: the CLI's subcommands must not pay for aiohttp
     from exporter.app import Exporter
-    from exporter.supervisor.http.httpedge import Listener
+    from exporter.supervisor.http.listener import Listener
     from exporter.supervisor.http.webtls import WebConfigWatcher
     from exporter.supervisor.supervisor import Supervisor
 
@@ -120,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print a bcrypt hash for basic_auth_users in the web config file (reads the password from the "
         "terminal, or one line of standard input)",
     )
-    from exporter.supervisor.http.webconfig import BCRYPT_MAX_COST, BCRYPT_MIN_COST
+    from exporter.supervisor.http.webmodel import BCRYPT_MAX_COST, BCRYPT_MIN_COST
 
     hp.add_argument(
         "--cost",
@@ -338,7 +340,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 def _quarantine(config: Config, args: argparse.Namespace) -> int:
     from exporter.supervisor.quarantine import QuarantineStore
-    from guards.features import FEATURES
+    from guards.featuretable import FEATURES
 
     if args.clear and args.clear not in FEATURES:
         import difflib
@@ -385,7 +387,7 @@ async def serve(config: Config) -> int:
     """Build the exporter (:func:`exporter.app.build`), then run it until SIGTERM/SIGINT; returns
     the exit code."""
     from exporter import app
-    from exporter.supervisor.http.webconfig import WebConfigError
+    from exporter.supervisor.http.webmodel import WebConfigError
 
     try:
         built = app.build(config)

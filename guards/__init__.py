@@ -6,8 +6,9 @@ be healthy (a shadowed or mismatched dependency is one of the things it detects)
 nothing except building constant tables.
 
 Modules:
-    features: the feature registry (`FEATURES`), `NVGPU_FEATURE_<NAME>=auto|on|off` parsing and the
-        resolution of each feature's effective state and the reason for it.
+    featuretable: the feature registry (`FEATURES`), as data.
+    features: `NVGPU_FEATURE_<NAME>=auto|on|off` parsing and the resolution of each feature's
+        effective state and the reason for it.
     known_issues: data-driven known-issue rules (`known_issues.json`) matched by GPU model, driver
         and nvidia-ml-py version ranges.
     versions: the self-check of the modules a process actually imported, and the nvidia-ml-py

@@ -5,7 +5,7 @@ row needs no code change. Each row::
 
     {
       "id": "h20-580-nvlink-throughput-heap-corruption",    unique, used in logs
-      "feature": "nvlink_throughput",                       a key of guards.features.FEATURES
+      "feature": "nvlink_throughput",                       a key of guards.featuretable.FEATURES
       "gpu_models": ["NVIDIA H20", "NVIDIA H20-*"],         exact nvmlDeviceGetName values or
                                                             fnmatch globs, case-insensitive
       "driver": {"min": "580", "max_exclusive": "581"},     required object; either bound optional
@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from guards.features import FEATURES
+from guards.featuretable import FEATURES
 
 __all__ = [
     "DEFAULT_PATH",
@@ -151,7 +151,7 @@ class KnownIssue:
 
     Attributes:
         id: Unique rule id, quoted in details and logs.
-        feature: The feature the rule disables (a key of `guards.features.FEATURES`).
+        feature: The feature the rule disables (a key of `guards.featuretable.FEATURES`).
         gpu_models: Exact NVML device names or fnmatch globs, compared case-insensitively.
         driver: Driver version range (``nvmlSystemGetDriverVersion``).
         nvidia_ml_py: nvidia-ml-py distribution version range, or ``None`` for any binding.
@@ -265,7 +265,7 @@ def load_known_issues(path: str | None = None) -> tuple[KnownIssue, ...]:
         ValueError: The file is not valid JSON, is not a list, or has bad rows. The message
             names the file and, per problem, the row index (0-based), the rule id when known,
             the field and the expected shape; every problem of the file is listed at once.
-            Duplicate ids and feature names not in `guards.features.FEATURES` are errors.
+            Duplicate ids and feature names not in `guards.featuretable.FEATURES` are errors.
     """
     source = DEFAULT_PATH if path is None else path
     with open(source, encoding="utf-8") as handle:

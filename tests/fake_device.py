@@ -21,7 +21,7 @@ from exporter.common.metric import GpuKey
 from exporter.worker.fakenvml.binding import FakeNvml
 from exporter.worker.nvml.backend import FakeBackend
 from exporter.worker.nvml.client import DeviceClient, NvmlClient
-from guards.features import FEATURES
+from guards.featuretable import FEATURES
 
 UUID = "GPU-00000000-0000-0000-0000-0000000000aa"
 

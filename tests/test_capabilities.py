@@ -1,6 +1,6 @@
 """docs/capabilities.json: the capability table's shape, which later tests and scenarios read.
 
-Every feature of guards/features.py has a cell per GPU generation and driver branch; every cell
+Every feature of guards/featuretable.py has a cell per GPU generation and driver branch; every cell
 says what each NVML call answers there and names its sources; only the H200 / R580 cells are
 measured, and those cite a measurement. The same holds for the ``capabilities`` added inside features for the
 newer generations (NVLink5 counters, fabric health, temperature thresholds, module power).
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from guards.features import FEATURES
+from guards.featuretable import FEATURES
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE_PATH = ROOT / "docs" / "capabilities.json"

@@ -11,11 +11,11 @@ import pytest
 from fake_device import Clock, devices
 
 from exporter.common import collectors, scenarios
-from exporter.common.collectors import gpm
+from exporter.common.collectors import gpm, process_reads
 from exporter.common.gpustate import GpuState, Lifetime
 from exporter.worker import process_attribution as attribution
 from exporter.worker.nvml.client import DeviceClient
-from guards.features import FEATURES
+from guards.featuretable import FEATURES
 
 
 def test_collectors_and_non_collectors_are_exactly_the_features() -> None:
@@ -79,6 +79,7 @@ def test_a_collector_that_reads_another_collectors_state_needs_it(
     """A state class another collector's module declares is that collector's data: the reader names
     it in NEEDS; and every NEEDS is used."""
     owner = {c.__name__: f for f, c in collectors.COLLECTORS.items()}  # type: ignore[attr-defined]
+    owner[process_reads.__name__] = process_reads.FEATURE  # the processes collector's worker side
     reached: dict[str, set[str]] = {f: set() for f in collectors.COLLECTORS}
     reading = [""]
     real = DeviceClient.state_of
@@ -96,7 +97,7 @@ def test_a_collector_that_reads_another_collectors_state_needs_it(
 def test_sampling_leaves_every_collector_modules_globals_as_they_were(tmp_path: Path) -> None:
     """Per-GPU state lives in the device client's states: a module-level dict, list or set that a
     read fills would be a second home (shared by every GPU, outliving the test that filled it)."""
-    modules = [*collectors.COLLECTORS.values(), attribution]
+    modules = [*collectors.COLLECTORS.values(), attribution, process_reads]
 
     def containers() -> dict[str, str]:
         return {

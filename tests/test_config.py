@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from exporter.checks import environment_problems, state_file_problem
-from exporter.config import DEFAULT_PORT, SETTINGS, Config, ConfigError, parse_listen_address
+from exporter.config import Config
+from exporter.settings import SETTINGS
+from exporter.settingvalues import DEFAULT_PORT, ConfigError, parse_listen_address
 from guards import features as gf
+from guards import featuretable
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "exporter" / "common" / "scenarios" / "h200x2.json"
@@ -33,7 +36,7 @@ def test_defaults() -> None:
     assert config.nvml_backend == "nvml"
     assert config.log_level == "INFO" and config.log_format == "text"
     assert config.pod_labels is False
-    assert set(config.feature_modes) == set(gf.FEATURES)
+    assert set(config.feature_modes) == set(featuretable.FEATURES)
     assert set(config.feature_modes.values()) == {gf.Mode.AUTO}
 
 

@@ -14,9 +14,11 @@ import pynvml
 import pytest
 
 from exporter.common.scenarios import scenario, spec
-from exporter.config import SETTINGS, Config, Setting
+from exporter.config import Config
+from exporter.settings import SETTINGS
+from exporter.settingvalues import Setting
 from exporter.worker.fakenvml.binding import FakeNvml
-from guards.features import FEATURES
+from guards.featuretable import FEATURES
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")

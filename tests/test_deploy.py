@@ -188,9 +188,9 @@ def _app_routes() -> set[str]:
 
 
 def _default_port() -> int:
-    from exporter import config
+    from exporter import settingvalues
 
-    return int(config.DEFAULT_PORT)
+    return int(settingvalues.DEFAULT_PORT)
 
 
 def _daemonsets(rendering: str) -> list[dict[str, Any]]:

@@ -31,7 +31,8 @@ from exporter_proc import SCENARIOS, Exporter, load_scenario  # noqa: E402
 from fake_kubelet import FakeKubelet, dra_pod  # noqa: E402
 from tls_material import make_material  # noqa: E402
 
-from exporter.config import Config, ConfigError  # noqa: E402
+from exporter.config import Config  # noqa: E402
+from exporter.settingvalues import ConfigError  # noqa: E402
 from exporter.supervisor.podresources import DraDevice, PodRef, assignments, dra_devices, uuid_from_cdi_devices  # noqa: E402
 from exporter.supervisor.podresources.resourceslices import ResourceSliceError, ResourceSliceReader, device_uuids  # noqa: E402
 from exporter.supervisor.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: E402

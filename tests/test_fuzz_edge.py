@@ -2,7 +2,7 @@
 lines and headers sent to a real server.
 
 - Configuration: any text in any ``NVGPU_*`` variable gives a :class:`~exporter.config.Config` or
-  a :class:`~exporter.config.ConfigError` whose one problem names the variable (a value that
+  a :class:`~exporter.settingvalues.ConfigError` whose one problem names the variable (a value that
   conflicts with another setting's default names both); nothing else.
 - HTTP: any request line and headers, complete or not, sent over a raw socket to a real exporter
   get an HTTP answer or a closed connection; afterwards ``/healthz`` answers, the supervisor is
@@ -25,8 +25,11 @@ import psutil
 import pytest
 from exporter_proc import Exporter
 
-from exporter.config import SETTINGS, Config, ConfigError
+from exporter.config import Config
+from exporter.settings import SETTINGS
+from exporter.settingvalues import ConfigError
 from guards import features as gf
+from guards import featuretable
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -51,7 +54,7 @@ NEAR_MISSES = st.sampled_from(
 VALUES = st.one_of(ENV_TEXT, NEAR_MISSES)
 
 
-@pytest.mark.parametrize("var", [s.env for s in SETTINGS] + [gf.env_var(f) for f in sorted(gf.FEATURES)])
+@pytest.mark.parametrize("var", [s.env for s in SETTINGS] + [gf.env_var(f) for f in sorted(featuretable.FEATURES)])
 def test_every_variable_gives_a_config_or_a_problem_naming_it(var: str) -> None:
     @settings(max_examples=budget(40), derandomize=True, deadline=None, database=None)
     @given(VALUES)

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from exporter.common import fileio
 from exporter.common.scenarios.scenario import ScenarioError, load_scenario
-from exporter.supervisor.http.webconfig import WebConfigError
+from exporter.supervisor.http.webmodel import WebConfigError
 from exporter.supervisor.http.webtls import load_with_context
 from exporter.supervisor.quarantine import QuarantineStore
 from exporter.supervisor.xid.cursor import Cursor

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.supervisor.quarantine import MAX_TTL_S, QuarantineStore
-from guards.features import FEATURES
+from guards.featuretable import FEATURES
 
 NOW = 1_800_000_000.0
 FEATURE = st.one_of(st.sampled_from(sorted(FEATURES)), TEXT)

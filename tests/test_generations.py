@@ -31,7 +31,7 @@ import pytest
 from goldens import GOLDENS, Family
 
 from exporter.common import collectors
-from guards.features import FEATURES
+from guards.featuretable import FEATURES
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = json.loads((ROOT / "docs" / "capabilities.json").read_text(encoding="utf-8"))

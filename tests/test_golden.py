@@ -49,6 +49,7 @@ from exporter.supervisor.policy import Outcome
 from exporter.supervisor.stuck import StuckDetector
 from exporter.supervisor.supervisor import Supervisor
 from guards import features as gf
+from guards import featuretable
 
 ROOT = Path(__file__).resolve().parent.parent
 UPDATE = os.environ.get("UPDATE_GOLDEN", "") not in ("", "0")
@@ -169,7 +170,10 @@ def _supervisor_side_mig_pods(sup: Supervisor, fixture: dict[str, Any]) -> None:
 def render_golden(name: str, openmetrics: bool = False) -> str:
     """The exposition of golden ``name`` from its fixture (text 0.0.4, or OpenMetrics 1.0)."""
     fixture = json.loads((GOLDEN / f"{name}.snapshot.json").read_text())
-    modes = {**dict.fromkeys(gf.FEATURES, gf.Mode.AUTO), **{k: gf.Mode(v) for k, v in fixture["modes"].items()}}
+    modes = {
+        **dict.fromkeys(featuretable.FEATURES, gf.Mode.AUTO),
+        **{k: gf.Mode(v) for k, v in fixture["modes"].items()},
+    }
     config = Config(
         state_file="",
         interval_s=0.5,

@@ -13,8 +13,6 @@ import pytest
 
 from guards.features import (
     ENV_PREFIX,
-    FEATURES,
-    Feature,
     FeatureState,
     Mode,
     Reason,
@@ -22,6 +20,7 @@ from guards.features import (
     parse_feature_env,
     resolve,
 )
+from guards.featuretable import FEATURES, Feature
 
 REPO = Path(__file__).resolve().parents[1]
 GUARDS = REPO / "guards"

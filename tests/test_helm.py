@@ -545,10 +545,10 @@ def test_schema_rejects_bad_values(values: dict[str, Any], where: str) -> None:
 
 
 def test_schema_admits_the_defaults_and_every_feature() -> None:
-    from guards import features as gf
+    from guards import featuretable
 
     _chart().validate_schema(_chart().values)
-    names = set(gf.FEATURES) - {"pod_attribution", "kernel_xid"}
+    names = set(featuretable.FEATURES) - {"pod_attribution", "kernel_xid"}
     assert names
     _chart().validate_schema({"features": dict.fromkeys(sorted(names), "auto")})
 

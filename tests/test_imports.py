@@ -76,6 +76,8 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
             _S + "http",
             _S + "http.*",  # web.py, the edge and the web config's parts
             "exporter.config",
+            "exporter.settings",
+            "exporter.settingvalues",
             "exporter.checks",
         ),
         "worker side": (_W + "sampler", _W + "gpuslot", _W + "enumeration", _W + "nvml_events"),

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.common import plausibility
 from exporter.common.breadcrumb import BreadcrumbWriter
-from exporter.common.collectors import processes
+from exporter.common.collectors import process_reads, processes
 from exporter.common.logs import _once_keys
 from exporter.common.metric import GpuKey
 from exporter.common.workerconfig import CollectorOptions, ProcessOptions
@@ -30,8 +30,8 @@ from exporter.worker.nvml.client import ApiChoices, DeviceClient, NvmlClient
 UUID = "GPU-820f4b2d-da15-c9b7-3ba6-c396976ca722"
 TOTAL = 150_754_820_096
 NOT_MIG = 0xFFFFFFFF
-V3, V2 = processes.VARIANTS["compute"]
-UTIL = processes.UTILIZATION_FUNCTION
+V3, V2 = process_reads.VARIANTS["compute"]
+UTIL = process_reads.UTILIZATION_FUNCTION
 
 
 def rec(pid: int, mem: int | None = 1 << 30) -> dict[str, Any]:
@@ -210,7 +210,7 @@ def test_churning_processes_stay_bounded(tmp_path: Path) -> None:
         assert r.other is None or r.other[0] == r.count - 8
         seen.update(r.processes)
     assert len(seen) > 100  # the series really churned
-    state = gpu.dev.state_of(processes.State)
+    state = gpu.dev.state_of(process_reads.State)
     assert len(state.dropped) == 0 and len(state.start) == 0
     assert state.host is not None and len(state.host.logs) == 0
 
@@ -326,7 +326,7 @@ def test_the_drop_counter_and_the_fallback_survive_the_gpu_attached_again(tmp_pa
     again = gpu.read()
     assert again.dropped == first.dropped and again.functions["compute"] == V2 and gpu.calls(V3) == 1
     fresh = DeviceClient(gpu.client, 0, UUID, handle)  # another worker: nothing carried
-    assert fresh.state_of(processes.State).dropped == Counter()
+    assert fresh.state_of(process_reads.State).dropped == Counter()
 
 
 def test_forked_clients_keep_the_options(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import SETTINGS, Setting
+from exporter.settings import SETTINGS
+from exporter.settingvalues import Setting
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")

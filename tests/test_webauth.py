@@ -11,7 +11,8 @@ from tls_material import PASSWORD, USER, bcrypt_hash
 
 from exporter.supervisor.http import webauth
 from exporter.supervisor.http.webauth import BasicAuth, FailedLogins, RateLimiter, peer_problem
-from exporter.supervisor.http.webconfig import BCRYPT_HASH, TlsSettings, load
+from exporter.supervisor.http.webconfig import load
+from exporter.supervisor.http.webmodel import BCRYPT_HASH, TlsSettings
 
 
 def _header(user: str, password: str) -> str:

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 from tls_material import Material, make_material
 
-from exporter.config import Config, ConfigError
+from exporter.config import Config
+from exporter.settingvalues import ConfigError
 from exporter.supervisor.http import webconfig
 from exporter.supervisor.http.webauth import RateLimiter
-from exporter.supervisor.http.webconfig import WebConfigError, load
+from exporter.supervisor.http.webconfig import load
+from exporter.supervisor.http.webmodel import WebConfigError
 from exporter.supervisor.http.webtls import load_with_context
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -375,7 +377,7 @@ def test_a_device_node_is_refused_as_a_key(tls: Material, tmp_path: Path) -> Non
 
 def test_bcrypt_cost_above_the_bound_is_refused_with_the_reason(tmp_path: Path) -> None:
     """A $2b$31$ hash would hold a core for days per wrong password: refused at load, saying why
-    and how to make a new one. 4 to 14 load (see webconfig.BCRYPT_MAX_COST for why 14)."""
+    and how to make a new one. 4 to 14 load (see webmodel.BCRYPT_MAX_COST for why 14)."""
     salt = "N9qo8uLOickgx2ZMRZoMye"
     digest = "IjZAgcfl7p92ldGxad68LJZdL17lhWy"
     for cost, ok in ((4, True), (10, True), (12, True), (14, True), (15, False), (31, False)):

@@ -13,7 +13,7 @@ import pytest
 from tls_material import USER, Material, bcrypt_hash, make_material
 from waiting import wait_until
 
-from exporter.supervisor.http.webconfig import WebConfig, WebConfigError
+from exporter.supervisor.http.webmodel import WebConfig, WebConfigError
 from exporter.supervisor.http.webtls import WebConfigWatcher, load_with_context
 
 

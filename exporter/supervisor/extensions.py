@@ -55,7 +55,7 @@ class Extension:
     """Base class: every hook is a no-op until overridden.
 
     Attributes:
-        feature: the feature (``guards.features.FEATURES``) this extension serves, or "" when it
+        feature: the feature (``guards.featuretable.FEATURES``) this extension serves, or "" when it
             is always on (the stuck signature).
         relabels_gpus: True when :meth:`gpu_labels` adds labels to every per-GPU series.
         metrics: the families it may emit; when building them raises, these are counted as

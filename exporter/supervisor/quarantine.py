@@ -167,7 +167,7 @@ class QuarantineStore:
         mono: Callable[[], float] | None = None,
         boot_id: str | None = None,
     ) -> None:
-        from guards.features import FEATURES
+        from guards.featuretable import FEATURES
 
         self.path = path
         self.threshold = threshold

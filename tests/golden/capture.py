@@ -338,6 +338,7 @@ def capture(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
     from exporter.config import Config
     from exporter.supervisor.workerproc import worker_config
     from guards import features as gf
+    from guards import featuretable
 
     scenario, modes = GOLDENS[name]()
     keep = SNAPSHOTS[name]
@@ -351,7 +352,10 @@ def capture(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
         config = Config(
             nvml_backend=f"fake:{path}",
             interval_s=INTERVAL_S,
-            feature_modes={**dict.fromkeys(gf.FEATURES, gf.Mode.AUTO), **{k: gf.Mode(v) for k, v in modes.items()}},
+            feature_modes={
+                **dict.fromkeys(featuretable.FEATURES, gf.Mode.AUTO),
+                **{k: gf.Mode(v) for k, v in modes.items()},
+            },
             log_level="ERROR",
             **host,
         )

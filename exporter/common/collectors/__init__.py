@@ -1,6 +1,6 @@
 """Collector registry: feature name -> collector module, in sampling order.
 
-The order is the order of ``guards.features.FEATURES`` (each GPU's pass reads the collectors in it,
+The order is the order of ``guards.featuretable.FEATURES`` (each GPU's pass reads the collectors in it,
 and the exposition renders their families in it). Identity comes first so a GPU's labels are known
 before anything else is read. A collector that reads what another keeps about the GPU declares it
 in ``NEEDS`` (``utilization``, ``gpm`` and ``gpm_pipes`` need ``mig``'s layout);
@@ -9,7 +9,7 @@ registry to it.
 
 The features without a per-sample collector are listed in :data:`NOT_COLLECTORS` (an NVML event
 thread in the worker; the kernel log and the kubelet in the supervisor); ``tests/test_collectors.py``
-checks that the two together name exactly ``guards.features.FEATURES``.
+checks that the two together name exactly ``guards.featuretable.FEATURES``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A collector is a module with (checked by ``mypy --strict`` through :class:`Collector`):
 
-- ``FEATURE``: its feature name (a key of ``guards.features.FEATURES``);
+- ``FEATURE``: its feature name (a key of ``guards.featuretable.FEATURES``);
 - ``NEEDS``: the features whose collectors must run before it in a GPU's sample pass, because its
   ``read`` uses what they keep about the GPU (``utilization`` and ``gpm`` read the MIG layout:
   ``(mig.FEATURE,)``); ``()`` for most. The registry's order is checked against it

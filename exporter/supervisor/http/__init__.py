@@ -1,4 +1,4 @@
-"""The supervisor's HTTP side: routes (``web``), sockets and accept loop (``httpedge``), and the web
-config file (``webconfig``, ``webtls``, ``webauth``). The only package besides ``exporter.cli`` that
-imports aiohttp. Nothing is imported here.
+"""The supervisor's HTTP side: routes (``web``), the edge's counters and limits (``httpedge``), sockets
+and accept loop (``listener``), and the web config file (``webconfig``, ``webmodel``, ``webtls``,
+``webauth``). The only package besides ``exporter.cli`` that imports aiohttp. Nothing is imported here.
 """

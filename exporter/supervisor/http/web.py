@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 import aiohttp.web_response
 from aiohttp import web
 
-from exporter.config import PROBE_PATHS
+from exporter.settingvalues import PROBE_PATHS
 from exporter.supervisor import exposition, statuspage
-from exporter.supervisor.http.httpedge import HttpEdge, Listener
+from exporter.supervisor.http.httpedge import HttpEdge
+from exporter.supervisor.http.listener import Listener
 from exporter.supervisor.http.webauth import BasicAuth, FailedLogins, RateLimiter
 from exporter.supervisor.http.webtls import WebConfigWatcher
 from exporter.supervisor.served import ServedState
@@ -337,7 +338,7 @@ class HttpServer:
         )
 
     async def setup(self) -> Callable[[], asyncio.Protocol]:
-        """Prepare the runner; returns the protocol factory a :class:`~exporter.supervisor.http.httpedge.Listener`
+        """Prepare the runner; returns the protocol factory a :class:`~exporter.supervisor.http.listener.Listener`
         hands its connections to."""
         await self.runner.setup()
         assert self.runner.server is not None

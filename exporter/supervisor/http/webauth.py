@@ -1,6 +1,6 @@
 """Request-time checks of the web config: basic auth, client certificate SANs, the rate limit.
 
-The HTTP side (:mod:`exporter.supervisor.http.web`, :mod:`exporter.supervisor.http.httpedge`) calls these
+The HTTP side (:mod:`exporter.supervisor.http.web`, :mod:`exporter.supervisor.http.listener`) calls these
 for every request or connection, with the configuration in force (:mod:`exporter.supervisor.http.webconfig`):
 
 - :class:`BasicAuth`: RFC 7617 against bcrypt hashes; results cached, one bcrypt at a time on a
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from exporter.common.fileio import Runner
-from exporter.supervisor.http.webconfig import BCRYPT_HASH, BCRYPT_MAX_COST, BCRYPT_MIN_COST, TlsSettings
+from exporter.supervisor.http.webmodel import BCRYPT_HASH, BCRYPT_MAX_COST, BCRYPT_MIN_COST, TlsSettings
 
 __all__ = ["DUMMY_HASH", "BasicAuth", "FailedLogins", "RateLimiter", "hash_password", "peer_problem"]
 
@@ -236,7 +236,7 @@ def hash_password(password: str, cost: int = 10) -> str:
 
     Raises:
         ValueError: an empty password, one over 72 bytes, or a cost outside the range the web
-            config accepts (:data:`exporter.supervisor.http.webconfig.BCRYPT_MAX_COST`).
+            config accepts (:data:`exporter.supervisor.http.webmodel.BCRYPT_MAX_COST`).
     """
     import bcrypt
 

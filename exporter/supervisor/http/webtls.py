@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 
 from exporter.common import fileio
-from exporter.supervisor.http.webconfig import MAX_FILE_BYTES, TlsSettings, WebConfig, WebConfigError, load
+from exporter.supervisor.http.webconfig import MAX_FILE_BYTES, load
+from exporter.supervisor.http.webmodel import TlsSettings, WebConfig, WebConfigError
 
 __all__ = ["WebConfigWatcher", "build_context", "load_bounded", "load_with_context", "log_cautions"]
 
