@@ -7,7 +7,10 @@ worker's stderr while keeping its tail (the faulthandler stack of a crash), and 
 deadline: ``init_deadline_s`` until the worker's ``hello``, then ``interval_s + sample_deadline_s``
 after each snapshot. A worker past its deadline is asked to stop (SIGTERM), then killed (SIGKILL);
 one that survives SIGKILL (uninterruptible sleep in the driver) is reported as not reaped and left
-to the caller. It returns how the worker ended; what happens next is :mod:`exporter.supervisor.policy`'s call.
+to the caller. It returns how the worker ended, and who ended it (:mod:`exporter.supervisor.deaths`:
+only a fault signal of its own is a ``crash``; a signal from outside, the OOM killer and the
+supervisor's own kills are counted as what they are); what happens next is
+:mod:`exporter.supervisor.policy`'s call.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from exporter.common import fileio, protocol
@@ -30,6 +33,7 @@ from exporter.common.breadcrumb import Breadcrumb, BreadcrumbReader
 from exporter.common.logs import WorkerLogRelay, log_once
 from exporter.common.snapshot import Hello, Message, Progress, Snapshot, decode_message
 from exporter.common.workerconfig import ENV_VAR, CollectorOptions, Exclusion, GpuRef, ProcessOptions, WorkerConfig
+from exporter.supervisor import deaths
 from exporter.supervisor.policy import Outcome
 
 if TYPE_CHECKING:
@@ -71,6 +75,8 @@ class WorkerProcess:
         on_error: called from an ``except`` block with what was being done when reading or handling
             the worker's messages raised something other than a protocol error (the supervisor
             counts it as component ``worker_io``); reading goes on with the next line.
+        oom: the kernel's OOM-kill count (default: :func:`exporter.supervisor.deaths.oom_kills`),
+            read at spawn and at each snapshot: a SIGKILL while it rose is the OOM killer's.
     """
 
     def __init__(
@@ -81,8 +87,12 @@ class WorkerProcess:
         deadlines: tuple[float, float],
         proc_state_fn: Callable[[int], str | None] = proc_state,
         on_error: Callable[[str], None] | None = None,
+        oom: deaths.OomKills | None = None,
     ) -> None:
         self.env = env
+        self.oom = oom if oom is not None else deaths.oom_kills()
+        self.oom_before: int | None = None
+        self.hung_gpus: set[str] = set()  # GPUs this worker reported hung: their calls are known, not a death's cause
         self.on_error = on_error or _log_error
         self.crumbs = crumbs
         self.on_message = on_message
@@ -126,6 +136,7 @@ class WorkerProcess:
         finally:
             os.close(write_fd)
         self.spawned_mono = time.monotonic()
+        self.oom_before = self.oom.read()
         reader = asyncio.StreamReader(limit=64 << 20)
         loop = asyncio.get_running_loop()
         pipe = None
@@ -191,17 +202,19 @@ class WorkerProcess:
         assert self.proc is not None
         rc = self.proc.returncode
         sig = -rc if rc is not None and rc < 0 else 0
-        if self.killed_for_hang:
-            reason = "hang"
-        elif stopped:
-            reason = "stopped"
-        elif sig:
-            reason = "crash"
-        elif rc == protocol.EXIT_NVML_FATAL:
-            reason = "nvml_error"
-        else:
-            reason = "exit"
-        return Outcome(reason, rc, sig, crumb, time.monotonic() - self.spawned_mono, reaped, self.dead_stack())
+        death = deaths.classify(
+            rc, deadline_kill=self.killed_for_hang, stopping=stopped, oom_rose=self.oom.rose(self.oom_before)
+        )
+        return Outcome(
+            death.reason,
+            rc,
+            sig,
+            crumb,
+            time.monotonic() - self.spawned_mono,
+            reaped,
+            self.dead_stack(),
+            death.signal_from,
+        )
 
     async def _read_messages(self, reader: asyncio.StreamReader) -> None:
         """Decode and hand on each message line; nothing a line holds ends the reading."""
@@ -227,6 +240,9 @@ class WorkerProcess:
             if isinstance(msg, (Hello, Snapshot)):  # sampling runs; events come from another thread
                 self.last_message_mono = time.monotonic()
                 self.hello = True
+            if isinstance(msg, Snapshot):
+                self.hung_gpus = {k for g in msg.gpus if g.state == "hung" for k in (g.key, g.uuid) if k}
+                self.oom_before = self.oom.read()
             elif isinstance(msg, Progress):  # an init step finished: the init deadline starts again
                 self.last_message_mono = time.monotonic()
             try:
@@ -282,19 +298,8 @@ class WorkerProcess:
         block.add(text)
 
     def blame(self, stack: str) -> Breadcrumb | None:
-        """The NVML call that ended the worker, from the breadcrumbs of its threads.
-
-        A native crash prints the crashing thread (faulthandler: ``Current thread 0x…``); the call
-        in flight on that thread is the one to blame, whatever other GPU threads were doing. Without
-        a stack (a hang, SIGKILL), the one call in flight is blamed, or the oldest of several (a call
-        stuck longest is the likeliest cause of a hang); a wait for events is never blamed.
-        """
-        crumbs = [c for c in self.crumbs.in_flight() if c.function != "nvmlEventSetWait_v2"]
-        match = _CURRENT_THREAD.search(stack)
-        if match is not None:
-            tid = int(match.group(1), 16)
-            return next((c for c in crumbs if c.thread == tid), None)
-        return min(crumbs, key=lambda c: c.entered_at) if crumbs else None
+        """The NVML call that ended the worker (:func:`blame`)."""
+        return blame(self.crumbs.in_flight(), stack, self.hung_gpus)
 
     def dead_stack(self) -> str:
         """The faulthandler report at the end of the worker's stderr, if any."""
@@ -455,6 +460,25 @@ class _StderrBlock:
             log.warning("worker %s wrote to stderr: %s", pid, text, extra={"worker_pid": pid})
         else:
             log.warning("worker %s wrote to stderr: %s", pid, last, extra={"worker_pid": pid, "stderr": text})
+
+
+def blame(in_flight: Sequence[Breadcrumb], stack: str, hung_gpus: Collection[str] = ()) -> Breadcrumb | None:
+    """The NVML call that ended a worker, from the breadcrumbs of its threads in flight.
+
+    A native crash prints the crashing thread (faulthandler: ``Current thread 0x…``); the call
+    in flight on that thread is the one to blame, whatever other GPU threads were doing. Without
+    a stack (a hang, SIGKILL), the one call in flight is blamed, or the oldest of several (a call
+    stuck longest is the likeliest cause of a hang); a wait for events is never blamed, nor,
+    without a stack, the stuck call of a GPU the worker already reported hung (``hung_gpus``: it
+    was counted when reported, and it is the oldest call by construction).
+    """
+    crumbs = [c for c in in_flight if c.function != "nvmlEventSetWait_v2"]
+    match = _CURRENT_THREAD.search(stack)
+    if match is not None:
+        tid = int(match.group(1), 16)
+        return next((c for c in crumbs if c.thread == tid), None)
+    crumbs = [c for c in crumbs if not (c.uuid and c.uuid in hung_gpus)]
+    return min(crumbs, key=lambda c: c.entered_at) if crumbs else None
 
 
 def _log_error(doing: str) -> None:
