@@ -42,6 +42,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
                     "workerproc",
                     "accounting",
                     "policy",
+                    "deaths",
                     "quarantine",
                     "unavailable",
                     "served",
