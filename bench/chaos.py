@@ -871,7 +871,9 @@ def hang_outcomes(plan: Plan, scenario: Mapping[str, Any], log_path: Path, epoch
     """What became of each hang window, from the exporter's JSON log.
 
     ``deadline``: the supervisor killed the hung worker (reason hang, the window's function named);
-    ``killed while hung``: the injector's signal came first (a crash in the window's function);
+    ``killed while hung``: the injector's signal came first (its death record names the window's
+    function in flight: ``crash`` for a fault signal, ``killed`` for SIGKILL/SIGTERM, which since
+    2026-12-01 are not counted against the call);
     ``not entered``: no worker sampled that call during the window (it was dead or restarting).
     Scenario time is measured from ``epoch`` (the exporter's start, within ~0.5 s).
     """
@@ -879,7 +881,7 @@ def hang_outcomes(plan: Plan, scenario: Mapping[str, Any], log_path: Path, epoch
     deaths = []
     try:
         for line in log_path.read_text(errors="replace").splitlines():
-            if line.startswith("{") and '"worker died' in line:
+            if line.startswith("{") and ('"worker died' in line or '"worker killed' in line):
                 try:
                     rec = json.loads(line)
                 except ValueError:

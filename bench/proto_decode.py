@@ -16,7 +16,7 @@ What it measures on real snapshot lines of the worker (``bench/capture.py``: h20
 machine is shared):
 
 * ``json.loads`` of a line (``exporter.common.protocol.decode``), the same for both;
-* ``exporter.common.snapshot.decode_message`` (reflective) against :func:`decode_message` here (compiled);
+* ``exporter.common.snapshotdecode.decode_message`` (reflective) against :func:`decode_message` here (compiled);
 * equivalence: every captured snapshot decodes to an equal ``Snapshot``; then every field of every
   reading of one snapshot, and the snapshot's and each GPU's own fields, are replaced in turn by
   each value of :data:`MUTATIONS` (plus a missing field and an unknown one): both decoders must
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import capture  # noqa: E402
 
-from exporter.common import collectors, protocol, snapshot  # noqa: E402
+from exporter.common import collectors, protocol, snapshot, snapshotdecode  # noqa: E402
 from exporter.common.decode import DecodeError  # noqa: E402
 from exporter.common.protocol import ProtocolError  # noqa: E402
 from guards.features import FeatureState, Reason  # noqa: E402
@@ -375,15 +375,15 @@ def _snapshot(msg: dict[str, Any], memo: Memo | None = None) -> snapshot.Snapsho
 
 
 def decode_message(msg: dict[str, Any]) -> snapshot.Message:
-    """As :func:`exporter.common.snapshot.decode_message`; snapshots take the compiled path."""
+    """As :func:`exporter.common.snapshotdecode.decode_message`; snapshots take the compiled path."""
     if msg.get("type") != "snapshot":
-        return snapshot.decode_message(msg)
+        return snapshotdecode.decode_message(msg)
     try:
         return _snapshot(msg)
     except (_Fail, KeyError, TypeError, AttributeError, ValueError):
         pass
     # the slow path names the field; that it accepts what the fast path refused would be our bug
-    result = snapshot.decode_message(msg)
+    result = snapshotdecode.decode_message(msg)
     raise AssertionError(f"compiled decoder refused a snapshot the reflective one accepts: {result!r:.300}")
 
 
@@ -400,7 +400,7 @@ class MemoDecoder:
 
     def decode_message(self, msg: dict[str, Any]) -> snapshot.Message:
         if msg.get("type") != "snapshot":
-            return snapshot.decode_message(msg)
+            return snapshotdecode.decode_message(msg)
         keep: dict[tuple[int, str], tuple[Any, Any]] = {}
         try:
             result = _snapshot(msg, (self.last, keep, self))
@@ -455,7 +455,11 @@ def equivalence(messages: list[dict[str, Any]]) -> dict[str, Any]:
         cases += 1
         m = MemoDecoder()
         m.last = dict(primed.last)
-        a, b, c = _outcome(snapshot.decode_message, msg), _outcome(decode_message, msg), _outcome(m.decode_message, msg)
+        a, b, c = (
+            _outcome(snapshotdecode.decode_message, msg),
+            _outcome(decode_message, msg),
+            _outcome(m.decode_message, msg),
+        )
         if a == b == c:
             agree += 1
         elif len(disagreements) < 20:
@@ -524,10 +528,10 @@ def main(argv: list[str] | None = None) -> int:
 
     k = len(lines)
     t_json = cpu_per_call(each(protocol.decode, lines), args.repeat)
-    t_reflective = cpu_per_call(each(snapshot.decode_message, messages), args.repeat)
+    t_reflective = cpu_per_call(each(snapshotdecode.decode_message, messages), args.repeat)
     t_compiled = cpu_per_call(each(decode_message, messages), args.repeat)
     # the worker's side of the same snapshots: Snapshot.to_wire + protocol.encode (json.dumps)
-    snaps = [snapshot.decode_message(m) for m in messages]
+    snaps = [snapshotdecode.decode_message(m) for m in messages]
     t_to_wire = cpu_per_call(each(lambda sn: sn.to_wire(), snaps), args.repeat)
     wires = [sn.to_wire() for sn in snaps]
     t_encode = cpu_per_call(each(lambda w: protocol.encode("snapshot", **w), wires), args.repeat)
@@ -539,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             g["readings"] = {f: r for f, r in g["readings"].items() if pg["readings"].get(f) != r}
         delta_bytes.append(len(json.dumps(d, separators=(",", ":"))))
     memo = MemoDecoder()
-    memo_equal = all(memo.decode_message(m) == snapshot.decode_message(m) for m in messages)
+    memo_equal = all(memo.decode_message(m) == snapshotdecode.decode_message(m) for m in messages)
     fresh = MemoDecoder()
     t_memo = cpu_per_call(each(fresh.decode_message, messages), args.repeat)
     per = {

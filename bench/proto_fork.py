@@ -210,7 +210,8 @@ def run(mode: str, seconds: float, interval: float, scenario: str) -> dict[str, 
 
     from exporter.app import build_supervisor
     from exporter.common import protocol
-    from exporter.common.snapshot import Hello, decode_message
+    from exporter.common.snapshot import Hello
+    from exporter.common.snapshotdecode import decode_message
     from exporter.config import Config
     from exporter.supervisor.http.web import Renderer
 

@@ -3,7 +3,7 @@
 Not product code. Feeds real worker lines (``bench/capture.py``: the h200x8 fake scenario, 1 s
 apart) through the supervisor's own code, as ``exporter/supervisor/workerproc.py`` and
 ``exporter/supervisor/http/web.py`` do:
-``protocol.decode`` (JSON) -> ``snapshot.decode_message`` -> ``Supervisor.handle`` -> one
+``protocol.decode`` (JSON) -> ``snapshotdecode.decode_message`` -> ``Supervisor.handle`` -> one
 ``exposition.render``, and measures each step in CPU time of this process (``time.process_time``,
 best and median of ``--repeat`` passes over the captured snapshots; the machine is shared). The
 render is split further: per-GPU families (``exposition.gpu_families``: collectors' ``families()``,
@@ -63,7 +63,7 @@ from prometheus_client.utils import floatToGoString  # noqa: E402
 from prometheus_client.validation import _is_valid_legacy_labelname, _is_valid_legacy_metric_name  # noqa: E402
 
 from exporter.app import build_supervisor  # noqa: E402
-from exporter.common import collectors, protocol, snapshot  # noqa: E402
+from exporter.common import collectors, protocol, snapshot, snapshotdecode  # noqa: E402
 from exporter.common.metric import GpuKey  # noqa: E402
 from exporter.config import Config  # noqa: E402
 from exporter.supervisor import exposition, selfmetrics  # noqa: E402
@@ -83,13 +83,13 @@ class Harness:
         # a live process in the worker's place, so process_* is read as in the exporter
         self.standin = subprocess.Popen(["sleep", "3600"])
         for ln in lines:
-            msg = snapshot.decode_message(protocol.decode(ln))
+            msg = snapshotdecode.decode_message(protocol.decode(ln))
             if not isinstance(msg, snapshot.Snapshot):
                 self.sup.handle(msg)
         self.state.worker.pid = self.standin.pid
         self.snap_lines = capture.snapshots(lines)
         self.dicts = [protocol.decode(ln) for ln in self.snap_lines]
-        self.snaps = [snapshot.decode_message(d) for d in self.dicts]
+        self.snaps = [snapshotdecode.decode_message(d) for d in self.dicts]
 
     def close(self) -> None:
         self.standin.kill()
@@ -120,7 +120,7 @@ def steps(h: Harness, repeat: int) -> dict[str, Any]:
     idx = list(range(len(h.snaps)))
     out: dict[str, Any] = {}
     out["json (protocol.decode)"] = cpu_per_item(protocol.decode, h.snap_lines, repeat)
-    out["typed decode (snapshot.decode_message)"] = cpu_per_item(snapshot.decode_message, h.dicts, repeat)
+    out["typed decode (snapshotdecode.decode_message)"] = cpu_per_item(snapshotdecode.decode_message, h.dicts, repeat)
     out["apply (Supervisor.handle)"] = cpu_per_item(handle_and_time, idx, repeat)
 
     def gpu_fams(i: int) -> None:
@@ -162,7 +162,7 @@ def cprofile_top(h: Harness, top: int) -> list[dict[str, Any]]:
     prof.enable()
     for _ in range(3):
         for ln in h.snap_lines:
-            msg = snapshot.decode_message(protocol.decode(ln))
+            msg = snapshotdecode.decode_message(protocol.decode(ln))
             h.apply(msg)  # type: ignore[arg-type]
             exposition.render(h.state)
     prof.disable()

@@ -214,7 +214,12 @@ PHASES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("decode: JSON text (protocol.decode, json.loads)", ("decode (exporter/common/protocol.py",)),
         (
             "decode: typed (snapshot.decode_message)",
-            ("decode_message (exporter/common/snapshot.py", "exporter/common/decode.py", "proto_decode.py"),
+            (
+                "decode_message (exporter/common/snapshotdecode.py",
+                "exporter/common/snapshotdecode.py",
+                "exporter/common/decode.py",
+                "proto_decode.py",
+            ),
         ),
         (
             "render: encode (text lines)",

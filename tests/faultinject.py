@@ -53,7 +53,7 @@ def _dispatch() -> None:
 
 
 def _decode() -> None:
-    from exporter.common.snapshot import SnapshotDecoder
+    from exporter.common.snapshotdecode import SnapshotDecoder
 
     real = SnapshotDecoder.decode_message
     seen = [0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import stat
 import tracemalloc
 from collections.abc import Iterator
@@ -147,3 +148,37 @@ def make_file_kind(directory: Any, kind: str, content: bytes = b"", name: str = 
 # What ends a running exporter from outside, and when within a window it arrives.
 STOP_SIGNALS = st.sampled_from(["SIGTERM", "SIGINT"])
 signal_delays = st.floats(min_value=0.0, max_value=2.0, allow_nan=False)
+
+
+# -- how a worker dies ---------------------------------------------------------------------------------
+
+SELF_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE")  # a process's own fault
+OUTSIDE_SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGPIPE", "SIGALRM")
+
+
+@st.composite
+def worker_deaths(draw: Any) -> dict[str, Any]:
+    """One worker death as the supervisor sees it: the return code (a signal, negative, or an exit
+    code), and what it knows besides: it killed the worker for its deadline, it was stopping it, the
+    kernel's OOM-kill count rose across the death. ``origin`` is who really ended it (``self``, a
+    fault; ``outside``; ``oom_killer``, always SIGKILL; ``supervisor``; ``exit``)."""
+    origin = draw(st.sampled_from(["self", "outside", "oom_killer", "supervisor", "exit"]))
+    if origin == "self":
+        returncode = -int(getattr(signal, draw(st.sampled_from(SELF_SIGNALS))))
+    elif origin == "outside":
+        returncode = -int(getattr(signal, draw(st.sampled_from(OUTSIDE_SIGNALS))))
+    elif origin == "oom_killer":
+        returncode = -int(signal.SIGKILL)
+    elif origin == "supervisor":
+        returncode = -int(draw(st.sampled_from([signal.SIGTERM, signal.SIGKILL])))
+    else:
+        returncode = draw(st.integers(min_value=0, max_value=255))
+    supervisor = origin == "supervisor"
+    return {
+        "origin": origin,
+        "returncode": returncode,
+        "deadline_kill": supervisor and draw(st.booleans()),
+        "stopping": supervisor or draw(st.booleans()) and origin == "exit",
+        # an unrelated OOM kill elsewhere in the cgroup may coincide with any death
+        "oom_rose": origin == "oom_killer" or draw(st.booleans()),
+    }

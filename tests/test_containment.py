@@ -88,7 +88,7 @@ def test_long_worker_stderr_line_is_cut_and_never_fatal(tmp_path: Path) -> None:
         marker = f"{70000 - 8192} more bytes dropped"
         exp.wait_for(
             lambda s: (
-                s.value("nvgpu_worker_restarts_total", reason="crash") == 1.0
+                s.value("nvgpu_worker_restarts_total", reason="killed") == 1.0
                 and exp.logs().count(marker) >= 2
                 and s.value("nvgpu_worker_start_time_seconds") != before
             ),
@@ -215,7 +215,7 @@ def test_respawn_with_file_descriptors_exhausted(tmp_path: Path) -> None:
         assert exp.proc.poll() is None
         os.kill(exp.proc.pid, signal.SIGUSR2)
         scrape = exp.wait_for(
-            lambda s: s.value("nvgpu_up") == 1.0 and s.value("nvgpu_worker_restarts_total", reason="crash") == 1.0,
+            lambda s: s.value("nvgpu_up") == 1.0 and s.value("nvgpu_worker_restarts_total", reason="killed") == 1.0,
             timeout=30,
             what="a new worker once descriptors are free",
         )

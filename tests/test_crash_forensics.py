@@ -117,10 +117,11 @@ def test_nvlink_segfault_is_quarantined_and_survives_restart(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("forever", [False, True], ids=["sleeps-30s", "forever-ignoring-sigterm"])
-def test_hung_temperature_query_costs_one_gpu_then_the_feature(tmp_path: Path, forever: bool) -> None:
+def test_hung_temperature_query_costs_one_gpu_only(tmp_path: Path, forever: bool) -> None:
     """GPU 0's temperature call hangs. GPU 1 keeps fresh samples throughout; GPU 0 is hung (not the
-    worker); a probe retries GPU 0 and hangs in the same call: the second hang in the feature
-    quarantines it (NVGPU_QUARANTINE_AFTER=2), the worker is replaced without it, and GPU 0 is back."""
+    worker); a probe retries GPU 0 and hangs in the same call. Both hangs are on GPU 0 and contained
+    by leaving it out, so temperature is not quarantined even at NVGPU_QUARANTINE_AFTER=2 (until
+    2026-12-01 the probe's hang switched temperature off on GPU 1 too): GPU 1 keeps its temperature."""
     data = load_scenario("h200x2")
     fault = {"function": "nvmlDeviceGetTemperatureV", "gpu": 0, "action": "hang"}
     if forever:
@@ -138,25 +139,24 @@ def test_hung_temperature_query_costs_one_gpu_then_the_feature(tmp_path: Path, f
         while time.monotonic() < deadline:
             most_workers = max(most_workers, len(_workers(exp)))
             s = exp.scrape()
-            quarantined = s.value("nvgpu_feature_enabled", feature="temperature", reason="quarantined") == 0.0
-            gpu1_dark += s.value("nvgpu_device_up", gpu="1") != 1.0 and not quarantined  # then: a new worker
+            assert s.value("nvgpu_feature_enabled", feature="temperature", reason="quarantined") is None
+            gpu1_dark += s.value("nvgpu_device_up", gpu="1") != 1.0 or not s.find(
+                "nvgpu_gpu_temperature_celsius", gpu="1"
+            )
             saw_hung = saw_hung or s.value("nvgpu_device_state", gpu="0", state="hung") == 1.0
-            if (
-                s.value("nvgpu_feature_enabled", feature="temperature", reason="quarantined") == 0.0
-                and s.value("nvgpu_device_up", gpu="0") == 1.0
-            ):
+            if (s.value("nvgpu_device_faults_total", gpu="0", fault="probe_failed") or 0) >= 1:
                 break
             time.sleep(0.1)
         scraper.finish()
         s = exp.scrape()
         assert saw_hung, "GPU 0 was never reported hung"
-        assert gpu1_dark == 0, "GPU 1 lost its fresh samples while only GPU 0 hung"
+        assert gpu1_dark == 0, "GPU 1 lost its fresh samples or its temperature while only GPU 0 hung"
         assert s.value("nvgpu_worker_restarts_total", reason="hang") == 0.0  # the worker was never killed for it
-        assert s.value("nvgpu_worker_restarts_total", reason="quarantine") == 1.0
-        assert s.value("nvgpu_worker_crashes_total", feature="temperature", function="nvmlDeviceGetTemperatureV") == 2.0
+        assert s.value("nvgpu_worker_restarts_total", reason="quarantine") == 0.0
+        assert (s.value("nvgpu_device_faults_total", gpu="0", fault="probe_failed") or 0) >= 1
         assert s.value("nvgpu_device_faults_total", gpu="0", fault="hang") == 1.0
-        assert s.value("nvgpu_feature_enabled", feature="temperature", reason="quarantined") == 0.0
-        assert s.gpus() == {"0", "1"} and s.find("nvgpu_memory_used_bytes", gpu="0")
+        assert s.value("nvgpu_feature_enabled", feature="temperature", reason="quarantined") is None
+        assert s.value("nvgpu_device_state", gpu="0", state="hung") == 1.0
         assert set(scraper.statuses) == {200}
         assert max(scraper.latencies) < 1.0, max(scraper.latencies)
         assert most_workers <= 3, most_workers  # the worker, a probe, at most one hung one being replaced

@@ -39,7 +39,7 @@ from exporter.common.decode import (
     decode_value_reflective,
 )
 from exporter.common.protocol import ProtocolError
-from exporter.common.snapshot import SnapshotDecoder, decode_message, decode_message_reflective
+from exporter.common.snapshotdecode import SnapshotDecoder, decode_message, decode_message_reflective
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 READINGS = sorted({c.Reading for c in collectors.COLLECTORS.values()}, key=lambda c: c.__module__)

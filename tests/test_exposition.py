@@ -20,7 +20,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 from exporter.common import collectors
 from exporter.common.collectors import identity, power, temperature, utilization
-from exporter.common.snapshot import decode_message
+from exporter.common.snapshotdecode import decode_message
 from exporter.config import Config
 from exporter.supervisor import exposition
 from exporter.supervisor.extensions import Extension

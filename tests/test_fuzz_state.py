@@ -72,8 +72,9 @@ def test_any_state_file_loads_into_values_that_compute(content: bytes) -> None:
             assert _finite(q.since) and _finite(q.until) and q.since <= q.until <= NOW + MAX_TTL_S
             assert isinstance(q.crashes, int) and q.crashes >= 0
             assert isinstance(details[feature], str)
-        for t, feature, function, uuid, mono in store.history:
+        for t, feature, function, uuid, mono, contained in store.history:
             assert _finite(t) and feature in FEATURES and isinstance(function, str) and isinstance(uuid, str)
+            assert isinstance(contained, bool)
             assert _finite(mono) and NOW - 600.0 <= mono <= NOW  # on the store's clock, within the window
         for feature, until in store.until_mono.items():
             assert feature in store.active and NOW <= until <= NOW + 86400.0  # never beyond the TTL

@@ -39,7 +39,8 @@ from goldens import DOCS, GOLDEN, GOLDENS, Doc, Family
 from exporter.app import build_supervisor
 from exporter.common import fileio
 from exporter.common.breadcrumb import Breadcrumb
-from exporter.common.snapshot import InitFailed, decode_message
+from exporter.common.snapshot import InitFailed
+from exporter.common.snapshotdecode import decode_message
 from exporter.config import Config
 from exporter.supervisor import exposition, procmetrics, selfmetrics
 from exporter.supervisor.http.httpedge import HttpEdge

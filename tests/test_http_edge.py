@@ -202,7 +202,7 @@ def test_idle_connections_cannot_starve_the_worker_of_descriptors(tmp_path: Path
                 s.close()
             held = []
             scrape = exp.wait_for(
-                lambda s: s.value("nvgpu_worker_restarts_total", reason="crash") == 1.0 and s.value("nvgpu_up") == 1.0,
+                lambda s: s.value("nvgpu_worker_restarts_total", reason="killed") == 1.0 and s.value("nvgpu_up") == 1.0,
                 timeout=30,
                 what="a new worker after the crash",
             )

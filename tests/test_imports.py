@@ -40,8 +40,10 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
                     "supervisor",
                     "probes",
                     "workerproc",
+                    "workerstderr",
                     "accounting",
                     "policy",
+                    "deaths",
                     "quarantine",
                     "unavailable",
                     "served",
@@ -85,6 +87,7 @@ LAYERS: tuple[Mapping[str, tuple[str, ...]], ...] = (
     {
         "contract and collectors": (
             _C + "snapshot",
+            _C + "snapshotdecode",
             _C + "selfcheck",
             _C + "collectors*",
             _W + "process_attribution",  # the processes collector's read() half (worker only)

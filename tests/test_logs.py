@@ -24,7 +24,8 @@ import pytest
 from exporter_proc import SCENARIOS, Exporter, load_scenario, write_scenario
 
 from exporter.common import logs
-from exporter.supervisor.workerproc import MAX_LINE, LineSplitter, WorkerProcess
+from exporter.supervisor.workerproc import MAX_LINE, WorkerProcess
+from exporter.supervisor.workerstderr import LineSplitter
 
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from exporter.common import nativelib
-from exporter.common.snapshot import Hello, InitFailed, decode_message
+from exporter.common.snapshot import Hello, InitFailed
+from exporter.common.snapshotdecode import decode_message
 from exporter.worker import main as worker_main
 from exporter.worker.nvml.backend import FakeBackend
 from tests.exporter_proc import load_scenario, write_scenario

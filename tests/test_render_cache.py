@@ -19,7 +19,8 @@ from unittest import mock
 import pytest
 
 from exporter.common.collectors import temperature
-from exporter.common.snapshot import Snapshot, SnapshotDecoder
+from exporter.common.snapshot import Snapshot
+from exporter.common.snapshotdecode import SnapshotDecoder
 from exporter.config import Config
 from exporter.supervisor import exposition, procmetrics
 from exporter.supervisor.extensions import Extension

@@ -12,7 +12,8 @@ from exporter.common.collectors import clocks, ecc, fan, gpm, identity, nvlink, 
 from exporter.common.collectors.base import SystemInfo
 from exporter.common.decode import decode_dataclass
 from exporter.common.protocol import ProtocolError
-from exporter.common.snapshot import Bye, FeatureStat, GpuSample, Hello, InitFailed, NvmlEvent, Snapshot, decode_message
+from exporter.common.snapshot import Bye, FeatureStat, GpuSample, Hello, InitFailed, NvmlEvent, Snapshot
+from exporter.common.snapshotdecode import decode_message
 from guards.features import FeatureState, Reason
 
 READINGS: dict[str, object] = {

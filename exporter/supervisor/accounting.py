@@ -3,11 +3,17 @@
 The supervisor hands every ended worker (:class:`~exporter.supervisor.policy.Outcome`) and every GPU a worker
 reports hung to an :class:`Accountant`. It counts the death by reason and by the NVML call in
 flight, logs one structured record with the dead worker's stack, counts a crash or hang toward its
-feature's quarantine (:mod:`exporter.supervisor.quarantine`: the threshold, or a crash that follows the feature
-to a second GPU), keeps a GPU that crashed natively out of the next workers
+feature's quarantine (:mod:`exporter.supervisor.quarantine`: a fault that follows the feature to a
+second GPU, or the threshold of faults no GPU's exclusion contains), keeps a GPU that crashed
+natively out of the next workers
 (:mod:`exporter.supervisor.gpuhealth`), and returns the delay the restart policy (:mod:`exporter.supervisor.policy`)
 decides. A feature quarantined by a GPU hang asks for the worker to be replaced: the hung thread
 cannot be reused.
+
+Only the worker's own fault (``crash``) and a call that did not return (``hang``) are counted
+against the NVML call in flight; a worker killed from outside (``killed``) or by the OOM killer
+(``oom``) is counted by reason and logged with the call it was in, never blamed on it
+(:mod:`exporter.supervisor.deaths`).
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ class Accountant:
         if not feature or feature not in self.policy.quarantinable:
             return
         self.state.worker.crashes[(feature, function)] += 1
-        new = self.quarantine.record(feature, function)
+        new = self.quarantine.record(feature, function, uuid, contained=self.state.health.others_left(uuid))
         if new is not None:
             self._log_quarantine(new)
             self.state.health.on_quarantine(new.feature)
@@ -86,8 +92,12 @@ class Accountant:
         one GPU, keep that GPU out of the next workers (exporter.supervisor.gpuhealth). Returns a new quarantine."""
         candidate = self.policy.quarantine_candidate(out)
         crumb = out.crumb
-        uuid = crumb.uuid if crumb is not None and out.reason == "crash" else ""
-        new = self.quarantine.record(*candidate, uuid) if candidate is not None else None
+        uuid = crumb.uuid if crumb is not None and out.reason in ("crash", "hang") else ""
+        # contained: a crashed GPU is left out of the next workers (a probe's GPU is out already),
+        # as long as another GPU is left to sample; a whole-worker hang leaves no GPU out
+        contained = bool(uuid) and (out.reason == "crash" or self.state.health.excluded(uuid))
+        contained = contained and self.state.health.others_left(uuid)
+        new = self.quarantine.record(*candidate, uuid, contained=contained) if candidate is not None else None
         if new is not None:
             self._log_quarantine(new)
             for rec in self.state.health.on_quarantine(new.feature):
@@ -118,6 +128,17 @@ class Accountant:
                 (out.crumb.uuid if out.crumb else "") or "-",
                 out.lifetime_s,
                 extra={**record, "stack": out.stack},
+            )
+        elif out.reason in ("killed", "oom"):
+            crumb = out.crumb
+            where = f"{crumb.feature}/{crumb.function} on {crumb.uuid or '-'}" if crumb else "no NVML call"
+            log.warning(
+                "worker killed by %s %s after %.1f s (%s); not counted against any NVML call",
+                record["signal"],
+                "from outside" if out.reason == "killed" else "of the OOM killer",
+                out.lifetime_s,
+                f"in flight: {where}",
+                extra=record,
             )
         elif out.reason == "nvml_error":
             log.debug("worker exited: %s", self.state.last_init_error or "NVML unavailable", extra=record)

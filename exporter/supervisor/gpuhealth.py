@@ -10,11 +10,15 @@ so does the exporter. A GPU is out of the worker's sampling when:
   crash, as long as another GPU remains to sample (on a one-GPU node, or when the crash follows a
   feature across GPUs, the feature quarantine is the right cure and the GPU stays in).
 
-Such a GPU is retried by something expendable: a probe, a one-shot worker process that attaches
-only that GPU and samples it once, started on a backoff (``NVGPU_GPU_RETRY_SECONDS``, doubling to
+Such a GPU is retried by something expendable: a probe, a short-lived worker process that attaches
+only that GPU and samples it a few times (:mod:`exporter.supervisor.probes` says what answering
+takes), started on a backoff (``NVGPU_GPU_RETRY_SECONDS``, doubling to
 ``NVGPU_GPU_RETRY_MAX_SECONDS``). A probe that answers readmits the GPU; one that hangs is killed;
 one that crashes counts toward the feature quarantine like any crash. At most one probe runs at a
-time, and none while an earlier one is stuck unreaped in the driver.
+time, and none while an earlier one is stuck unreaped in the driver. A readmission does not reset
+the backoff: a GPU that hangs or crashes again within ``NVGPU_GPU_RETRY_MAX_SECONDS`` of it is
+retried at the next, doubled delay (a GPU that relapses at once is not readmitted every 30 s);
+only a GPU that stays up that long starts again from the first delay.
 
 The GPU's state is exported whatever the age of its readings: ``nvgpu_device_up`` and
 ``nvgpu_device_state`` (an enum), faults by kind, and the features it does not support.
@@ -108,6 +112,7 @@ class GpuRecord:
     readings_at: float | None = None  # Unix time of its last readings
     hung_in: tuple[str, str] = ("", "")  # (feature, function) of the call that did not return
     error: str = ""  # the NVML code name the worker gave for a GPU that is not up
+    readmitted_at: float | None = None  # monotonic time of the last readmission, until it stays up
 
     @property
     def key(self) -> str:
@@ -168,7 +173,7 @@ class GpuHealth:
                 rec.faults["hang"] += 1
                 rec.detail = g.detail
                 rec.hung_in = (g.feature, g.function)
-                self._schedule(rec, first=True)
+                self._schedule(rec, first=not rec.backoff_s)  # a relapse after a readmission backs off further
                 newly_hung.append(rec)
             elif g.state == "hung" and rec.next_probe is None:
                 self._schedule(rec, first=False)  # readmitted, but its thread was still stuck: retry
@@ -176,6 +181,8 @@ class GpuHealth:
                 rec.faults["lost"] += 1
             if g.state == "up":
                 rec.excluded, rec.next_probe = "", None
+                if rec.readmitted_at is not None and self.clock() - rec.readmitted_at >= self.retry_max_s:
+                    rec.readmitted_at, rec.backoff_s = None, 0.0  # up long enough: the next fault starts over
             rec.error = g.error
             rec.state = "denied" if g.state == "lost" and g.error in DENIED_ERRORS else g.state
             if g.state != "up" and g.detail:
@@ -255,6 +262,16 @@ class GpuHealth:
         self._schedule(rec, first=not rec.backoff_s)
         return rec
 
+    def others_left(self, key: str) -> bool:
+        """Another GPU than ``key`` is left to sample (not excluded, not lost): leaving ``key`` out
+        contains its fault."""
+        return any(r.key != key and r.uuid != key and not r.excluded and r.state != "lost" for r in self.gpus.values())
+
+    def excluded(self, key: str) -> bool:
+        """The GPU ``key`` is out of the worker's sampling (hung or crashed)."""
+        rec = self.by_key(key)
+        return rec is not None and (bool(rec.excluded) or rec.state == "hung")
+
     def on_quarantine(self, feature: str) -> list[GpuRecord]:
         """A feature was quarantined: GPUs excluded only for crashes in it are back at once."""
         back = []
@@ -280,8 +297,13 @@ class GpuHealth:
     def probe_done(self, rec: GpuRecord, ok: bool, why: str) -> None:
         """Record a probe's answer: readmit, or try again later."""
         if ok:
-            log.info("%s answered a probe: readmitted", rec.label())
-            rec.excluded, rec.next_probe, rec.backoff_s = "", None, 0.0
+            log.info(
+                "%s answered a probe: readmitted (%s)",
+                rec.label(),
+                why,
+                extra={"gpu": rec.index, "uuid": rec.uuid},
+            )
+            rec.excluded, rec.next_probe, rec.readmitted_at = "", None, self.clock()
             rec.crash_features.clear()
             return
         rec.faults["probe_failed"] += 1

@@ -6,8 +6,10 @@ Rules (docs/design.md, "Failure model"):
   (``backoff_initial_s``, ``2x``, ``4x`` … up to ``backoff_max_s``); a worker that lived long
   enough (``healthy_after_s``) after delivering samples resets the sequence, and so does a new
   quarantine (the cause is switched off, so the next worker should start at once);
-- a crash or hang with a breadcrumb in a quarantinable feature counts toward that feature's
-  quarantine (:mod:`exporter.supervisor.quarantine` keeps the window and the threshold);
+- a crash (a fault signal of the worker's own) or hang with a breadcrumb in a quarantinable feature
+  counts toward that feature's quarantine (:mod:`exporter.supervisor.quarantine` keeps the window and
+  the threshold); a death from outside (``killed``) or by the OOM killer (``oom``) never does
+  (:mod:`exporter.supervisor.deaths`);
 - a hung worker that cannot be reaped (uninterruptible sleep) is set aside; when a second one
   is set aside, or the replacement hangs unreapably in the same place, respawning stops rather
   than piling up workers stuck in the driver.
@@ -29,15 +31,19 @@ class Outcome:
     """How a worker ended.
 
     Attributes:
-        reason: ``crash`` (killed by a signal), ``hang`` (missed its deadline and was killed),
-            ``exit`` (exited by itself), ``nvml_error`` (NVML unusable), ``quarantine`` (replaced so that
-            a feature quarantined meanwhile is off), ``stopped`` (we stopped it).
+        reason: ``crash`` (a fault signal of its own: SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE),
+            ``hang`` (missed its deadline and was killed), ``killed`` (a signal from outside:
+            SIGKILL, SIGTERM …), ``oom`` (SIGKILL by the OOM killer), ``exit`` (exited by itself),
+            ``nvml_error`` (NVML unusable), ``quarantine`` (replaced so that a feature quarantined
+            meanwhile is off), ``stopped`` (we stopped it) (:func:`exporter.supervisor.deaths.classify`).
         returncode: the process return code (negative: signal), None if it could not be reaped.
         signal: the signal number that ended it, 0 if none.
         crumb: the NVML call in flight when it ended, if any.
         lifetime_s: seconds from spawn to end.
         reaped: False when it survived SIGKILL (uninterruptible sleep).
         stack: the worker's faulthandler output, if it printed one.
+        signal_from: who sent :attr:`signal`: ``self``, ``supervisor``, ``outside``, ``oom_killer``,
+            "" when no signal ended it.
     """
 
     reason: str
@@ -47,6 +53,7 @@ class Outcome:
     lifetime_s: float
     reaped: bool
     stack: str
+    signal_from: str = ""
 
     def record(self) -> dict[str, object]:
         """The structured log record of this death."""
@@ -55,6 +62,7 @@ class Outcome:
             "reason": self.reason,
             "exit_code": self.returncode if self.returncode is not None and self.returncode >= 0 else None,
             "signal": signal.Signals(self.signal).name if self.signal else None,
+            "signal_from": self.signal_from or None,
             "feature": crumb.feature if crumb else None,
             "function": crumb.function if crumb else None,
             "uuid": crumb.uuid if crumb else None,

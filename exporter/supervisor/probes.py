@@ -1,13 +1,22 @@
 """Probes: expendable one-shot workers that retry a hung or crashed GPU (exporter.supervisor.gpuhealth).
 
 A probe is the worker module run with ``only`` (attach just this GPU: by PCI bus id when known, which
-finds it wherever NVML now numbers it) and
-``samples: 1``: it initialises NVML, attaches the GPU on its own thread, samples every enabled
-feature once, reports the snapshot and exits. It has its own breadcrumb memory and the worker's
+finds it wherever NVML now numbers it) and ``samples`` (:func:`probe_samples`): it initialises
+NVML, attaches the GPU on its own thread, samples every enabled feature that many times, one
+interval apart, reports each snapshot and exits. It has its own breadcrumb memory and the worker's
 deadlines, so a probe that hangs is killed and one that crashes names the call. At most one runs at
-a time, and none while an earlier one is stuck unreaped in the driver (no pile-up). A probe that
-answers readmits the GPU (the running worker is told on its standard input); one that crashes or
-hangs counts toward its feature's quarantine like any worker.
+a time, and none while an earlier one is stuck unreaped in the driver (no pile-up).
+
+A probe *answers* (:func:`answered`) only when every one of its snapshots shows the GPU up with
+readings from that very pass (a call still in flight leaves the previous readings, or none: a
+worker reports a GPU ``up`` until its call outlasts the deadline), there were at least
+:data:`PROBE_MIN_SAMPLES` of them over at least :data:`PROBE_MIN_S`, and the probe ended by itself
+with ``nvmlShutdown`` done (it is skipped while any call is in flight). Before this, one snapshot
+taken an interval after start counted: a GPU whose call hangs at once "answered" and was readmitted
+again and again. A probe that answers readmits the GPU (the running worker is told on its standard
+input); one whose GPU is reported not up is stopped at once (it has answered no); one that
+crashes or hangs counts toward its feature's quarantine like any worker; one killed from outside
+proves nothing either way and is retried later.
 
 The loop sleeps until the earliest probe is due (:attr:`exporter.supervisor.gpuhealth.GpuRecord.next_probe`),
 or until :meth:`Prober.poke` says the schedule changed; it does not poll, except every
@@ -18,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable
 from typing import Any
 
 from exporter.common.breadcrumb import BreadcrumbReader
-from exporter.common.snapshot import InitFailed, Message, Snapshot
+from exporter.common.snapshot import Bye, InitFailed, Message, Snapshot
 from exporter.config import Config
 from exporter.supervisor.accounting import Accountant
 from exporter.supervisor.gpuhealth import GpuRecord
@@ -31,6 +41,37 @@ from exporter.supervisor.served import ServedState
 from exporter.supervisor.workerproc import WorkerProcess, worker_config, worker_env
 
 PROBE_POLL_S = 1.0  # while a probe is stuck unreaped in the driver: how often to look again
+PROBE_MIN_SAMPLES = 3  # snapshots a probe must answer with fresh readings
+PROBE_MIN_S = 5.0  # ... spread over at least this long (more samples at a short interval)
+
+
+def probe_samples(interval_s: float) -> int:
+    """Samples a probe takes: :data:`PROBE_MIN_SAMPLES`, more when the interval is short, so the
+    first and the last are at least :data:`PROBE_MIN_S` apart (6 at 1 s, 11 at 0.5 s)."""
+    return max(PROBE_MIN_SAMPLES, math.ceil(PROBE_MIN_S / max(interval_s, 1e-3)) + 1)
+
+
+def answered(snaps: list[tuple[str, float | None]], samples: int, clean_exit: bool) -> tuple[bool, str]:
+    """Whether a probe's snapshots readmit its GPU, and why (not).
+
+    Args:
+        snaps: (state, sampled_at) of the GPU in each snapshot, in order (``sampled_at``: the Unix
+            time of its readings, None without any).
+        samples: snapshots asked for.
+        clean_exit: it exited 0 after ``nvmlShutdown`` (no NVML call left in flight).
+    """
+    if len(snaps) < samples:
+        return False, f"{len(snaps)} of {samples} samples"
+    last: float | None = None
+    for i, (state, at) in enumerate(snaps):
+        if state != "up":
+            return False, f"sample {i + 1} of {samples}: {state}"
+        if at is None or (last is not None and at <= last):
+            return False, f"sample {i + 1} of {samples}: no fresh readings (a call still in flight)"
+        last = at
+    if not clean_exit:
+        return False, "an NVML call was still in flight at its end"
+    return True, f"{samples} samples with fresh readings"
 
 
 class Prober:
@@ -114,14 +155,23 @@ class Prober:
         if self._crumbs is None:
             self._crumbs = BreadcrumbReader()
         self._crumbs.clear()
-        config = worker_config(self.config, self.quarantine.details(), only=(rec.ref(),), samples=1)
+        samples = probe_samples(self.config.interval_s)
+        config = worker_config(self.config, self.quarantine.details(), only=(rec.ref(),), samples=samples)
         seen: dict[str, str] = {}
+        snaps: list[tuple[str, float | None]] = []
 
         def on_message(msg: Message) -> None:
             if isinstance(msg, Snapshot) and msg.gpus:
                 seen["state"], seen["detail"] = msg.gpus[0].state, msg.gpus[0].detail
+                snaps.append((msg.gpus[0].state, msg.gpus[0].sampled_at))
+                if msg.gpus[0].state != "up":
+                    seen["failed"] = msg.gpus[0].state  # decided: stop it rather than wait for the rest
+                    if self.probe is not None:
+                        self.probe.wake()  # its watch looks at stopping() only when woken
             elif isinstance(msg, InitFailed):
                 seen["state"], seen["detail"] = "init_failed", msg.message
+            elif isinstance(msg, Bye):
+                seen["bye"] = "clean" if msg.nvml_shutdown else "in_flight"
 
         probe = WorkerProcess(
             worker_env(config, self.epoch),
@@ -132,15 +182,20 @@ class Prober:
             on_error=lambda doing: self.state.count_error("probe", doing),
         )
         self.probe = probe
-        out = await probe.run(await probe.spawn(), self.stopped, 1.0)
+        out = await probe.run(await probe.spawn(), lambda: self.stopped() or "failed" in seen, 1.0)
         if self.stopped():
             return
-        ok = seen.get("state") == "up" and out.reason == "exit" and out.returncode == 0
+        clean = out.reason == "exit" and out.returncode == 0 and seen.get("bye") == "clean"
+        ok, why = answered(snaps, samples, clean)
+        if not ok and seen.get("state") not in (None, "up"):
+            why = seen.get("detail") or why
+        elif out.reason not in ("exit", "stopped"):
+            why = f"probe {out.reason}" + (f" by {out.signal_from}" if out.signal_from else "")
         if out.reason in ("crash", "hang"):
             self.state.worker.crashes[out.place()] += 1
             if self.accountant.count_crash(out) is not None:
                 self.accountant.replace_worker = True
-        self.state.health.probe_done(rec, ok, seen.get("detail") or f"probe {out.reason}")
+        self.state.health.probe_done(rec, ok, why)
         if ok:
             self.readmit(rec.key)
         if out.reaped:

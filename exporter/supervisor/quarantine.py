@@ -1,9 +1,14 @@
 """Crash quarantine: a feature in flight at crashes or hangs that keep coming is switched off.
 
-A feature is quarantined when it was in flight at ``threshold`` worker crashes or hangs within the
-window, or at crashes on two different GPUs within it: a crash that follows a feature from GPU to
-GPU is the feature's fault, not one GPU's (the incident: the NVLink throughput query crashed on
-every H20), so switching the feature off node-wide is the smallest cure that contains it.
+A fault on one GPU stays that GPU's: a hang or crash in a call on a GPU that can be left out (the
+worker stops calling a hung GPU; the next worker does not attach a crashed one; a probe retries
+either, :mod:`exporter.supervisor.gpuhealth`) is *contained* and never switches the feature off
+on the healthy GPUs, however often it repeats. A feature is quarantined node-wide when, within the
+window, it was in flight at faults on two different GPUs (a crash that follows a feature from GPU
+to GPU is the feature's fault, not one GPU's: the incident, the NVLink throughput query crashed on
+every H20), or at ``threshold`` faults that were not contained (no GPU named, or the only GPU left
+to sample). Only the worker's own faults and the calls that did not return are counted: a worker
+killed from outside or by the OOM killer is not (:mod:`exporter.supervisor.deaths`).
 
 State lives in a JSON file (``NVGPU_STATE_FILE``; the DaemonSet mounts an emptyDir there) so a
 container restart does not walk back into the crash loop. A quarantine expires after a TTL
@@ -111,6 +116,7 @@ class Crash(NamedTuple):
         function: the NVML function in flight.
         uuid: the GPU's UUID (its PCI bus id without one), "" when not per GPU.
         mono: CLOCK_MONOTONIC at the crash: the window is measured on it.
+        contained: the GPU was left out for it (counts only toward the two-GPU rule).
     """
 
     t: float
@@ -118,6 +124,7 @@ class Crash(NamedTuple):
     function: str
     uuid: str
     mono: float
+    contained: bool = False
 
 
 def read_boot_id(path: str = BOOT_ID_PATH) -> str:
@@ -238,19 +245,20 @@ class QuarantineStore:
         self.expire()
 
     def _history_entry(self, entry: Any, same_boot: bool, wall: float, mono: float) -> Crash | None:
-        """A crash of the file: ``[time, feature, function(, uuid(, monotonic))]``. Its monotonic
-        instant is the file's when the boot is the same, else derived from its wall age (at most
-        the window old, never in the future)."""
-        if isinstance(entry, list) and len(entry) in (3, 4, 5) and all(isinstance(x, str) for x in entry[1:4]):
+        """A crash of the file: ``[time, feature, function(, uuid(, monotonic(, contained)))]``. Its
+        monotonic instant is the file's when the boot is the same, else derived from its wall age
+        (at most the window old, never in the future)."""
+        if isinstance(entry, list) and len(entry) in (3, 4, 5, 6) and all(isinstance(x, str) for x in entry[1:4]):
             t, feature, function, *rest = entry
-            if _finite(t) and feature in self.features:
+            contained = rest[2] if len(rest) > 2 else False
+            if _finite(t) and feature in self.features and isinstance(contained, bool):
                 uuid = rest[0] if rest else ""
                 stored: Any = rest[1] if len(rest) > 1 else None
                 if same_boot and _finite(stored) and stored <= mono:
                     at = float(stored)
                 else:
                     at = mono - min(max(wall - float(t), 0.0), self.window_s)
-                return Crash(float(t), feature, function, uuid, at)
+                return Crash(float(t), feature, function, uuid, at, contained)
         self.dropped.append(f"history entry {str(entry)[:80]}")
         return None
 
@@ -370,17 +378,18 @@ class QuarantineStore:
         self.history = [h for h in self.history if mono - h.mono <= self.window_s][-HISTORY_MAX:]
         return released
 
-    def record(self, feature: str, function: str, uuid: str = "") -> Quarantine | None:
-        """Count a crash/hang in ``feature`` (on GPU ``uuid``: its UUID, or PCI bus id without one);
-        returns the new quarantine if this one tipped it (the threshold, or a second GPU crashing in
-        the same feature)."""
+    def record(self, feature: str, function: str, uuid: str = "", contained: bool = False) -> Quarantine | None:
+        """Count a crash/hang in ``feature`` (on GPU ``uuid``: its UUID, or PCI bus id without one;
+        ``contained``: that GPU is left out for it); returns the new quarantine if this one tipped
+        it (a second GPU faulting in the same feature, or the threshold of faults not contained)."""
         now, mono = self.clock(), self.mono()
         self.expire()
-        self.history.append(Crash(now, feature, function, uuid, mono))
+        self.history.append(Crash(now, feature, function, uuid, mono, contained and bool(uuid)))
         mine = [h for h in self.history if h.feature == feature]
         gpus = {h.uuid for h in mine if h.uuid}
+        loose = [h for h in mine if not h.contained]
         new = None
-        if (len(mine) >= self.threshold or len(gpus) >= 2) and feature not in self.active:
+        if (len(loose) >= self.threshold or len(gpus) >= 2) and feature not in self.active:
             new = Quarantine(feature, function, now, now + self.ttl_s, len(mine))
             self.active[feature] = new
             self.until_mono[feature] = mono + self.ttl_s

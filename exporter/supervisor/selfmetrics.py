@@ -88,8 +88,9 @@ NVML_ERRORS = _m(
 NVML_CALLS = _m("nvgpu_nvml_calls_total", "NVML calls made by workers since the exporter started")
 WORKER_RESTARTS = _m(
     "nvgpu_worker_restarts_total",
-    "Worker restarts by reason (crash: killed by a signal; hang: missed its deadline; exit: exited; "
-    "nvml_error: NVML unusable; quarantine: replaced to switch a newly quarantined feature off)",
+    "Worker restarts by reason (crash: a fault signal of its own, SIGSEGV/SIGBUS/SIGABRT/SIGILL/SIGFPE; "
+    "hang: missed its deadline; killed: a signal from outside, SIGKILL/SIGTERM; oom: killed by the OOM killer; "
+    "exit: exited; nvml_error: NVML unusable; quarantine: replaced to switch a newly quarantined feature off)",
     ("reason",),
 )
 WORKER_CRASHES = _m(
@@ -134,7 +135,7 @@ METRICS = (
     SUPERVISOR_ERRORS,
     FILE_READ_FAILURES,
 )
-RESTART_REASONS = ("crash", "hang", "exit", "nvml_error", "quarantine")
+RESTART_REASONS = ("crash", "hang", "killed", "oom", "exit", "nvml_error", "quarantine")
 
 
 def families(state: ServedState, render_failed: Collection[str]) -> list[Metric]:

@@ -2,7 +2,7 @@
 
 :meth:`WorkerProcess.run` starts ``python -m exporter.worker`` (spawn/exec: NVML state is not
 fork-safe) with the message pipe and the breadcrumb memory passed as descriptors, decodes each
-message once (:class:`exporter.common.snapshot.SnapshotDecoder`: one per worker, so repeated readings
+message once (:class:`exporter.common.snapshotdecode.SnapshotDecoder`: one per worker, so repeated readings
 are reused from its last snapshot) and hands it to ``on_message``, echoes the
 worker's stderr while keeping its tail (the faulthandler stack of a crash), and watches the
 deadline: ``init_deadline_s`` until the worker's ``hello``, then ``interval_s + sample_deadline_s``
@@ -10,7 +10,9 @@ after each snapshot, on a timer armed for the deadline itself (no polling: the l
 worker exits, when the deadline passes, or when :meth:`WorkerProcess.wake` is called because the
 caller's ``stopping()`` may have turned true). A worker past its deadline is asked to stop
 (SIGTERM), then killed (SIGKILL); one that survives SIGKILL (uninterruptible sleep in the driver) is
-reported as not reaped and left to the caller. It returns how the worker ended; what happens next is
+reported as not reaped and left to the caller. It returns how the worker ended, and who ended it
+(:mod:`exporter.supervisor.deaths`: only a fault signal of its own is a ``crash``; a signal from
+outside, the OOM killer and the supervisor's own kills are counted as what they are); what happens next is
 :mod:`exporter.supervisor.policy`'s call.
 """
 
@@ -26,15 +28,18 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from exporter.common import fileio, protocol
 from exporter.common.breadcrumb import Breadcrumb, BreadcrumbReader
 from exporter.common.logs import WorkerLogRelay, log_once
-from exporter.common.snapshot import Hello, Message, Progress, Snapshot, SnapshotDecoder
+from exporter.common.snapshot import Hello, Message, Progress, Snapshot
+from exporter.common.snapshotdecode import SnapshotDecoder
 from exporter.common.workerconfig import ENV_VAR, CollectorOptions, Exclusion, GpuRef, ProcessOptions, WorkerConfig
+from exporter.supervisor import deaths
 from exporter.supervisor.policy import Outcome
+from exporter.supervisor.workerstderr import LineSplitter, StderrBlock
 
 if TYPE_CHECKING:
     from exporter.config import Config
@@ -47,8 +52,6 @@ STDERR_LINES = 400
 _CURRENT_THREAD = re.compile(r"Current thread (0x[0-9a-fA-F]+)")
 STDERR_CHUNK = 64 << 10  # bytes read from the worker's stderr at a time
 MAX_LINE = 8 << 10  # bytes of one stderr line kept; the rest is dropped and counted
-BLOCK_QUIET_S = 0.25  # non-log text is one record once the worker is quiet this long
-BLOCK_MAX_LINES = 200  # ... or once it is this long
 RELAY = WorkerLogRelay()  # shared by every worker: "once" INFO records stay once per exporter
 
 
@@ -74,6 +77,8 @@ class WorkerProcess:
         on_error: called from an ``except`` block with what was being done when reading or handling
             the worker's messages raised something other than a protocol error (the supervisor
             counts it as component ``worker_io``); reading goes on with the next line.
+        oom: the kernel's OOM-kill count (default: :func:`exporter.supervisor.deaths.oom_kills`),
+            read at spawn and at each snapshot: a SIGKILL while it rose is the OOM killer's.
     """
 
     def __init__(
@@ -84,8 +89,12 @@ class WorkerProcess:
         deadlines: tuple[float, float],
         proc_state_fn: Callable[[int], str | None] = proc_state,
         on_error: Callable[[str], None] | None = None,
+        oom: deaths.OomKills | None = None,
     ) -> None:
         self.env = env
+        self.oom = oom if oom is not None else deaths.oom_kills()
+        self.oom_before: int | None = None
+        self.hung_gpus: set[str] = set()  # GPUs this worker reported hung: their calls are known, not a death's cause
         self.on_error = on_error or _log_error
         self.crumbs = crumbs
         self.on_message = on_message
@@ -131,6 +140,7 @@ class WorkerProcess:
         finally:
             os.close(write_fd)
         self.spawned_mono = time.monotonic()
+        self.oom_before = self.oom.read()
         reader = asyncio.StreamReader(limit=64 << 20)
         loop = asyncio.get_running_loop()
         pipe = None
@@ -190,17 +200,19 @@ class WorkerProcess:
         assert self.proc is not None
         rc = self.proc.returncode
         sig = -rc if rc is not None and rc < 0 else 0
-        if self.killed_for_hang:
-            reason = "hang"
-        elif stopped:
-            reason = "stopped"
-        elif sig:
-            reason = "crash"
-        elif rc == protocol.EXIT_NVML_FATAL:
-            reason = "nvml_error"
-        else:
-            reason = "exit"
-        return Outcome(reason, rc, sig, crumb, time.monotonic() - self.spawned_mono, reaped, self.dead_stack())
+        death = deaths.classify(
+            rc, deadline_kill=self.killed_for_hang, stopping=stopped, oom_rose=self.oom.rose(self.oom_before)
+        )
+        return Outcome(
+            death.reason,
+            rc,
+            sig,
+            crumb,
+            time.monotonic() - self.spawned_mono,
+            reaped,
+            self.dead_stack(),
+            death.signal_from,
+        )
 
     async def _read_messages(self, reader: asyncio.StreamReader) -> None:
         """Decode and hand on each message line; nothing a line holds ends the reading."""
@@ -228,6 +240,9 @@ class WorkerProcess:
                 if not self.hello:
                     self.hello = True
                     self._wake.set()  # the sample deadline replaces the init deadline: it may be sooner
+            if isinstance(msg, Snapshot):
+                self.hung_gpus = {k for g in msg.gpus if g.state == "hung" for k in (g.key, g.uuid) if k}
+                self.oom_before = self.oom.read()
             elif isinstance(msg, Progress):  # an init step finished: the init deadline starts again
                 self.last_message_mono = time.monotonic()
             try:
@@ -245,14 +260,15 @@ class WorkerProcess:
         traceback, a C library's message) is kept in :attr:`stderr_tail` and gathered into one
         record: a fatal report is not written at all, because the death record carries it
         (``stack``, from :meth:`dead_stack`: one traceback per crash); other text becomes one record
-        once the worker has been quiet for :data:`BLOCK_QUIET_S` or writes a log line again.
+        once the worker has been quiet for :data:`exporter.supervisor.workerstderr.BLOCK_QUIET_S` or
+        writes a log line again.
 
         Reading never waits for a newline: a line longer than :data:`MAX_LINE` bytes (a very long
         driver string) is cut there and marked with the number of bytes dropped, and the rest is
         still read, so the worker never blocks on a full pipe and nothing later is lost.
         """
         splitter = LineSplitter(MAX_LINE)
-        block = _StderrBlock(self)
+        block = StderrBlock(lambda: self.pid)
         try:
             while True:
                 chunk = await stream.read(STDERR_CHUNK)
@@ -265,7 +281,7 @@ class WorkerProcess:
         finally:
             block.flush(at_exit=True)
 
-    def _stderr_line(self, text: str, block: _StderrBlock) -> None:
+    def _stderr_line(self, text: str, block: StderrBlock) -> None:
         stripped = text.strip()
         if stripped.startswith("{"):
             try:
@@ -283,19 +299,8 @@ class WorkerProcess:
         block.add(text)
 
     def blame(self, stack: str) -> Breadcrumb | None:
-        """The NVML call that ended the worker, from the breadcrumbs of its threads.
-
-        A native crash prints the crashing thread (faulthandler: ``Current thread 0x…``); the call
-        in flight on that thread is the one to blame, whatever other GPU threads were doing. Without
-        a stack (a hang, SIGKILL), the one call in flight is blamed, or the oldest of several (a call
-        stuck longest is the likeliest cause of a hang); a wait for events is never blamed.
-        """
-        crumbs = [c for c in self.crumbs.in_flight() if c.function != "nvmlEventSetWait_v2"]
-        match = _CURRENT_THREAD.search(stack)
-        if match is not None:
-            tid = int(match.group(1), 16)
-            return next((c for c in crumbs if c.thread == tid), None)
-        return min(crumbs, key=lambda c: c.entered_at) if crumbs else None
+        """The NVML call that ended the worker (:func:`blame`)."""
+        return blame(self.crumbs.in_flight(), stack, self.hung_gpus)
 
     def dead_stack(self) -> str:
         """The faulthandler report at the end of the worker's stderr, if any."""
@@ -358,106 +363,6 @@ class WorkerProcess:
         return await self.kill(wait_task)
 
 
-class LineSplitter:
-    """Bytes in, text lines out, with a bound on the length of one line.
-
-    Args:
-        max_line: bytes kept of one line; the rest is dropped and the line marked with how many.
-    """
-
-    def __init__(self, max_line: int) -> None:
-        self.max_line = max_line
-        self._buf = bytearray()
-        self._dropped = 0
-
-    def feed(self, chunk: bytes) -> list[str]:
-        """The complete lines ``chunk`` finishes (without their newline)."""
-        out: list[str] = []
-        self._buf += chunk
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                if len(self._buf) > self.max_line:
-                    self._dropped += len(self._buf) - self.max_line
-                    del self._buf[self.max_line :]
-                return out
-            line = bytes(self._buf[:nl])
-            del self._buf[: nl + 1]
-            if len(line) > self.max_line:
-                self._dropped += len(line) - self.max_line
-                line = line[: self.max_line]
-            out.append(self._text(line))
-
-    def close(self) -> list[str]:
-        """The last line, if the stream did not end with a newline."""
-        if not self._buf and not self._dropped:
-            return []
-        line, self._buf = bytes(self._buf), bytearray()
-        return [self._text(line)]
-
-    def _text(self, line: bytes) -> str:
-        text = line.decode("utf-8", "replace").rstrip("\r")
-        if self._dropped:
-            text += f" [... {self._dropped} more bytes dropped: a stderr line is kept up to {self.max_line} bytes]"
-            self._dropped = 0
-        return text
-
-
-class _StderrBlock:
-    """Consecutive non-log lines of a worker's stderr, written as one record (see ``_read_stderr``)."""
-
-    def __init__(self, worker: WorkerProcess) -> None:
-        self.worker = worker
-        self.lines: list[str] = []
-        self._timer: asyncio.TimerHandle | None = None
-
-    @property
-    def fatal(self) -> bool:
-        return bool(self.lines) and self.lines[0].startswith("Fatal Python error")
-
-    def add(self, text: str) -> None:
-        if not self.lines and not text.strip():
-            return
-        if self.lines and not self.fatal and text.startswith("Fatal Python error"):
-            self.flush()
-        self.lines.append(text)
-        if self.fatal:
-            return  # the process is dying: the death record carries it
-        if len(self.lines) >= BLOCK_MAX_LINES:
-            self.flush()
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(BLOCK_QUIET_S, self.flush)
-
-    def flush(self, at_exit: bool = False) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        lines, self.lines = self.lines, []
-        if not lines:
-            return
-        if lines[0].startswith("Fatal Python error"):
-            if not at_exit:
-                self.lines = lines  # keep gathering until the worker is gone
-            return
-        text = "\n".join(lines).rstrip()
-        last = lines[-1].strip()
-        pid = self.worker.pid
-        if last == "KeyboardInterrupt":
-            log.info(
-                "worker %s interrupted by SIGINT (Ctrl-C reaches the whole process group)",
-                pid,
-                extra={"worker_pid": pid},
-            )
-        elif any(line.startswith("Traceback (most recent call last)") for line in lines):
-            log.error("worker %s: %s", pid, last[:500], extra={"worker_pid": pid, "stack": text})
-        elif len(lines) == 1:
-            log.warning("worker %s wrote to stderr: %s", pid, text, extra={"worker_pid": pid})
-        else:
-            log.warning("worker %s wrote to stderr: %s", pid, last, extra={"worker_pid": pid, "stderr": text})
-
-
 async def _watch(
     w: WorkerProcess, wait_task: asyncio.Future[Any], stopping: Callable[[], bool]
 ) -> tuple[Breadcrumb | None, bool]:
@@ -485,6 +390,25 @@ async def _watch(
         if woken is not None:
             woken.cancel()
     return None, True
+
+
+def blame(in_flight: Sequence[Breadcrumb], stack: str, hung_gpus: Collection[str] = ()) -> Breadcrumb | None:
+    """The NVML call that ended a worker, from the breadcrumbs of its threads in flight.
+
+    A native crash prints the crashing thread (faulthandler: ``Current thread 0x…``); the call
+    in flight on that thread is the one to blame, whatever other GPU threads were doing. Without
+    a stack (a hang, SIGKILL), the one call in flight is blamed, or the oldest of several (a call
+    stuck longest is the likeliest cause of a hang); a wait for events is never blamed, nor,
+    without a stack, the stuck call of a GPU the worker already reported hung (``hung_gpus``: it
+    was counted when reported, and it is the oldest call by construction).
+    """
+    crumbs = [c for c in in_flight if c.function != "nvmlEventSetWait_v2"]
+    match = _CURRENT_THREAD.search(stack)
+    if match is not None:
+        tid = int(match.group(1), 16)
+        return next((c for c in crumbs if c.thread == tid), None)
+    crumbs = [c for c in crumbs if not (c.uuid and c.uuid in hung_gpus)]
+    return min(crumbs, key=lambda c: c.entered_at) if crumbs else None
 
 
 def _log_error(doing: str) -> None:

@@ -13,6 +13,9 @@ Environment (set by the supervisor): ``NVGPU_WORKER_CONFIG`` (a
 (message pipe), ``NVGPU_BREADCRUMB_FD`` (shared memory). Standard input: ``{"type": "shutdown"}``
 or EOF asks for an orderly stop: sampling stops between calls, the event thread is drained with a bound,
 and ``nvmlShutdown`` runs only when no NVML call is in flight (the race nvitop 1.7.1 fixed).
+SIGTERM stops it in the same order, and then the process ends by SIGTERM again
+(:data:`TERMINATED`, :mod:`exporter.worker.__main__`): the supervisor reads a SIGTERM it did not
+send as a death from outside, never as a clean exit.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from exporter.common.workerconfig import WorkerConfig
 from exporter.worker.nvml.client import NvmlClient, NvmlFatal, Stopping
 from exporter.worker.nvml_events import EventWatcher
 from exporter.worker.sampler import Sampler
+
+TERMINATED = threading.Event()
+"""Set by SIGTERM: the process ends by that signal once stopped in order (``__main__``)."""
 
 log = logging.getLogger("exporter.worker")
 
@@ -257,7 +263,12 @@ def main() -> int:
     channel = Channel(int(os.environ["NVGPU_WORKER_FD"]))
     crumb_fd = os.environ.get("NVGPU_BREADCRUMB_FD")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_sigterm(*_: object) -> None:
+        TERMINATED.set()
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
     # What this process imported, before NVML can fail; again with the driver version after init.
     channel.send("selfcheck", **selfcheck_to_wire(selfcheck.run_in_process("worker")))

@@ -414,6 +414,13 @@ def capture(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
     # events first, then snapshots, so the fixture reads in the order a supervisor applies them
     order = {"selfcheck": 0, "hello": 1, "event": 2, "snapshot": 3}
     messages.sort(key=lambda m: order.get(m["type"], 9))
+    # a golden records a healthy exporter: a self-check problem of the machine it was captured on (a
+    # stale copy of the package shadowing this checkout, say) would be frozen into every golden
+    checks = [selfcheck.to_dict(selfcheck.run_in_process("supervisor"))]
+    checks += [m for m in messages if m["type"] == "selfcheck"]
+    problems = [p for c in checks for p in c.get("problems", [])]
+    if problems:
+        raise RuntimeError(f"self-check problems in this environment, capture in a clean one: {problems}")
     fixture = {
         "comment": f"captured by tests/golden/capture.py from the real worker on golden {name!r} at scenario time 0",
         "golden": name,
