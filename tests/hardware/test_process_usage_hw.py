@@ -244,7 +244,7 @@ def test_per_process_memory_and_sm_attribution(tmp_path: Path) -> None:
         verdict = evaluate(reports, readings)
         result["verdict"] = verdict
         assert not result["exporter"]["dropped"], result["exporter"]["dropped"]
-        assert any(a["list"] == "compute" for a in result["exporter"]["process_api"])
+        assert any(a["call"] == "compute_processes" for a in result["exporter"]["process_api"])
         assert not verdict["failures"], verdict["failures"]
     finally:
         stop.write_text("stop")
