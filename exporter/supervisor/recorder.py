@@ -182,7 +182,9 @@ class Recorder:
             self.timeline.meta["init_error"] = error
 
     def worker_death(self, out: Outcome) -> None:
-        """A worker died: the node's lane, and the GPU's of the call in flight (a crash loop: one event)."""
+        """A worker died: the node's lane, and the GPU's of the call in flight when the call is to blame
+        (``crash``, ``hang``: :mod:`exporter.supervisor.deaths`); a death from outside or by the OOM
+        killer is the node's alone, whatever call was in flight (a crash loop: one event)."""
         if out.reason == "stopped":
             return
         rec = out.record()
@@ -192,7 +194,7 @@ class Recorder:
         text = f"worker died: {out.reason}{f' ({how})' if how else ''}{where} after {out.lifetime_s:.1f} s"
         key = (out.reason, rec["signal"], rec["feature"], rec["function"], rec["uuid"])
         self.timeline.add("worker_death", NODE, text, rec, key=key)
-        if crumb is not None and crumb.uuid:
+        if crumb is not None and crumb.uuid and out.reason in ("crash", "hang"):
             self.timeline.add("worker_death", crumb.uuid, text, rec, gpu=self._index(crumb.uuid), key=key)
 
     def quarantine(self, q: Quarantine) -> None:
