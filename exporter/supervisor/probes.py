@@ -16,7 +16,7 @@ taken an interval after start counted: a GPU whose call hangs at once "answered"
 again and again. A probe that answers readmits the GPU (the running worker is told on its standard
 input); one whose GPU is reported not up is stopped at once (it has answered no); one that
 crashes or hangs counts toward its feature's quarantine like any worker; one killed from outside
-proves nothing either way and is retried later.
+proves nothing either way and is retried later at the same backoff, with no ``probe_failed`` fault.
 
 The loop sleeps until the earliest probe is due (:attr:`exporter.supervisor.gpuhealth.GpuRecord.next_probe`),
 or until :meth:`Prober.poke` says the schedule changed; it does not poll, except every
@@ -195,7 +195,10 @@ class Prober:
             self.state.worker.crashes[out.place()] += 1
             if self.accountant.count_crash(out) is not None:
                 self.accountant.replace_worker = True
-        self.state.health.probe_done(rec, ok, why)
+        if out.reason in ("killed", "oom") and "failed" not in seen:
+            self.state.health.probe_inconclusive(rec, why)  # its GPU said nothing wrong: not a fault
+        else:
+            self.state.health.probe_done(rec, ok, why)
         if ok:
             self.readmit(rec.key)
         if out.reaped:
