@@ -144,14 +144,14 @@ def test_a_probe_whose_call_is_still_in_flight_does_not_answer() -> None:
     its own pass and the probe must end with no call in flight."""
     n = probe_samples(1.0)
     assert n == 6 and probe_samples(0.5) == 11 and probe_samples(30.0) == 3
-    fresh = [("up", 100.0 + i) for i in range(n)]
-    assert answered(fresh, n, clean_exit=True)[0]
-    assert not answered(fresh, n, clean_exit=False)[0]  # nvmlShutdown skipped: a call in flight
-    assert not answered([("up", None)] * n, n, clean_exit=True)[0]  # never any readings
-    stale = [*fresh[:2], ("up", fresh[1][1]), *fresh[3:]]
-    assert "no fresh readings" in answered(stale, n, clean_exit=True)[1]
-    assert not answered(fresh[:-1], n, clean_exit=True)[0]
-    assert not answered([*fresh[:-1], ("hung", 200.0)], n, clean_exit=True)[0]
+    fresh: list[tuple[str, float | None]] = [("up", 0.0)] * n  # (state, age of the readings)
+    assert answered(fresh, n, clean_exit=True, max_age_s=0.5)[0]
+    assert not answered(fresh, n, clean_exit=False, max_age_s=0.5)[0]  # nvmlShutdown skipped: a call in flight
+    assert not answered([("up", None)] * n, n, clean_exit=True, max_age_s=0.5)[0]  # never any readings
+    stale = [*fresh[:2], ("up", 1.0), *fresh[3:]]  # the previous pass's readings, an interval old
+    assert "no fresh readings" in answered(stale, n, clean_exit=True, max_age_s=0.5)[1]
+    assert not answered(fresh[:-1], n, clean_exit=True, max_age_s=0.5)[0]
+    assert not answered([*fresh[:-1], ("hung", 0.0)], n, clean_exit=True, max_age_s=0.5)[0]
 
 
 def _report(health: GpuHealth, state: str) -> list[GpuRecord]:

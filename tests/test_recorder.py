@@ -183,6 +183,20 @@ def test_worker_deaths_name_the_call_in_flight_and_a_crash_loop_is_one_event_wit
     sup.close()
 
 
+def test_a_death_from_outside_or_by_the_oom_killer_is_filed_in_the_node_lane_only(tmp_path: Path) -> None:
+    sup = build(tmp_path)
+    sup.handle(hello())
+    crumb = Breadcrumb("nvlink_throughput", "nvmlDeviceGetFieldValues", U0, 0.0, True)
+    sup.account(Outcome("killed", -9, 9, crumb, 0.2, True, "", "outside"))
+    sup.account(Outcome("oom", -9, 9, crumb, 0.2, True, "", "oom_killer"))
+    tl = sup.state.recorder.timeline
+    assert {e.data["reason"] for e in tl.events([NODE], kinds=["worker_death"])} == {"killed", "oom"}
+    assert tl.events([U0], kinds=["worker_death"]) == []
+    sup.account(Outcome("hang", -9, 9, crumb, 0.2, True, "", "supervisor"))
+    assert [e.data["reason"] for e in tl.events([U0], kinds=["worker_death"])] == ["hang"]
+    sup.close()
+
+
 def test_a_recorder_bug_is_counted_and_never_costs_the_xid_count(tmp_path: Path) -> None:
     sup = build(tmp_path)
 

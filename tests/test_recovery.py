@@ -94,6 +94,22 @@ def test_a_signature_that_did_not_clear_after_the_action_recurred_at_once() -> N
     assert w is not None and w.state == "recurred" and w.cleared is False and "did not clear" in w.recurred_by
 
 
+def test_an_exporter_restart_that_did_not_clear_the_signature_leaves_the_watch_open_not_recurred() -> None:
+    r, c = tracker()
+    r.sample(U, "0", True, "reset_gpu", "stuck_context")
+    r.action("exporter_restart", "the exporter was stopped for 3 s and started again")
+    c.advance(5)
+    r.sample(U, "0", True, "reset_gpu", "stuck_context")  # an OOM-killed exporter cured nothing
+    w = r.latest(U)
+    assert w is not None and w.state == "open" and w.action == "" and not w.recurred_by
+    assert [e.data["state"] for e in r.timeline.events(kinds=["recovery"])] == ["open", "pending", "open"]
+    r.action("gpu_reset", "the GPU answers again after being lost", U, "0")
+    r.action("exporter_restart", "the exporter restarted")  # does not replace the reset it waits on
+    assert w.action == "gpu_reset"
+    r.sample(U, "0", True, "reset_gpu", "stuck_context")
+    assert w.state == "recurred" and "after gpu reset" in w.recurred_by
+
+
 def test_a_fault_that_went_away_by_itself_is_watched_too() -> None:
     r, c = tracker()
     r.sample(U, "0", True, "stop_scheduling", "application_xids_several_processes")

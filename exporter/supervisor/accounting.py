@@ -102,7 +102,10 @@ class Accountant:
             self._log_quarantine(new)
             for rec in self.state.health.on_quarantine(new.feature):
                 log.info("%s was out only for crashes in %s: back in", rec.label(), new.feature)
-        if uuid and crumb is not None:
+        # only a crash is the GPU's "crashed": a whole-worker hang is a deadline kill (a frozen or
+        # CPU-throttled exporter causes one too), and a GPU whose own call hangs is reported hung by
+        # the worker (gpuhealth.on_snapshot); a probe that hangs on a hung GPU leaves it hung
+        if uuid and crumb is not None and out.reason == "crash":
             out_rec = self.state.health.on_crash(uuid, crumb.feature, quarantined=new is not None)
             if out_rec is not None:
                 log.error(

@@ -181,7 +181,13 @@ _DEFAULT: list[OomKills] = []
 
 
 def oom_kills() -> OomKills:
-    """The process's :class:`OomKills` on ``/`` (found once, shared by every worker and probe)."""
+    """The process's :class:`OomKills` on ``/`` (found once, shared by every worker and probe).
+
+    Found on the event loop, at the first worker: it reads ``/proc/self/cgroup`` and a few
+    cgroupfs or procfs counters, kernel pseudo-files answered from memory (no storage, no mount
+    that can hang; at worst /proc/vmstat's per-CPU sum waits out a CPU hotplug), each through
+    :func:`exporter.common.fileio.read_bytes` (``O_NONBLOCK``, regular files only, bounded). The
+    workers read the count on the loop too, at spawn, at each snapshot and at death."""
     if not _DEFAULT:
         _DEFAULT.append(OomKills())
     return _DEFAULT[0]

@@ -316,6 +316,18 @@ class GpuHealth:
             extra={"gpu": rec.index, "uuid": rec.uuid},
         )
 
+    def probe_inconclusive(self, rec: GpuRecord, why: str) -> None:
+        """A probe ended without an answer either way (killed from outside, by the OOM killer): try
+        again at the same backoff; no ``probe_failed`` fault, no longer delay."""
+        rec.next_probe = self.clock() + (rec.backoff_s or self.retry_s)
+        log.info(
+            "%s: its probe proved nothing (%s); next probe in %.0f s",
+            rec.label(),
+            why,
+            rec.next_probe - self.clock(),
+            extra={"gpu": rec.index, "uuid": rec.uuid},
+        )
+
     def exclusions(self) -> tuple[Exclusion, ...]:
         """The GPUs a new worker must not attach, by UUID (bus id), with their last index as a hint."""
         return tuple(

@@ -16,7 +16,7 @@ taken an interval after start counted: a GPU whose call hangs at once "answered"
 again and again. A probe that answers readmits the GPU (the running worker is told on its standard
 input); one whose GPU is reported not up is stopped at once (it has answered no); one that
 crashes or hangs counts toward its feature's quarantine like any worker; one killed from outside
-proves nothing either way and is retried later.
+proves nothing either way and is retried later at the same backoff, with no ``probe_failed`` fault.
 
 The loop sleeps until the earliest probe is due (:attr:`exporter.supervisor.gpuhealth.GpuRecord.next_probe`),
 or until :meth:`Prober.poke` says the schedule changed; it does not poll, except every
@@ -51,24 +51,35 @@ def probe_samples(interval_s: float) -> int:
     return max(PROBE_MIN_SAMPLES, math.ceil(PROBE_MIN_S / max(interval_s, 1e-3)) + 1)
 
 
-def answered(snaps: list[tuple[str, float | None]], samples: int, clean_exit: bool) -> tuple[bool, str]:
+def answered(
+    snaps: list[tuple[str, float | None]], samples: int, clean_exit: bool, max_age_s: float
+) -> tuple[bool, str]:
     """Whether a probe's snapshots readmit its GPU, and why (not).
 
+    Readings are fresh when their age is under ``max_age_s``: the worker stamps a pass's readings
+    with the snapshot's own time (age 0), and readings left from an earlier pass are a sample
+    interval older. The age is the worker's monotonic measure, so a wall-clock step (NTP) between
+    samples changes nothing; comparing ``sampled_at`` across snapshots would.
+
     Args:
-        snaps: (state, sampled_at) of the GPU in each snapshot, in order (``sampled_at``: the Unix
-            time of its readings, None without any).
+        snaps: (state, age) of the GPU in each snapshot, in order; age: the snapshot's ``ts`` less
+            the GPU's ``sampled_at``, seconds, None without readings.
         samples: snapshots asked for.
         clean_exit: it exited 0 after ``nvmlShutdown`` (no NVML call left in flight).
+        max_age_s: the oldest readings that count as the pass's own, seconds (half the interval).
+
+    Returns:
+        (answered, why): True when every one of ``samples`` snapshots shows the GPU up with fresh
+        readings and the probe exited cleanly; ``why`` says so, or names the first sample (or the
+        exit) that failed, in words for the log.
     """
     if len(snaps) < samples:
         return False, f"{len(snaps)} of {samples} samples"
-    last: float | None = None
-    for i, (state, at) in enumerate(snaps):
+    for i, (state, age) in enumerate(snaps):
         if state != "up":
             return False, f"sample {i + 1} of {samples}: {state}"
-        if at is None or (last is not None and at <= last):
+        if age is None or age >= max_age_s:
             return False, f"sample {i + 1} of {samples}: no fresh readings (a call still in flight)"
-        last = at
     if not clean_exit:
         return False, "an NVML call was still in flight at its end"
     return True, f"{samples} samples with fresh readings"
@@ -163,7 +174,8 @@ class Prober:
         def on_message(msg: Message) -> None:
             if isinstance(msg, Snapshot) and msg.gpus:
                 seen["state"], seen["detail"] = msg.gpus[0].state, msg.gpus[0].detail
-                snaps.append((msg.gpus[0].state, msg.gpus[0].sampled_at))
+                at = msg.gpus[0].sampled_at
+                snaps.append((msg.gpus[0].state, None if at is None else msg.ts - at))
                 if msg.gpus[0].state != "up":
                     seen["failed"] = msg.gpus[0].state  # decided: stop it rather than wait for the rest
                     if self.probe is not None:
@@ -186,7 +198,7 @@ class Prober:
         if self.stopped():
             return
         clean = out.reason == "exit" and out.returncode == 0 and seen.get("bye") == "clean"
-        ok, why = answered(snaps, samples, clean)
+        ok, why = answered(snaps, samples, clean, self.config.interval_s / 2)
         if not ok and seen.get("state") not in (None, "up"):
             why = seen.get("detail") or why
         elif out.reason not in ("exit", "stopped"):
@@ -195,7 +207,10 @@ class Prober:
             self.state.worker.crashes[out.place()] += 1
             if self.accountant.count_crash(out) is not None:
                 self.accountant.replace_worker = True
-        self.state.health.probe_done(rec, ok, why)
+        if out.reason in ("killed", "oom") and "failed" not in seen:
+            self.state.health.probe_inconclusive(rec, why)  # its GPU said nothing wrong: not a fault
+        else:
+            self.state.health.probe_done(rec, ok, why)
         if ok:
             self.readmit(rec.key)
         if out.reaped:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from exporter.supervisor import xid as xid_catalog
+from exporter.supervisor.deaths import ATTRIBUTED
 from exporter.supervisor.gpudiff import GpuChanges
 from exporter.supervisor.recovery import RecoveryTracker
 from exporter.supervisor.timeline import NODE, Event, Timeline
@@ -182,7 +183,7 @@ class Recorder:
             self.timeline.meta["init_error"] = error
 
     def worker_death(self, out: Outcome) -> None:
-        """A worker died: the node's lane, and the GPU's of the call in flight (a crash loop: one event)."""
+        """A worker died (a crash loop: one event): the node's lane; the GPU's when its call is to blame."""
         if out.reason == "stopped":
             return
         rec = out.record()
@@ -192,7 +193,7 @@ class Recorder:
         text = f"worker died: {out.reason}{f' ({how})' if how else ''}{where} after {out.lifetime_s:.1f} s"
         key = (out.reason, rec["signal"], rec["feature"], rec["function"], rec["uuid"])
         self.timeline.add("worker_death", NODE, text, rec, key=key)
-        if crumb is not None and crumb.uuid:
+        if crumb is not None and crumb.uuid and out.reason in ATTRIBUTED:
             self.timeline.add("worker_death", crumb.uuid, text, rec, gpu=self._index(crumb.uuid), key=key)
 
     def quarantine(self, q: Quarantine) -> None:

@@ -11,7 +11,10 @@ exporter does the checking: when a GPU's verdict asks for action (``stop_schedul
 - ``driver_reload``: the driver or kernel-module version changed, or NVML worked again after
   ``LIB_RM_VERSION_MISMATCH``;
 - ``exporter_restart``: the exporter was stopped and started again on the same boot and driver
-  (the runbook's pause-label procedure takes the exporter off the node for a reset);
+  (the runbook's pause-label procedure takes the exporter off the node for a reset). A restart is
+  no cure by itself (an OOM kill, a liveness restart or a rollout restarts it too): a signature gone
+  after it is watched like any, one still there sends the watch back to open, never "recurred";
+  it does not replace a reset, reboot or reload the watch already waits on;
 - ``cleared``: none of these, the signature went away by itself (the stuck process finally exited).
 
 After the action, the GPU's first fresh sample in which it answers is "back at T"; the signature
@@ -222,11 +225,11 @@ class RecoveryTracker:
 
     def action(self, kind: str, detail: str, uuid: str | None = None, gpu: str = "", at: float | None = None) -> None:
         """Something that can cure a fault happened to one GPU or (``uuid`` None) to the whole node:
-        every watch not over waits for its GPU to answer (an exporter restart does not restart a
-        watch that is already counting its window)."""
+        every watch not over waits for its GPU to answer (an exporter restart acts on open watches
+        only: it does not restart a window already counting, nor replace an action already pending)."""
         for u in [uuid] if uuid is not None else list(self.watches):
             w = self.open_for(u)
-            if w is None or (w.state == "watching" and kind == "exporter_restart"):
+            if w is None or (w.state != "open" and kind == "exporter_restart"):
                 continue
             w.state, w.action, w.action_at, w.detail = "pending", kind, at or self.wall(), detail
             w.back_at = w.cleared = w.until = None
@@ -241,6 +244,10 @@ class RecoveryTracker:
         self._changed(w, gpu, f"{verdict}: recovery is checked once it is acted on")
 
     def _back(self, w: Watch, gpu: str, cleared: bool) -> None:
+        if not cleared and w.action == "exporter_restart":
+            w.state, w.action, w.action_at, w.detail = "open", "", None, ""  # no cure, no recurrence
+            self._changed(w, gpu, f"the signature ({w.signature}) is still there after the exporter restart: open")
+            return
         w.back_at, w.cleared = self.wall(), cleared
         if not cleared:
             self._recur(w, gpu, f"the signature ({w.signature}) did not clear after {w.action.replace('_', ' ')}")

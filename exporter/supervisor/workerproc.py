@@ -242,6 +242,8 @@ class WorkerProcess:
                     self._wake.set()  # the sample deadline replaces the init deadline: it may be sooner
             if isinstance(msg, Snapshot):
                 self.hung_gpus = {k for g in msg.gpus if g.state == "hung" for k in (g.key, g.uuid) if k}
+                # on the loop on purpose: a cgroupfs/procfs counter (deaths.oom_kills says why it cannot
+                # block); read per snapshot, another process's OOM kill passes for the worker's only within one interval
                 self.oom_before = self.oom.read()
             elif isinstance(msg, Progress):  # an init step finished: the init deadline starts again
                 self.last_message_mono = time.monotonic()
