@@ -93,9 +93,10 @@ def read(dev: DeviceClient) -> Reading | None:
     pairs = [(NVML_FI_DEV_C2C_LINK_GET_STATUS, link) for link in links]
     pairs += [(fid, link) for link in links for _, fid in ERROR_FIELDS]
     got = dev.fields(FEATURE, pairs)
-    status = [
-        got[(NVML_FI_DEV_C2C_LINK_GET_STATUS, link)] for link in links if (NVML_FI_DEV_C2C_LINK_GET_STATUS, link) in got
-    ]
+    status = [got.get((NVML_FI_DEV_C2C_LINK_GET_STATUS, link)) for link in links]
+    # Links up only when every link's status answered: a link whose field failed is unknown, not
+    # down, and counting it down would make links_up < links (the critical NvgpuC2cLinkDown).
+    links_up = None if any(s is None for s in status) else sum(1 for s in status if s is not None and int(s) == 1)
     last = dev.state_of(LastErrors).last
     for (fid, link), value in got.items():
         if fid in _TYPE_OF:
@@ -103,7 +104,7 @@ def read(dev: DeviceClient) -> Reading | None:
     errors: dict[str, int] = {}
     for (_, name), value in last.items():
         errors[name] = errors.get(name, 0) + value
-    return Reading(static.count, sum(1 for s in status if int(s) == 1) if status else None, errors)
+    return Reading(static.count, links_up, errors)
 
 
 def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:
