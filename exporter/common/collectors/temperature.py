@@ -75,6 +75,18 @@ METRICS = (GPU_TEMPERATURE, MEMORY_TEMPERATURE, THRESHOLD, MARGIN, MEMORY_MARGIN
 
 @dataclass(frozen=True)
 class Reading:
+    """One GPU's temperatures in °C and margins in degrees (None: did not answer or not known).
+
+    Attributes:
+        gpu_celsius: die temperature (``nvmlDeviceGetTemperatureV`` / ``nvmlDeviceGetTemperature``).
+        memory_celsius: HBM temperature (field ``NVML_FI_DEV_MEMORY_TEMP``, 82; absent on GDDR boards).
+        thresholds_celsius: label (shutdown, slowdown, memory_max, gpu_max) -> °C
+            (``nvmlDeviceGetTemperatureThreshold``); empty without the details feature.
+        margin_celsius: degrees below slowdown (``nvmlDeviceGetMarginTemperature``, else slowdown minus
+            the GPU temperature).
+        memory_margin_celsius: degrees below the memory maximum (memory_max minus the HBM temperature).
+    """
+
     gpu_celsius: int | None
     memory_celsius: int | None
     thresholds_celsius: dict[str, int] = field(default_factory=dict)  # with the details feature
@@ -115,6 +127,17 @@ CHECKS: tuple[Check, ...] = (
 
 
 def read(dev: DeviceClient) -> Reading | None:
+    """The GPU die temperature (°C, ``nvmlDeviceGetTemperatureV`` else ``nvmlDeviceGetTemperature``,
+    sensor ``NVML_TEMPERATURE_GPU``), the memory's (°C, field ``NVML_FI_DEV_MEMORY_TEMP``), the
+    thresholds (°C, ``nvmlDeviceGetTemperatureThreshold``; in the reading with the details feature) and
+    the margins (degrees, ``nvmlDeviceGetMarginTemperature`` else computed: :func:`margins`).
+
+    Returns:
+        The reading; None where neither temperature answered. Any part that did not answer is None.
+    Raises:
+        DeviceLost: the GPU is gone.
+        NvmlFatal: NVML is unusable.
+    """
     gpu = dev.first(
         FEATURE,
         [
