@@ -40,6 +40,23 @@ def test_a_link_down_and_the_r570_driver_without_error_fields(tmp_path: Path) ->
     assert fake_of(dev).call_counts()["nvmlDeviceGetFieldValues"] == 3  # the count once, then one call a sample
 
 
+def test_a_link_whose_status_did_not_answer_leaves_links_up_absent(tmp_path: Path) -> None:
+    """Link 1's status field fails (UNKNOWN) from t = 5 s: links up is unknown, not 1 of 2 (which
+    NvgpuC2cLinkDown would page on as a link down); it comes back with the answer."""
+    flaky = {"sequence": [{"until_s": 5, "value": 1}, {"until_s": 10, "value": {"error": "UNKNOWN"}}, {"value": 1}]}
+    clock = Clock(1.0)
+    dev = device(tmp_path, grace_gpu(**{"171:1": flaky}), clock)
+    assert c2c.read(dev) == c2c.Reading(2, 2, {"crc": 3, "replay": 1, "replay_b2b": 0})
+    clock.t = 6.0
+    r = c2c.read(dev)
+    assert r is not None and r.links == 2 and r.links_up is None
+    fams = render("c2c", [(dev, r)])
+    assert fams["nvgpu_c2c_links"] == {("0", dev.uuid): 2.0} and not fams.get("nvgpu_c2c_links_up")
+    clock.t = 11.0
+    r = c2c.read(dev)
+    assert r is not None and r.links_up == 2
+
+
 def test_no_c2c_is_unsupported(tmp_path: Path) -> None:
     """H200 ("GPU C2C Mode: Disabled"): the count NOT_SUPPORTED, or 0."""
     for i, fields in enumerate(({}, {"170": 0})):

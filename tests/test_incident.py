@@ -90,8 +90,12 @@ def test_the_gpu_record_fills_the_runbooks_fields_from_the_timeline_and_the_stat
     assert {"nvml_library_path", "nvml_library_version", "nvidia_ml_py", "exporter"} <= set(versions)  # type: ignore[arg-type]
     shells = [c["shell"] for c in rec["diagnostic_commands"]]  # type: ignore[attr-defined]
     assert "nvidia-smi -q -i 00000000:00:06.0" in shells
-    assert "nvidia-smi pmon -c 5 -i 0" in shells
-    assert any(s.startswith("nvidia-smi --query-gpu=index,uuid,pci.bus_id") and s.endswith("-i 0") for s in shells)
+    assert "nvidia-smi pmon -c 5 -i 00000000:00:06.0" in shells
+    assert any(
+        s.startswith("nvidia-smi --query-gpu=index,uuid,pci.bus_id") and s.endswith("-i 00000000:00:06.0")
+        for s in shells
+    )
+    assert not any(s.endswith("-i 0") for s in shells)  # the container's index may name another GPU on the host
     assert any(s.startswith("journalctl -k -b 0") and "nvrm|xid" in s for s in shells)
     assert [s["name"] for s in rec["evidence"]] == list(runbook.STEPS)  # type: ignore[attr-defined]
     assert "00000000:00:06.0" in rec["temporary_handling"]  # type: ignore[operator]
@@ -155,6 +159,22 @@ def test_a_gpu_the_pod_may_not_open_is_in_the_node_record_by_its_index(tmp_path:
     one = live_record(sup, "1")
     assert one["signature"]["verdict"] == "fix_exporter" and one["affected"]["gpu"]["uuid"] == ""  # type: ignore[index]
     sup.close()
+
+
+def test_the_commands_select_the_gpu_by_its_pci_bus_id_not_the_containers_index() -> None:
+    """Index 0 inside a container under NVIDIA_VISIBLE_DEVICES=3 is GPU 3 on the host: every command
+    that picks one GPU names it by bus id; the index stays a label."""
+    bus = "00000000:9A:00.0"
+    cmds = runbook.gpu_commands("0", bus)
+    selecting = [c["argv"] for c in cmds if "-i" in c["argv"]]
+    assert {c["name"] for c in cmds if "-i" in c["argv"]} == {"nvidia-smi-q", "query-gpu", "pmon"}
+    assert all(argv[argv.index("-i") + 1] == bus for argv in selecting)
+    assert all("GPU 0" in c["why"] for c in cmds if "-i" in c["argv"])
+    steps = runbook.step_commands("0", bus, "node-a", [])
+    assert f"nvidia-smi nvlink -s -i {bus}" in steps[5] and f"nvidia-smi -q -i {bus}" in steps[4]
+    recovery = runbook.recovery_steps("0", bus)
+    assert any(line.startswith(f"nvidia-smi pmon -c 5 -i {bus}:") for line in recovery)
+    assert not any(re.search(r" -i 0(?![0-9A-F])", line) for line in [*recovery, *steps[4], *steps[5]])
 
 
 def test_a_target_that_is_no_gpu_is_a_key_error(tmp_path: Path) -> None:

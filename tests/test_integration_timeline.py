@@ -160,7 +160,7 @@ def stuck_then_record(tmp_path: Path) -> dict[str, Any]:
         assert (v["driver"], v["vbios"], v["inforom"]) == ("580.159.04", "96.00.A5.00.1A", "G520.0282.02.02")
         assert v["nvml_library_path"].endswith("libnvidia-ml.so.580.159.04") and v["nvidia_ml_py"]
         shells = {c["shell"] for c in rec["diagnostic_commands"]}
-        assert {"nvidia-smi -q -i 00000000:00:06.0", "nvidia-smi pmon -c 5 -i 0"} <= shells
+        assert {"nvidia-smi -q -i 00000000:00:06.0", "nvidia-smi pmon -c 5 -i 00000000:00:06.0"} <= shells
         status, headers, md = exp.get("/api/v1/incidents/0?format=markdown")
         assert status == 200 and headers["Content-Type"].startswith("text/markdown")
         assert b"cause `stuck_context`" in md and b"no reset, reboot or driver reload seen yet" in md

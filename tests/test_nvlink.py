@@ -123,6 +123,29 @@ def test_per_call_where_the_driver_lacks_the_fields(tmp_path: Path, fields: dict
     assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == 4 * LINKS
 
 
+def test_recovery_has_one_source_per_link_when_field_215_and_the_call_both_answer(tmp_path: Path) -> None:
+    """Blackwell: 162 unsupported, so the per-call DL recovery counter is read, and field 215 answers
+    too. The counter of link 1 comes from 215 alone (documented for NVLink5): the call's 40 never
+    reaches the series, and the call is not made again for recovery."""
+    clock = Clock(T0)
+    gpu = nvlink_gpu(**{f"215:{link}": 0 for link in range(LINKS)})
+    for fid in (161, 162, 163):
+        for link in range(LINKS):
+            del gpu["fields"][f"{fid}:{link}"]
+    gpu["fields"]["215:1"] = {"sequence": [{"until_s": 20, "value": 5}, {"value": 6}]}
+    gpu["values"]["nvmlDeviceGetNvLinkErrorCounter:1,1"] = 40  # another counter's idea of recovery
+    dev = device(tmp_path, gpu, clock)
+    seen = []
+    for t in (T0, 5.0, 25.0, 35.0):
+        clock.t = t
+        r = nvlink.read(dev)
+        assert r is not None
+        seen.append((r.errors["recovery"], r.link_errors["1/recovery"]))
+    assert seen == [(5, 5), (5, 5), (6, 6), (6, 6)]
+    assert dev.state_of(nvlink.LinkCounters).recovery_from == dict.fromkeys(range(LINKS), nvlink.RECOVERY_NVLINK5)
+    assert calls(dev, "nvmlDeviceGetNvLinkErrorCounter") == 4 * LINKS + 3 * LINKS  # the second slow read: no recovery
+
+
 def test_per_call_when_the_field_value_call_itself_is_unsupported(tmp_path: Path) -> None:
     clock = Clock(T0)
     dev = device(

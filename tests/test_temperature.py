@@ -48,6 +48,28 @@ def test_thresholds_with_details_are_read_once_per_reprobe(tmp_path: Path) -> No
     assert fams["nvgpu_temperature_threshold_celsius"][("0", dev.uuid, "slowdown")] == 89.0
 
 
+def test_a_threshold_that_failed_transiently_is_asked_again_next_sample(tmp_path: Path) -> None:
+    """The slowdown threshold answers UNKNOWN until t = 5 s: not cached as absent (the computed margin
+    would stay absent until the next re-probe); asked again, then kept. The memory maximum is
+    NOT_SUPPORTED: cached, never asked again."""
+    values = {k: v for k, v in H200.items() if k not in ("nvmlDeviceGetMarginTemperature",)}
+    values["nvmlDeviceGetTemperatureThreshold:1"] = {
+        "sequence": [{"until_s": 5, "value": {"error": "UNKNOWN"}}, {"value": 89}]
+    }
+    values["nvmlDeviceGetTemperatureThreshold:2"] = {"error": "NOT_SUPPORTED"}
+    clock = Clock(1.0)
+    dev = device(tmp_path, gpu(values), clock, DETAILS, driver_branch="R550")
+    r = temperature.read(dev)
+    assert r is not None and r.margin_celsius is None and "slowdown" not in r.thresholds_celsius
+    clock.t = 6.0
+    r = temperature.read(dev)
+    assert r is not None and r.margin_celsius == 54 and r.thresholds_celsius["slowdown"] == 89
+    assert r.memory_margin_celsius is None and "memory_max" not in r.thresholds_celsius
+    clock.t = 7.0
+    temperature.read(dev)
+    assert fake_of(dev).call_counts()["nvmlDeviceGetTemperatureThreshold"] == 4 + 1  # slowdown once more, then kept
+
+
 def test_without_the_margin_call_the_margin_is_slowdown_minus_temperature(tmp_path: Path) -> None:
     """R535/R550 lack nvmlDeviceGetMarginTemperature (12.8 header): slowdown 89 - 35 = 54."""
     dev = device(tmp_path, gpu(H200), Clock(1.0), driver_branch="R550")

@@ -58,11 +58,18 @@ def _q(text: str) -> str:
 
 def gpu_commands(index: str, bus_id: str, boot_id: str = "") -> list[dict[str, Any]]:
     """The read-only commands to run next for one GPU, each ``{"name", "argv", "shell", "why"}``
-    (``argv`` runs as is; ``shell`` is the line to paste, filters included)."""
-    i = index or "<index>"
+    (``argv`` runs as is; ``shell`` is the line to paste, filters included).
+
+    The GPU is selected by its PCI bus id (``nvidia-smi -i`` and ``pmon -i`` take an index, a UUID or
+    a PCI bus id): the NVML index is the container's enumeration, which on the host or under another
+    NVIDIA_VISIBLE_DEVICES can name a different GPU. The index is only a label in ``why``; it
+    selects only where no bus id is known.
+    """
+    sel = bus_id or index or "<bus id>"
+    gpu = f"GPU {index or '<index>'}, {bus_id or '<bus id>'}"
     out = [
-        _cmd("nvidia-smi-q", ["nvidia-smi", "-q", "-i", bus_id or i], "everything NVML knows of the GPU (by bus id)"),
-        _cmd("query-gpu", ["nvidia-smi", f"--query-gpu={QUERY_GPU}", "--format=csv", "-i", i], "its state in one line"),
+        _cmd("nvidia-smi-q", ["nvidia-smi", "-q", "-i", sel], f"everything NVML knows of {gpu}"),
+        _cmd("query-gpu", ["nvidia-smi", f"--query-gpu={QUERY_GPU}", "--format=csv", "-i", sel], f"{gpu} in one line"),
         _cmd(
             "query-remapped-rows",
             ["nvidia-smi", f"--query-remapped-rows={QUERY_REMAPPED}", "--format=csv"],
@@ -73,7 +80,11 @@ def gpu_commands(index: str, bus_id: str, boot_id: str = "") -> list[dict[str, A
             ["nvidia-smi", f"--query-compute-apps={QUERY_APPS}", "--format=csv"],
             "who has a context on which GPU",
         ),
-        _cmd("pmon", ["nvidia-smi", "pmon", "-c", "5", "-i", i], "per-process SM and memory use, five samples"),
+        _cmd(
+            "pmon",
+            ["nvidia-smi", "pmon", "-c", "5", "-i", sel],
+            f"per-process SM and memory use on {gpu}, five samples",
+        ),
     ]
     return [*out, *kernel_commands(boot_id)]
 
@@ -140,7 +151,7 @@ def step_commands(index: str, bus_id: str, node: str, pods: Sequence[Mapping[str
             "dcgmi health -g <group> -c (where DCGM runs)",
         ],
         5: [
-            f"nvidia-smi nvlink -s{f' -i {index}' if index else ''}",
+            f"nvidia-smi nvlink -s{where}",
             "nvidia-smi topo -m",
             "ibstat",
             "systemctl status nvidia-fabricmanager",
@@ -177,13 +188,13 @@ def handling(verdict: str, index: str, bus_id: str, node: str) -> str:
 
 def recovery_steps(index: str, bus_id: str) -> list[str]:
     """The runbook's recovery check, with this GPU filled in."""
-    bus = bus_id or "<bus id>"
-    i = index or "<index>"
+    bus = bus_id or index or "<bus id>"  # the bus id selects (the index is the container's enumeration)
     return [
         "the verdict is ok again and the signature gone (the exporter checks: recovery_check.watch)",
         f"nvidia-smi -q -i {bus}: no remapped rows pending, volatile uncorrectable ECC 0, utilization 0 with no "
         "processes",
-        f"nvidia-smi pmon -c 5 -i {i}: no process left; journalctl -k -b 0 | {KERNEL_GREP}: no new Xid since the reset",
+        f"nvidia-smi pmon -c 5 -i {bus}: no process left; journalctl -k -b 0 | {KERNEL_GREP}: no new Xid since the "
+        "reset",
         "a short, small job pinned to the GPU finishes and the GPU goes back to idle",
         "one real job alone on the node; uncordon only after it passed",
     ]

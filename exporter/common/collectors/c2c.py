@@ -50,6 +50,17 @@ METRICS = (LINKS, LINKS_UP, ERRORS)
 
 @dataclass(frozen=True)
 class Reading:
+    """One GPU's NVLink-C2C links and their errors, from one ``nvmlDeviceGetFieldValues`` call.
+
+    Attributes:
+        links: links present (field ``NVML_FI_DEV_C2C_LINK_COUNT``, 170; > 0: a GPU without C2C gives
+            no reading).
+        links_up: links whose status (``NVML_FI_DEV_C2C_LINK_GET_STATUS``, 171, per link) is 1
+            (active); None unless every link's status answered (an unknown link is not a down one).
+        errors: error type (crc, replay, replay_b2b: fields 231-233, R575+) -> count since the driver
+            loaded, summed over each link's last answer; a type no link answered is left out.
+    """
+
     links: int
     links_up: int | None
     errors: dict[str, int] = field(default_factory=dict)  # error type -> sum of each link's last value
@@ -80,6 +91,16 @@ class LastErrors(GpuState):
 
 
 def read(dev: DeviceClient) -> Reading | None:
+    """The GPU's C2C reading: the link count once per re-probe (field 170), then the status and error
+    fields of every link (scopeId = link index) in one ``nvmlDeviceGetFieldValues`` call.
+
+    Returns:
+        The reading; None where the GPU has no C2C link (count 0 or NOT_SUPPORTED: the feature
+        unsupported) or the count did not answer this time.
+    Raises:
+        DeviceLost: the GPU is gone.
+        NvmlFatal: NVML is unusable.
+    """
     static = dev.state_of(LinkCount)
     if static.count is None:
         value = dev.fields(FEATURE, [(NVML_FI_DEV_C2C_LINK_COUNT, 0)]).get((NVML_FI_DEV_C2C_LINK_COUNT, 0))
@@ -93,9 +114,10 @@ def read(dev: DeviceClient) -> Reading | None:
     pairs = [(NVML_FI_DEV_C2C_LINK_GET_STATUS, link) for link in links]
     pairs += [(fid, link) for link in links for _, fid in ERROR_FIELDS]
     got = dev.fields(FEATURE, pairs)
-    status = [
-        got[(NVML_FI_DEV_C2C_LINK_GET_STATUS, link)] for link in links if (NVML_FI_DEV_C2C_LINK_GET_STATUS, link) in got
-    ]
+    status = [got.get((NVML_FI_DEV_C2C_LINK_GET_STATUS, link)) for link in links]
+    # Links up only when every link's status answered: a link whose field failed is unknown, not
+    # down, and counting it down would make links_up < links (the critical NvgpuC2cLinkDown).
+    links_up = None if any(s is None for s in status) else sum(1 for s in status if s is not None and int(s) == 1)
     last = dev.state_of(LastErrors).last
     for (fid, link), value in got.items():
         if fid in _TYPE_OF:
@@ -103,7 +125,7 @@ def read(dev: DeviceClient) -> Reading | None:
     errors: dict[str, int] = {}
     for (_, name), value in last.items():
         errors[name] = errors.get(name, 0) + value
-    return Reading(static.count, sum(1 for s in status if int(s) == 1) if status else None, errors)
+    return Reading(static.count, links_up, errors)
 
 
 def families(samples: Sequence[tuple[GpuKey, Reading]], system: SystemInfo) -> Iterable[Metric]:

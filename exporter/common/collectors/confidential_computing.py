@@ -64,6 +64,20 @@ METRICS = (INFO, GPUS_READY, PROTECTED_TOTAL, PROTECTED_USED)
 
 @dataclass(frozen=True)
 class Reading:
+    """The system's confidential-computing state as one GPU's thread read it (system-wide calls).
+
+    Attributes:
+        environment: ``nvmlSystemGetConfComputeState().environment``: 0 unavailable, 1 simulation,
+            2 production (``NVML_CC_SYSTEM_ENVIRONMENT_*``).
+        enabled: ``ccFeature`` is 1 (``NVML_CC_SYSTEM_FEATURE_ENABLED``).
+        devtools: ``devToolsMode`` is 1 (``NVML_CC_SYSTEM_DEVTOOLS_MODE_ON``).
+        gpus_ready: ``nvmlSystemGetConfComputeGpusReadyState``, 0 not accepting work, 1 accepting;
+            None with CC off or where the call did not answer.
+        protected_total_bytes: ``nvmlDeviceGetConfComputeProtectedMemoryUsage().total`` in bytes, this
+            GPU's; only with CC on and the details feature, else None.
+        protected_used_bytes: ``.used`` of the same call, in bytes.
+    """
+
     environment: int
     enabled: bool
     devtools: bool
@@ -86,6 +100,17 @@ def _system(dev: DeviceClient, function: str) -> Any:
 
 
 def read(dev: DeviceClient) -> Reading | None:
+    """The CC state (``nvmlSystemGetConfComputeState``), with CC on the ready state
+    (``nvmlSystemGetConfComputeGpusReadyState``) and, with the details feature, this GPU's protected
+    memory (``nvmlDeviceGetConfComputeProtectedMemoryUsage``).
+
+    Returns:
+        The reading; None where the state call did not answer (NOT_SUPPORTED on a system that is not
+        CC-capable: cached until a re-probe).
+    Raises:
+        DeviceLost: the GPU is gone.
+        NvmlFatal: NVML is unusable.
+    """
     state = _system(dev, "nvmlSystemGetConfComputeState")
     if state is None:
         return None

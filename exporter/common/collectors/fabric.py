@@ -150,6 +150,16 @@ CHECKS: tuple[Check, ...] = (
 
 
 def read(dev: DeviceClient) -> Reading | None:
+    """The GPU's fabric info: ``nvmlDeviceGetGpuFabricInfoV`` (v3 struct, then v2), else
+    ``nvmlDeviceGetGpuFabricInfo`` (v1), the variant chosen once per worker.
+
+    Returns:
+        The reading; None where the GPU has no fabric (the call NOT_SUPPORTED, cached; or state
+        ``NVML_GPU_FABRIC_STATE_NOT_SUPPORTED``) or the call failed this time.
+    Raises:
+        DeviceLost: the GPU is gone.
+        NvmlFatal: NVML is unusable.
+    """
     from exporter.worker.nvml import structs
 
     if (FUNCTION,) in dev.unsupported:  # state NOT_SUPPORTED earlier: no fabric on this GPU

@@ -25,7 +25,10 @@ They go under the same families as Hopper's where the meaning is the same, and u
 their own where it is not (:data:`NVLINK5_FIELDS`):
 
 - ``recovery``: 215 ``LINK_RECOVERY_EVENTS`` (the link went from up into recovery, whatever the
-  result), the meaning of Hopper's DL recovery counter (162). The counter that predicted a public
+  result), the meaning of Hopper's DL recovery counter (162). One source per link, chosen at its
+  first answer and kept for the GPU's life (:data:`RECOVERY_SOURCES`): 215 where it answers, else
+  162, else the per-call DL recovery counter; a driver answering two of them never writes both into
+  one series (they would alternate and read as decreases, then a reset). The counter that predicted a public
   GB200 link failure: 505 recovery events on one link, still growing, then Xid 149 link down five
   days later (marin-community/marin#9086).
 - new error types, NVLink5 only: ``recovery_failed`` (214: recovery failed, link declared down),
@@ -108,6 +111,11 @@ DETAILS = "details"
 # The counters that make a link's own series appear by default (see the module docstring).
 SELECTING = ("replay", "recovery", "crc_flit", "recovery_failed")
 SLOW_EVERY_S = 30.0
+# The sources of a link's ``recovery`` counter, most preferred first; one per link, never two.
+RECOVERY_NVLINK5 = "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS"  # field 215, the documented NVLink5 one
+RECOVERY_FIELD = "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY"  # field 162 (Hopper and older)
+RECOVERY_CALL = "nvmlDeviceGetNvLinkErrorCounter"  # NVML_NVLINK_ERROR_DL_RECOVERY, where 162 is unsupported
+RECOVERY_SOURCES = (RECOVERY_NVLINK5, RECOVERY_FIELD, RECOVERY_CALL)
 NO_COUNTER = "nvmlDeviceGetNvLinkErrorCounter"  # the unsupported-cache key of "no error counter at all"
 
 LINKS_UP = MetricDef(
@@ -173,12 +181,16 @@ class LinkCounters(GpuState):
         selected: links whose own series are shown by default (non-zero replay, recovery or flit CRC).
         slow_at: backend clock (``NvmlClient.now``: monotonic for real NVML, scenario time for the
             fake) of the last per-call read; None before the first.
+        recovery_from: link -> the one source of its ``recovery`` counter, chosen at its first
+            answer and kept (:data:`RECOVERY_SOURCES`): two counters in one series would alternate,
+            look like decreases and then like a reset.
     """
 
     LIFETIME = Lifetime.DEVICE
     last: dict[tuple[int, str], int] = field(default_factory=dict)
     selected: set[int] = field(default_factory=set)
     slow_at: float | None = None
+    recovery_from: dict[int, str] = field(default_factory=dict)
 
 
 def links_of(dev: DeviceClient) -> list[int]:
@@ -203,24 +215,55 @@ def read_counters(dev: DeviceClient, links: Sequence[int], counters: LinkCounter
         DeviceLost: the GPU is gone.
         NvmlFatal: NVML is unusable.
     """
+    recovery: dict[tuple[int, str], int] = {}  # (link, source) -> this sample's answer
     pairs = [(fid, link) for link in links for fid in FIELDS.values()]
     for (fid, link), value in dev.fields(FEATURE, pairs).items():
-        counters.last[(link, _TYPE_OF_FIELD[fid])] = int(value)
+        if fid == FIELDS["recovery"]:
+            recovery[(link, RECOVERY_FIELD)] = int(value)
+        else:
+            counters.last[(link, _TYPE_OF_FIELD[fid])] = int(value)
     wanted = NVLINK5_FIELDS if DETAILS in dev.enabled else {t: NVLINK5_FIELDS[t] for t in NVLINK5_DEFAULT}
     nvlink5 = [(fid, link) for link in links for fid in wanted.values()]
     for (fid, link), value in dev.fields(FEATURE, nvlink5).items():  # NOT_SUPPORTED before Blackwell: once
-        counters.last[(link, _TYPE_OF_NVLINK5[fid])] = int(value)
-    if counters.slow_at is not None and now - counters.slow_at < SLOW_EVERY_S:
-        return
-    counters.slow_at = now
+        if fid == NVLINK5_FIELDS["recovery"]:
+            recovery[(link, RECOVERY_NVLINK5)] = int(value)
+        else:
+            counters.last[(link, _TYPE_OF_NVLINK5[fid])] = int(value)
+    if counters.slow_at is None or now - counters.slow_at >= SLOW_EVERY_S:
+        counters.slow_at = now
+        for link in links:
+            for name, counter in COUNTERS:
+                field_id = FIELDS.get(name)
+                if field_id is not None and not dev.field_unsupported(field_id, link):
+                    continue  # the batched call serves it
+                if name == "recovery" and counters.recovery_from.get(link, RECOVERY_CALL) != RECOVERY_CALL:
+                    continue  # a field is this link's recovery source
+                value = dev.get(FEATURE, "nvmlDeviceGetNvLinkErrorCounter", link, counter)
+                if value is None:
+                    continue
+                if name == "recovery":
+                    recovery[(link, RECOVERY_CALL)] = int(value)
+                else:
+                    counters.last[(link, name)] = int(value)
     for link in links:
-        for name, counter in COUNTERS:
-            field_id = FIELDS.get(name)
-            if field_id is not None and not dev.field_unsupported(field_id, link):
-                continue  # the batched call serves it
-            value = dev.get(FEATURE, "nvmlDeviceGetNvLinkErrorCounter", link, counter)
-            if value is not None:
-                counters.last[(link, name)] = int(value)
+        source = counters.recovery_from.get(link) or _recovery_source(dev, link, recovery)
+        if source is not None and (link, source) in recovery:
+            counters.recovery_from[link] = source
+            counters.last[(link, "recovery")] = recovery[(link, source)]
+
+
+def _recovery_source(dev: DeviceClient, link: int, answered: dict[tuple[int, str], int]) -> str | None:
+    """The most preferred source that answered for ``link`` this sample, none preferred to it still
+    possible: field 215 until it answers unsupported, then field 162, then the per-call counter.
+    None: wait (a preferred field failed transiently)."""
+    for source in RECOVERY_SOURCES:
+        if (link, source) in answered:
+            return source
+        if source == RECOVERY_NVLINK5 and not dev.field_unsupported(NVLINK5_FIELDS["recovery"], link):
+            return None
+        if source == RECOVERY_FIELD and not dev.field_unsupported(FIELDS["recovery"], link):
+            return None
+    return None
 
 
 def no_counter_answers(dev: DeviceClient, links: Sequence[int]) -> bool:

@@ -7,8 +7,9 @@ the driver or the binding lacks the V call (R535, R550: FUNCTION_NOT_FOUND), cho
 NVML_FI_DEV_MEMORY_TEMP (82) for memory (not exposed on GDDR boards: absent there).
 
 Thresholds: nvmlDeviceGetTemperatureThreshold(device, type) with
-``NVML_TEMPERATURE_THRESHOLD_SHUTDOWN`` 0, ``SLOWDOWN`` 1, ``MEM_MAX`` 2, ``GPU_MAX`` 3 (°C; static,
-read once per re-probe; in every header from 12.2). On Ada and later the header calls this call "no
+``NVML_TEMPERATURE_THRESHOLD_SHUTDOWN`` 0, ``SLOWDOWN`` 1, ``MEM_MAX`` 2, ``GPU_MAX`` 3 (°C; static:
+an answer is kept until the next re-probe, NOT_SUPPORTED too, a transient failure is asked again next
+sample; in every header from 12.2). On Ada and later the header calls this call "no
 longer the preferred interface" for them, pointing to fields 193-196
 (``NVML_FI_DEV_TEMPERATURE_*_TLIMIT``), which are on the T.Limit scale (degrees relative to the GPU's
 maximum operating temperature: H200 -8, -2, 0 where the call gives 95, 89, 87 °C, measured) and cannot
@@ -74,6 +75,18 @@ METRICS = (GPU_TEMPERATURE, MEMORY_TEMPERATURE, THRESHOLD, MARGIN, MEMORY_MARGIN
 
 @dataclass(frozen=True)
 class Reading:
+    """One GPU's temperatures in °C and margins in degrees (None: did not answer or not known).
+
+    Attributes:
+        gpu_celsius: die temperature (``nvmlDeviceGetTemperatureV`` / ``nvmlDeviceGetTemperature``).
+        memory_celsius: HBM temperature (field ``NVML_FI_DEV_MEMORY_TEMP``, 82; absent on GDDR boards).
+        thresholds_celsius: label (shutdown, slowdown, memory_max, gpu_max) -> °C
+            (``nvmlDeviceGetTemperatureThreshold``); empty without the details feature.
+        margin_celsius: degrees below slowdown (``nvmlDeviceGetMarginTemperature``, else slowdown minus
+            the GPU temperature).
+        memory_margin_celsius: degrees below the memory maximum (memory_max minus the HBM temperature).
+    """
+
     gpu_celsius: int | None
     memory_celsius: int | None
     thresholds_celsius: dict[str, int] = field(default_factory=dict)  # with the details feature
@@ -83,21 +96,22 @@ class Reading:
 
 @dataclass
 class Thresholds(GpuState):
-    """The temperature thresholds (static), until the next re-probe."""
+    """The temperature thresholds that answered (static: label -> °C), until the next re-probe."""
 
     LIFETIME = Lifetime.PROBE
-    celsius: dict[str, int] | None = None
+    celsius: dict[str, int] = field(default_factory=dict)
 
 
 def _thresholds(dev: DeviceClient) -> dict[str, int]:
+    """The thresholds in °C by label. Only answers are kept: a threshold NOT_SUPPORTED (cached by the
+    client until a re-probe, so no call) stays absent, and one that failed transiently is asked again
+    next sample instead of leaving its margin absent until the next re-probe."""
     static = dev.state_of(Thresholds)
-    if static.celsius is None:
-        found = {}
-        for name, kind in THRESHOLDS:
+    for name, kind in THRESHOLDS:
+        if name not in static.celsius:
             value = dev.get(FEATURE, "nvmlDeviceGetTemperatureThreshold", kind)
             if value is not None:
-                found[name] = int(value)
-        static.celsius = found
+                static.celsius[name] = int(value)
     return static.celsius
 
 
@@ -113,6 +127,17 @@ CHECKS: tuple[Check, ...] = (
 
 
 def read(dev: DeviceClient) -> Reading | None:
+    """The GPU die temperature (°C, ``nvmlDeviceGetTemperatureV`` else ``nvmlDeviceGetTemperature``,
+    sensor ``NVML_TEMPERATURE_GPU``), the memory's (°C, field ``NVML_FI_DEV_MEMORY_TEMP``), the
+    thresholds (°C, ``nvmlDeviceGetTemperatureThreshold``; in the reading with the details feature) and
+    the margins (degrees, ``nvmlDeviceGetMarginTemperature`` else computed: :func:`margins`).
+
+    Returns:
+        The reading; None where neither temperature answered. Any part that did not answer is None.
+    Raises:
+        DeviceLost: the GPU is gone.
+        NvmlFatal: NVML is unusable.
+    """
     gpu = dev.first(
         FEATURE,
         [
