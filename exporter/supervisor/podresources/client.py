@@ -370,6 +370,24 @@ def allocatable_replicas(response: Any) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def allocatable_unparsed(response: Any) -> tuple[str, ...]:
+    """Device ids of GPU or MIG resources (:func:`is_gpu_resource`) in an
+    ``AllocatableResourcesResponse`` that are not UUIDs (the device plugin's
+    ``deviceIDStrategy=index``): devices the node offers that cannot be joined to a GPU.
+
+    Returns:
+        The ids, sorted, without duplicates; empty with the default id strategy.
+    """
+    found = {
+        device_id
+        for dev in response.devices
+        if is_gpu_resource(dev.resource_name)
+        for device_id in dev.device_ids
+        if gpu_uuid_from_device_id(device_id) is None
+    }
+    return tuple(sorted(found))
+
+
 def _socket_error(socket_path: str, reason: str, detail: str) -> PodResourcesError:
     return PodResourcesError(reason, socket_path, f"kubelet pod-resources socket {socket_path}: {detail}")
 
@@ -494,13 +512,23 @@ class PodResourcesClient:
         Raises:
             PodResourcesError: as for :meth:`list_gpu_assignments`.
         """
+        found = self.allocatable()
+        return None if found is None else found[0]
+
+    def allocatable(self) -> tuple[dict[str, int], tuple[str, ...]] | None:
+        """Call ``GetAllocatableResources`` once: (:func:`allocatable_replicas`,
+        :func:`allocatable_unparsed`), or None when this kubelet does not serve the call.
+
+        Raises:
+            PodResourcesError: as for :meth:`list_gpu_assignments`.
+        """
         try:
             response = self.get_allocatable_resources()
         except PodResourcesError as exc:
             if exc.reason == "unimplemented":
                 return None
             raise
-        return allocatable_replicas(response)
+        return allocatable_replicas(response), allocatable_unparsed(response)
 
     # -- internals ---------------------------------------------------------------------------
 
