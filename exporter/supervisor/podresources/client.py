@@ -371,21 +371,10 @@ def allocatable_replicas(response: Any) -> dict[str, int]:
 
 
 def allocatable_unparsed(response: Any) -> tuple[str, ...]:
-    """Device ids of GPU or MIG resources (:func:`is_gpu_resource`) in an
-    ``AllocatableResourcesResponse`` that are not UUIDs (the device plugin's
-    ``deviceIDStrategy=index``): devices the node offers that cannot be joined to a GPU.
-
-    Returns:
-        The ids, sorted, without duplicates; empty with the default id strategy.
-    """
-    found = {
-        device_id
-        for dev in response.devices
-        if is_gpu_resource(dev.resource_name)
-        for device_id in dev.device_ids
-        if gpu_uuid_from_device_id(device_id) is None
-    }
-    return tuple(sorted(found))
+    """Sorted distinct ids of GPU/MIG resources in an ``AllocatableResourcesResponse`` that are not
+    UUIDs (``deviceIDStrategy=index``): devices the node offers that cannot be joined to a GPU."""
+    ids = (i for d in response.devices if is_gpu_resource(d.resource_name) for i in d.device_ids)
+    return tuple(sorted({i for i in ids if gpu_uuid_from_device_id(i) is None}))
 
 
 def _socket_error(socket_path: str, reason: str, detail: str) -> PodResourcesError:
@@ -516,12 +505,7 @@ class PodResourcesClient:
         return None if found is None else found[0]
 
     def allocatable(self) -> tuple[dict[str, int], tuple[str, ...]] | None:
-        """Call ``GetAllocatableResources`` once: (:func:`allocatable_replicas`,
-        :func:`allocatable_unparsed`), or None when this kubelet does not serve the call.
-
-        Raises:
-            PodResourcesError: as for :meth:`list_gpu_assignments`.
-        """
+        """:meth:`allocatable_gpus` and :func:`allocatable_unparsed` of one call (None, raises: as it)."""
         try:
             response = self.get_allocatable_resources()
         except PodResourcesError as exc:
