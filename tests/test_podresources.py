@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -583,11 +584,21 @@ class _Host:
         self.changes += 1
 
 
-async def _run_for(ext: Any, seconds: float) -> None:
+async def _until(condition: Any, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _run_until_lists(ext: Any, kubelet: FakeKubelet, lists: int) -> None:
+    """Run the extension until the kubelet has answered ``lists`` List calls (refreshes pass)."""
     task = asyncio.ensure_future(ext.run(_Host()))
-    await asyncio.sleep(seconds)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    try:
+        await _until(lambda: kubelet.list_calls >= lists, f"{lists} List calls")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def _count_text(ext: Any) -> str:
@@ -627,10 +638,10 @@ async def test_the_device_plugin_view_counts_parent_gpus_once_and_unmapped_devic
     ext = PodAttribution(Config(pod_resources_socket=serve(kubelet), pod_refresh_s=0.02))
     ext.on_snapshot(_mig_snapshot())
     caplog.set_level(logging.INFO, logger="exporter.supervisor.pods")
-    await _run_for(ext, 0.3)
+    await _run_until_lists(ext, kubelet, 8)
     # GPU_A, GPU_B (4 replicas), GPU_E (through its MIG device in the layout), GPU_F (legacy ids)
     assert ext.gpu_count_views() == {"device_plugin": 4, "device_plugin_unmapped": 2}
-    assert kubelet.list_calls > 3 and kubelet.allocatable_calls == 1  # at most every 60 s
+    assert kubelet.allocatable_calls == 1  # eight refreshes, one GetAllocatableResources: at most every 60 s
     ext.gpu_count_views()  # rendered again: the unmapped MIG device is not said again
     text = _count_text(ext)
     assert 'nvgpu_gpus{view="device_plugin"} 4' in text and 'nvgpu_gpus{view="device_plugin_unmapped"} 2' in text
@@ -652,15 +663,14 @@ async def test_the_device_plugin_view_is_asked_again_after_a_kubelet_reconnect(s
     ext = PodAttribution(Config(pod_resources_socket=serve(kubelet), pod_refresh_s=0.02))
     task = asyncio.ensure_future(ext.run(_Host()))
     try:
-        await asyncio.sleep(0.2)
-        assert ext.gpu_count_views()["device_plugin"] == 2 and kubelet.allocatable_calls == 1
+        await _until(lambda: ext.gpu_count_views().get("device_plugin") == 2, "device_plugin 2")
         failing.set()
-        await asyncio.sleep(0.2)
-        assert ext.up is False and ext.gpu_count_views() == {}  # absent while the kubelet does not answer
+        await _until(lambda: ext.up is False, "the kubelet down")
+        assert ext.gpu_count_views() == {}  # absent while the kubelet does not answer
         kubelet.allocatable = [_devices("nvidia.com/gpu", GPU_A)]  # a GPU left the device plugin meanwhile
         failing.clear()
-        await asyncio.sleep(0.2)
-        assert ext.gpu_count_views()["device_plugin"] == 1 and kubelet.allocatable_calls == 2
+        await _until(lambda: ext.gpu_count_views().get("device_plugin") == 1, "device_plugin 1, asked again")
+        assert kubelet.allocatable_calls == 2
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -676,7 +686,7 @@ async def test_the_device_plugin_view_is_absent_when_the_call_fails_and_said_onc
     kubelet = FakeKubelet([], allocatable=None, allocatable_error=error)
     ext = PodAttribution(Config(pod_resources_socket=serve(kubelet), pod_refresh_s=0.02))
     caplog.set_level(logging.INFO, logger="exporter.supervisor.pods")
-    await _run_for(ext, 0.2)
+    await _run_until_lists(ext, kubelet, 6)
     assert ext.up is True and ext.gpu_count_views() == {}
     assert ALLOCATABLE_EVERY_S == 60.0 and kubelet.allocatable_calls == 1
     said = [r for r in caplog.records if "GetAllocatableResources" in r.getMessage()]
