@@ -48,6 +48,7 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc
         self.allocatable_error = allocatable_error
         self.list_hook = list_hook
         self.list_calls = 0
+        self.allocatable_calls = 0
 
     def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
         self.list_calls += 1
@@ -56,6 +57,7 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc
         return api_pb2.ListPodResourcesResponse(pod_resources=self.pods)
 
     def GetAllocatableResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.allocatable_calls += 1
         if self.allocatable_error is not None:
             code, details = self.allocatable_error
             context.abort(code, details)

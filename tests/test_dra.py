@@ -212,7 +212,13 @@ def test_a_fifo_or_a_missing_ca_in_the_account_dir_is_a_problem_not_a_wait(tmp_p
 def kubelet() -> Iterator[str]:
     directory = tempfile.mkdtemp(prefix="podres-", dir="/tmp")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(FakeKubelet([NVIDIA_DRA, CDI_UUID, NIC]), server)
+    # The device plugin offers GPU 0 time-sliced (two replicas) and GPU 1 whole: two GPUs.
+    offered = [
+        api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[f"{UUIDS[0]}::0", f"{UUIDS[0]}::1"]),
+        api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[UUIDS[1]]),
+    ]
+    servicer = FakeKubelet([NVIDIA_DRA, CDI_UUID, NIC], allocatable=offered)
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
     path = f"{directory}/kubelet.sock"
     assert server.add_insecure_port(f"unix://{path}") != 0
     server.start()
@@ -232,6 +238,10 @@ def test_claims_are_attributed_and_what_cannot_be_is_counted_and_logged_once(tmp
             what="the CDI-named claim attributed, the NVIDIA-named one counted",
         )
         assert scrape.value("nvgpu_gpu_pod_info", uuid=UUIDS[0], pod="train-0") is None
+        # the device plugin's view of the GPU count, beside NVML's
+        scrape = exp.wait_for(lambda s: s.value("nvgpu_gpus", view="device_plugin") == 2.0, what="device_plugin 2")
+        assert scrape.value("nvgpu_gpus", view="device_plugin_unmapped") == 0.0
+        assert scrape.value("nvgpu_gpus", view="present") == 2.0
         exp.wait_samples(3)
         warnings = [r for r in exp.log_records() if r.get("reason") == "dra_unresolved"]
         assert len(warnings) == 1, warnings

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -558,3 +559,136 @@ async def test_a_missing_socket_is_a_warning_only_in_kubernetes(
     said = [r for r in caplog.records if "kubelet.sock" in r.getMessage()]
     assert [r.levelno for r in said] == [level], said
     assert ext.up is False
+
+
+# -- the device plugin's GPU count: GetAllocatableResources through the pod extension ----------
+
+MIG_E = "MIG-5c1e2f3a-7b8c-5d9e-a0b1-c2d3e4f5a6b8"  # a MIG device of GPU_E, in its layout
+GPU_E = "GPU-eeeeeeee-1111-2222-3333-444455556666"  # MIG mode: offered only as MIG devices
+GPU_F = "GPU-ffffffff-1111-2222-3333-444455556666"  # named only through a legacy MIG id
+
+
+def _mig_snapshot() -> Any:
+    from exporter.common.collectors import mig
+    from exporter.common.snapshot import GpuSample, Snapshot, SystemInfo
+
+    layout = mig.Reading(1, 1, (mig.GpuInstance(2, 9, "3g.71gb"),), (mig.MigDevice(0, 2, 0, MIG_E),))
+    gpus = (GpuSample(0, GPU_A, "up", {}, 1.0), GpuSample(1, GPU_E, "up", {"mig": layout}, 1.0))
+    return Snapshot(1.0, 0.0, SystemInfo(), gpus, {}, {}, {}, 0, {})
+
+
+class _Host:
+    changes = 0
+
+    def changed(self) -> None:
+        self.changes += 1
+
+
+async def _until(condition: Any, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _run_until_lists(ext: Any, kubelet: FakeKubelet, lists: int) -> None:
+    """Run the extension until the kubelet has answered ``lists`` List calls (refreshes pass)."""
+    task = asyncio.ensure_future(ext.run(_Host()))
+    try:
+        await _until(lambda: kubelet.list_calls >= lists, f"{lists} List calls")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _count_text(ext: Any) -> str:
+    """The nvgpu_gpus family as GpuHealth serves it with the extension's views."""
+    from exporter.supervisor import textformat
+    from exporter.supervisor.gpuhealth import GpuHealth
+
+    families = [f for f in GpuHealth(30, 300).families(True, ext.gpu_count_views()) if f.name == "nvgpu_gpus"]
+    return textformat.encode(families).decode()
+
+
+DEVICE_PLUGIN_NODE = [
+    _devices("nvidia.com/gpu", GPU_A),  # a whole GPU
+    _devices("nvidia.com/gpu.shared", *(f"{GPU_B}::{i}" for i in range(4))),  # time-sliced: one GPU
+    _devices("nvidia.com/mig-3g.71gb", MIG_E, f"{MIG_E}::1"),  # a MIG device (and a replica of it) of GPU_E
+    _devices("nvidia.com/mig-1g.18gb", f"MIG-{GPU_F}/7/0", f"MIG-{GPU_F}/8/0"),  # legacy ids: parent GPU_F
+    _devices("nvidia.com/mig-1g.18gb", MIG_D),  # in no GPU's layout: unmapped
+    _devices("nvidia.com/gpu", "3"),  # deviceIDStrategy=index: unmapped
+    _devices("nvidia.com/hostdev", "0000:3b:00.2"),  # not a GPU: not counted at all
+]
+
+
+def test_allocatable_unparsed_lists_gpu_ids_that_are_not_uuids() -> None:
+    from exporter.supervisor.podresources import allocatable_unparsed
+
+    response = api_pb2.AllocatableResourcesResponse(devices=DEVICE_PLUGIN_NODE)
+    assert allocatable_unparsed(response) == ("3",)
+
+
+async def test_the_device_plugin_view_counts_parent_gpus_once_and_unmapped_devices(
+    serve: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    from exporter.config import Config
+    from exporter.supervisor.pods import PodAttribution
+
+    kubelet = FakeKubelet([], allocatable=DEVICE_PLUGIN_NODE)
+    ext = PodAttribution(Config(pod_resources_socket=serve(kubelet), pod_refresh_s=0.02))
+    ext.on_snapshot(_mig_snapshot())
+    caplog.set_level(logging.INFO, logger="exporter.supervisor.pods")
+    await _run_until_lists(ext, kubelet, 8)
+    # GPU_A, GPU_B (4 replicas), GPU_E (through its MIG device in the layout), GPU_F (legacy ids)
+    assert ext.gpu_count_views() == {"device_plugin": 4, "device_plugin_unmapped": 2}
+    assert kubelet.allocatable_calls == 1  # eight refreshes, one GetAllocatableResources: at most every 60 s
+    ext.gpu_count_views()  # rendered again: the unmapped MIG device is not said again
+    text = _count_text(ext)
+    assert 'nvgpu_gpus{view="device_plugin"} 4' in text and 'nvgpu_gpus{view="device_plugin_unmapped"} 2' in text
+    said = [r for r in caplog.records if MIG_D in r.getMessage()]
+    assert len(said) == 1 and "device_plugin_unmapped" in said[0].getMessage()
+
+
+async def test_the_device_plugin_view_is_asked_again_after_a_kubelet_reconnect(serve: Servers) -> None:
+    from exporter.config import Config
+    from exporter.supervisor.pods import PodAttribution
+
+    failing = threading.Event()
+
+    def hook() -> None:
+        if failing.is_set():
+            raise RuntimeError("kubelet restarting")
+
+    kubelet = FakeKubelet([], allocatable=[_devices("nvidia.com/gpu", GPU_A, GPU_B)], list_hook=hook)
+    ext = PodAttribution(Config(pod_resources_socket=serve(kubelet), pod_refresh_s=0.02))
+    task = asyncio.ensure_future(ext.run(_Host()))
+    try:
+        await _until(lambda: ext.gpu_count_views().get("device_plugin") == 2, "device_plugin 2")
+        failing.set()
+        await _until(lambda: ext.up is False, "the kubelet down")
+        assert ext.gpu_count_views() == {}  # absent while the kubelet does not answer
+        kubelet.allocatable = [_devices("nvidia.com/gpu", GPU_A)]  # a GPU left the device plugin meanwhile
+        failing.clear()
+        await _until(lambda: ext.gpu_count_views().get("device_plugin") == 1, "device_plugin 1, asked again")
+        assert kubelet.allocatable_calls == 2
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize("error", [None, (grpc.StatusCode.INTERNAL, "boom")], ids=["unimplemented", "rpc_error"])
+async def test_the_device_plugin_view_is_absent_when_the_call_fails_and_said_once(
+    serve: Servers, caplog: pytest.LogCaptureFixture, error: Any
+) -> None:
+    from exporter.config import Config
+    from exporter.supervisor.pods import ALLOCATABLE_EVERY_S, PodAttribution
+
+    kubelet = FakeKubelet([], allocatable=None, allocatable_error=error)
+    ext = PodAttribution(Config(pod_resources_socket=serve(kubelet), pod_refresh_s=0.02))
+    caplog.set_level(logging.INFO, logger="exporter.supervisor.pods")
+    await _run_until_lists(ext, kubelet, 6)
+    assert ext.up is True and ext.gpu_count_views() == {}
+    assert ALLOCATABLE_EVERY_S == 60.0 and kubelet.allocatable_calls == 1
+    said = [r for r in caplog.records if "GetAllocatableResources" in r.getMessage()]
+    assert len(said) == 1, said
+    assert 'view="device_plugin' not in _count_text(ext)

@@ -250,7 +250,7 @@ def gpu_families(state: ServedState) -> tuple[list[Family], set[str]]:
     stale bound.
     """
     bag = _Families()
-    bag.add(state.health.families(state.fresh_snapshot() is not None))
+    bag.add(state.health.families(state.fresh_snapshot() is not None, _count_views(state)))
     bag.add(state.verdicts.families())
     snap = state.last
     failed: set[str] = set()
@@ -264,6 +264,14 @@ def gpu_families(state: ServedState) -> tuple[list[Family], set[str]]:
     for ext in labelers:
         families = [_with_pod_labels(f, ext) for f in families]
     return families, failed
+
+
+def _count_views(state: ServedState) -> dict[str, int]:
+    """The ``nvgpu_gpus`` views the active extensions know (the device plugin's: pod attribution)."""
+    views: dict[str, int] = {}
+    for ext in state.active_extensions():
+        views.update(ext.gpu_count_views())
+    return views
 
 
 def _supervisor_gpu_families(
@@ -286,7 +294,7 @@ def _supervisor_gpu_families(
 def _cached_gpu_families(out: _Exposition, state: ServedState, cache: RenderCache) -> set[str]:
     """:func:`gpu_families` written into ``out``, each collector's lines from ``cache`` while its
     readings are unchanged; returns the features whose rendering failed."""
-    out.add(state.health.families(state.fresh_snapshot() is not None))
+    out.add(state.health.families(state.fresh_snapshot() is not None, _count_views(state)))
     out.add(state.verdicts.families())
     snap = state.last
     failed: set[str] = set()

@@ -86,6 +86,11 @@ class Extension:
         """Exporter-level families (rendered with or without a snapshot)."""
         return ()
 
+    def gpu_count_views(self) -> dict[str, int]:
+        """Views of ``nvgpu_gpus`` this extension knows (view -> count; see
+        :data:`exporter.supervisor.gpuhealth.COUNT_VIEWS`); empty by default."""
+        return {}
+
     def gpu_labels(self, uuid: str) -> tuple[str, str, str]:
         """(namespace, pod, container) for a GPU, when :attr:`relabels_gpus` is set."""
         return ("", "", "")

@@ -35,7 +35,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -85,12 +85,15 @@ GPU_COUNT = MetricDef(
     "nvgpu_gpus",
     "GPUs of this node by view: present (NVML enumerates them: nvmlDeviceGetCount at the worker's last "
     "enumeration; absent without a fresh sample), max_present (the most present since the exporter started), "
-    "expected (NVGPU_EXPECTED_GPUS; absent when unset)",
+    "expected (NVGPU_EXPECTED_GPUS; absent when unset), device_plugin (distinct whole GPUs behind the devices "
+    "the kubelet can allocate, PodResources GetAllocatableResources: a MIG device or time-sliced replica counts "
+    "its parent GPU once; absent without pod attribution or an answer), device_plugin_unmapped (device ids the "
+    "kubelet offers that cannot be mapped to a GPU: not a UUID, a MIG device in no GPU's layout)",
     ("view",),
     per_gpu=False,
 )
 METRICS = (DEVICE_UP, DEVICE_STATE, DEVICE_FAULTS, FEATURE_UNSUPPORTED, GPU_COUNT)
-COUNT_VIEWS = ("present", "max_present", "expected")
+COUNT_VIEWS = ("present", "max_present", "expected", "device_plugin", "device_plugin_unmapped")
 
 
 @dataclass
@@ -344,9 +347,9 @@ class GpuHealth:
             return rec.excluded
         return rec.state if fresh and (rec.state in STATES or rec.state == "denied") else "unknown"
 
-    def families(self, fresh: bool) -> list[Metric]:
+    def families(self, fresh: bool, views: Mapping[str, int] | None = None) -> list[Metric]:
         """device_up, device_state, device_faults and feature_unsupported for every known GPU, and
-        the GPU count by view."""
+        the GPU count by view (``views``: those extensions know, e.g. ``device_plugin``)."""
         up, state, faults, unsup = (d.family() for d in (DEVICE_UP, DEVICE_STATE, DEVICE_FAULTS, FEATURE_UNSUPPORTED))
         for rec in sorted(self.gpus.values(), key=_order):
             current = self.state_of(rec, fresh)
@@ -360,9 +363,11 @@ class GpuHealth:
                 for feature in rec.unsupported:
                     unsup.add(rec.labels, 1, feature)
         count = GPU_COUNT.family()
-        views = (self.present if fresh else None, self.max_present or None, self.expected)
-        for view, value in zip(COUNT_VIEWS, views, strict=True):
-            count.add_labels([view], value)
+        known: dict[str, int | None] = {**(views or {})}
+        known.update(present=self.present if fresh else None, max_present=self.max_present or None)
+        known["expected"] = self.expected
+        for view in COUNT_VIEWS:
+            count.add_labels([view], known.get(view))
         return [up.always(), state.always(), faults.always(), unsup.always(), count.always()]
 
     def describe(self) -> Iterable[tuple[GpuRecord, str]]:

@@ -33,6 +33,18 @@ holder not named otherwise; a holder without processes uses 0 (only when process
 all); what stays unnamed is summed under ``namespace=""``, ``pod=""``. Series exist only for pods
 that hold or use a GPU. Which sources work is exported (``nvgpu_pod_attribution_source_up``) and
 logged once per change.
+
+The device plugin's view of the GPU count: at most every ``ALLOCATABLE_EVERY_S`` (and at once after
+the kubelet answers again) the extension asks PodResources ``GetAllocatableResources`` which devices
+the node offers, and serves ``nvgpu_gpus{view="device_plugin"}`` (through
+:meth:`PodAttribution.gpu_count_views`): the distinct whole GPUs behind them. A time-sliced
+replica ``GPU-…::3`` is its GPU; a MIG device is its parent GPU, found from the legacy id
+``MIG-GPU-<parent>/<gi>/<ci>`` itself or, for a ``MIG-<uuid>``, from the MIG layout the worker
+reported (:class:`Layout`); each parent counts once. A device that cannot be mapped to a parent (a
+``MIG-<uuid>`` in no GPU's layout, an id that is not a UUID) is counted in
+``view="device_plugin_unmapped"`` (distinct device ids), never dropped. Both views are absent while
+the kubelet does not answer, before Kubernetes 1.21 (the call is UNIMPLEMENTED) or when the call
+fails; each such reason is logged once.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +113,8 @@ METRICS = (GPU_POD_INFO, POD_ATTRIBUTION_UP, POD_MEMORY, POD_SM, SOURCE_UP, UNMA
 SOURCES = ("proc", "container_logs")
 
 PodName = tuple[str, str]  # (namespace, pod); ("", "") = pods that cannot be named
+
+ALLOCATABLE_EVERY_S = 60.0  # GetAllocatableResources at most this often (and after a reconnect)
 
 
 def _add(a: int | None, b: int | None) -> int | None:
@@ -174,6 +189,14 @@ class Layout:
                 self.devices[d.uuid] = (key, labels)
                 self.devices[f"MIG-{g.uuid}/{d.gpu_instance_id}/{d.compute_instance_id}"] = (key, labels)
 
+    def parent_of(self, uuid: str) -> str | None:
+        """The UUID of the whole GPU behind a kubelet device UUID (a GPU is its own parent), or None
+        when a ``MIG-<uuid>`` is in no GPU's layout."""
+        if uuid.startswith("MIG-") and not uuid.startswith("MIG-GPU-"):
+            where = self.devices.get(uuid)
+            return None if where is None else where[0].uuid
+        return _parent_without_layout(uuid)
+
     def place(self, uuid: str) -> tuple[GpuKey, tuple[str, str, str, str]] | str:
         """(parent key, instance labels) of a kubelet device UUID, or why it cannot be placed."""
         if uuid.startswith("MIG-"):
@@ -181,6 +204,13 @@ class Layout:
         if uuid in self.gpus:
             return GpuKey(str(self.gpus[uuid]), uuid), _NO_INSTANCE
         return "unknown_gpu"
+
+
+def _parent_without_layout(uuid: str) -> str | None:
+    """:meth:`Layout.parent_of` without a MIG layout (before the first snapshot)."""
+    if uuid.startswith("MIG-GPU-"):
+        return uuid[len("MIG-") :].split("/", 1)[0]  # legacy MIG-GPU-<parent>/<gi>/<ci>: the id says it
+    return None if uuid.startswith("MIG-") else uuid
 
 
 def _sum(values: Iterable[int | None]) -> int | None:
@@ -213,6 +243,8 @@ class PodAttribution(Extension):
         self.up: bool | None = None
         self._last_error: str | None = None
         self.sources: dict[str, int] = {}  # from the last snapshot's processes readings
+        # GetAllocatableResources: ({GPU/MIG UUID: ids}, ids that are not UUIDs); None: not known
+        self.allocatable: tuple[dict[str, int], tuple[str, ...]] | None = None
         self._logged_sources: tuple[object, ...] | None = None
 
     def gpu_labels(self, uuid: str) -> tuple[str, str, str]:
@@ -234,6 +266,59 @@ class PodAttribution(Extension):
                 sources[name] = max(sources.get(name, 0), up)
         self.sources = sources
         self._log_sources()
+
+    def gpu_count_views(self) -> dict[str, int]:
+        """``device_plugin``: distinct whole GPUs behind the devices the kubelet can allocate;
+        ``device_plugin_unmapped``: device ids that cannot be mapped to one. Empty when unknown."""
+        if not self.up or self.allocatable is None:
+            return {}
+        uuids, unparsed = self.allocatable
+        parents: set[str] = set()
+        unmapped = set(unparsed)
+        for uuid in uuids:
+            parent = self.layout.parent_of(uuid) if self.layout is not None else _parent_without_layout(uuid)
+            if parent is None:
+                unmapped.add(uuid)
+                log_once(
+                    log,
+                    logging.WARNING,
+                    ("allocatable-unmapped", uuid),
+                    "pod attribution: the kubelet offers MIG device %s, in no GPU's MIG layout: counted in "
+                    'nvgpu_gpus{view="device_plugin_unmapped"}',
+                    uuid,
+                    extra={"device_id": uuid},
+                )
+            else:
+                parents.add(parent)
+        return {"device_plugin": len(parents), "device_plugin_unmapped": len(unmapped)}
+
+    async def _read_allocatable(self, client: Any) -> bool:
+        """Ask GetAllocatableResources; True when the answer changed. A failure leaves the views
+        absent and is logged once per reason."""
+        from exporter.supervisor.podresources import PodResourcesError
+
+        before = self.allocatable
+        try:
+            found = await asyncio.to_thread(client.allocatable)
+            if found is None:
+                log_once(
+                    log,
+                    logging.INFO,
+                    ("allocatable", "unimplemented"),
+                    "pod attribution: this kubelet does not serve GetAllocatableResources (Kubernetes before 1.21 "
+                    'or its feature gate off): nvgpu_gpus{view="device_plugin"} is absent',
+                )
+            self.allocatable = found
+        except PodResourcesError as exc:
+            log_once(
+                log,
+                logging.WARNING,
+                ("allocatable", exc.reason),
+                'pod attribution: %s; nvgpu_gpus{view="device_plugin"} is absent until it answers',
+                exc,
+            )
+            self.allocatable = None
+        return self.allocatable != before
 
     def _log_sources(self) -> None:
         state = (self.up, tuple(sorted(self.sources.items())))
@@ -379,6 +464,7 @@ class PodAttribution(Extension):
             from exporter.supervisor.podresources.resourceslices import ResourceSliceReader
 
             slices = ResourceSliceReader(self.config.node_name, timeout_s=min(5.0, self.config.pod_refresh_s))
+        allocatable_due: float | None = None  # monotonic; None: ask at the next answer of List
         try:
             while True:
                 if slices is not None:
@@ -399,7 +485,12 @@ class PodAttribution(Extension):
                         self._say_down(exc)
                     self.up, self._last_error = False, str(exc)
                     self.assignments, self.unparsed, self.dra_unresolved = {}, {}, {}
-                if (self.up, self.assignments, self.unparsed, self.dra_unresolved) != before:
+                    self.allocatable, allocatable_due = None, None  # asked again once the kubelet answers
+                allocatable_changed = False
+                if self.up and (allocatable_due is None or time.monotonic() >= allocatable_due):
+                    allocatable_changed = await self._read_allocatable(client)
+                    allocatable_due = time.monotonic() + ALLOCATABLE_EVERY_S
+                if allocatable_changed or (self.up, self.assignments, self.unparsed, self.dra_unresolved) != before:
                     host.changed()  # re-render only when something changed
                 await asyncio.sleep(self.config.pod_refresh_s)
         finally:

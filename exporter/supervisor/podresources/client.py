@@ -370,6 +370,13 @@ def allocatable_replicas(response: Any) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def allocatable_unparsed(response: Any) -> tuple[str, ...]:
+    """Sorted distinct ids of GPU/MIG resources in an ``AllocatableResourcesResponse`` that are not
+    UUIDs (``deviceIDStrategy=index``): devices the node offers that cannot be joined to a GPU."""
+    ids = (i for d in response.devices if is_gpu_resource(d.resource_name) for i in d.device_ids)
+    return tuple(sorted({i for i in ids if gpu_uuid_from_device_id(i) is None}))
+
+
 def _socket_error(socket_path: str, reason: str, detail: str) -> PodResourcesError:
     return PodResourcesError(reason, socket_path, f"kubelet pod-resources socket {socket_path}: {detail}")
 
@@ -494,13 +501,18 @@ class PodResourcesClient:
         Raises:
             PodResourcesError: as for :meth:`list_gpu_assignments`.
         """
+        found = self.allocatable()
+        return None if found is None else found[0]
+
+    def allocatable(self) -> tuple[dict[str, int], tuple[str, ...]] | None:
+        """:meth:`allocatable_gpus` and :func:`allocatable_unparsed` of one call (None, raises: as it)."""
         try:
             response = self.get_allocatable_resources()
         except PodResourcesError as exc:
             if exc.reason == "unimplemented":
                 return None
             raise
-        return allocatable_replicas(response)
+        return allocatable_replicas(response), allocatable_unparsed(response)
 
     # -- internals ---------------------------------------------------------------------------
 
