@@ -283,3 +283,27 @@ def test_extension_that_raises_on_a_snapshot_is_counted_and_the_snapshot_kept() 
     for _ in range(3):
         state.apply_snapshot(snap)
     assert state.last is snap and state.component_errors["extension:broken_unit"] == 3
+
+
+def test_extension_whose_gpu_count_views_raise_costs_only_its_views() -> None:
+    """A bug in an extension's ``nvgpu_gpus`` views (the device plugin's) leaves the rendering and
+    the other views intact, and is counted."""
+    from exporter.common.snapshot import GpuSample, Snapshot, SystemInfo
+    from exporter.config import Config
+    from exporter.supervisor import exposition
+    from exporter.supervisor.extensions import Extension
+    from exporter.supervisor.quarantine import QuarantineStore
+    from exporter.supervisor.served import ServedState
+
+    class Broken(Extension):
+        feature = "broken_unit"
+
+        def gpu_count_views(self) -> dict[str, int]:
+            raise RuntimeError("injected")
+
+    state = ServedState(Config(state_file=""), QuarantineStore("", 3, 600, 86400), [Broken()])
+    gpu = GpuSample(index=0, uuid="GPU-a", state="up", readings={}, sampled_at=time.time())
+    state.apply_snapshot(Snapshot(time.time(), 0.1, SystemInfo(), (gpu,), {}, {}, {}, 0, {}))
+    text = exposition.render(state).text.decode()
+    assert 'nvgpu_gpus{view="present"} 1.0' in text
+    assert state.render_errors["Broken.gpu_count_views"] >= 1

@@ -270,7 +270,18 @@ def _count_views(state: ServedState) -> dict[str, int]:
     """The ``nvgpu_gpus`` views the active extensions know (the device plugin's: pod attribution)."""
     views: dict[str, int] = {}
     for ext in state.active_extensions():
-        views.update(ext.gpu_count_views())
+        try:
+            views.update(ext.gpu_count_views())
+        except Exception:  # noqa: BLE001 - an extension's bug costs only its views, never the rendering
+            log_once(
+                log,
+                logging.ERROR,
+                ("extension", type(ext).__name__, "gpu_count_views"),
+                "%s.gpu_count_views failed; its nvgpu_gpus views are left out of this rendering",
+                type(ext).__name__,
+                exc_info=True,
+            )
+            state.render_errors[f"{type(ext).__name__}.gpu_count_views"] += 1
     return views
 
 
