@@ -47,8 +47,9 @@ def test_a_wall_clock_step_of_an_hour_either_way_changes_no_decision(tmp_path: P
     g0.update({f"nvmlGpmMetricsGet:{m}": 0.0 for m in (1, 2, 3, 5, 10)})  # the stuck-context signature
     for fn in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"):
         g0[fn] = []
-    # a crash in power quarantines it for 30 minutes (the next workers do not call it)
-    scenario["faults"] = [{"function": "nvmlDeviceGetPowerUsage", "gpu": 1, "action": "segfault"}]
+    # a crash in power on both GPUs (two different GPUs: the feature, not one GPU, is at fault)
+    # quarantines it for 30 minutes (the next workers do not call it)
+    scenario["faults"] = [{"function": "nvmlDeviceGetPowerUsage", "action": "segfault"}]
     step = tmp_path / "clock-step"
     step.write_text("0")
     env = {
@@ -79,6 +80,6 @@ def test_a_wall_clock_step_of_an_hour_either_way_changes_no_decision(tmp_path: P
                 time.sleep(0.1)
             assert scrapes >= 10
         restarts = {x.labels["reason"]: x.value for x in s.find("nvgpu_worker_restarts_total") if x.value}
-        assert restarts == {"crash": 1.0}, restarts  # the one crash that quarantined power
+        assert restarts == {"crash": 2.0}, restarts  # the two crashes (one per GPU) that quarantined power
         assert not [r for r in exp.log_records() if "expired" in r.get("msg", "")]
         assert exp.terminate() == 0

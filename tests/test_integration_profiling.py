@@ -70,7 +70,8 @@ def test_a_crash_in_a_gpm_call_quarantines_gpm_only(tmp_path: Path) -> None:
             what="gpm quarantined, sampling again",
         )
         crashes = {(x.labels["feature"], x.labels["function"]): x.value for x in s.find("nvgpu_worker_crashes_total")}
-        assert crashes == {("gpm", "nvmlGpmMetricsGet"): 1.0}
+        # one per GPU: the first crash is contained to its GPU, the second, on the other GPU, quarantines gpm
+        assert crashes == {("gpm", "nvmlGpmMetricsGet"): 2.0}
         names = {x.name for x in s.samples}
         assert not names & GPM_RATIOS
         assert {

@@ -125,13 +125,14 @@ def _scenario() -> dict[str, Any]:
     data["gpus"].append(grace)
     # Xid 43 through NVML events, after the restarted worker registered (scenario time).
     data["events"] = [{"at_s": 6, "gpu": 1, "event_type": "XidCriticalError", "data": 43}]
-    # The worker segfaults in the PCIe replay counter query until the feature is quarantined.
+    # The worker segfaults in the PCIe replay counter query of every GPU until the feature is
+    # quarantined: the first crash leaves its GPU out (contained to it), the second, on another GPU,
+    # quarantines pcie node-wide and brings the first GPU back at once.
     data["faults"] = [
         {
             "function": "nvmlDeviceGetPcieReplayCounter",
-            "gpu": 1,
             "action": "segfault",
-            "comment": "quarantines the pcie feature (NVGPU_QUARANTINE_AFTER=1)",
+            "comment": "quarantines the pcie feature (a crash on two different GPUs)",
         }
     ]
     return data

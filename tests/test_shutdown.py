@@ -21,7 +21,7 @@ from waiting import masks_signal, wait_until
 
 HANGS = {
     "init": {"function": "nvmlInit", "action": "hang", "ignore_sigterm": True},
-    "sample": {"function": "nvmlDeviceGetPowerUsage", "from_s": 1.0, "action": "hang", "ignore_sigterm": True},
+    "sample": {"function": "nvmlDeviceGetPowerUsage", "from_s": 5.0, "action": "hang", "ignore_sigterm": True},
 }
 
 

@@ -147,8 +147,8 @@ def test_dom_shows_both_gpus_and_the_quarantine(crashing_exporter: Exporter, tmp
     # Worker: the crash is counted against the feature and function in flight.
     worker = dom.one("table", id="worker")["text"]
     assert (
-        "crash: 1" in worker
-        and "nvlink_throughput in nvmlDeviceGetFieldValues: 1" in worker
+        "crash: 2" in worker  # one per GPU: the first contained to its GPU, the second quarantines
+        and "nvlink_throughput in nvmlDeviceGetFieldValues: 2" in worker
         and "SIGSEGV (11)" in worker
     )
     # Self-check of both processes, build info and the links.
