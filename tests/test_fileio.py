@@ -196,3 +196,20 @@ def test_failures_are_counted_by_input_and_reason(monkeypatch: pytest.MonkeyPatc
         ("state_file", "timeout"): 1,
         ("web_config", "error"): 1,
     }
+
+
+def test_write_behind_waits_off_the_loop_only_and_says_when_the_write_is_late() -> None:
+    """Off an event loop a write is waited for at most the deadline (a hung mount says so and the
+    caller goes on); on the loop it is only queued, never waited for."""
+    runner = Runner("test-io", deadline_s=0.1)
+    release, wrote = threading.Event(), []
+    assert runner.write_behind(wrote.append, "quick") is None and wrote == ["quick"]
+    late = runner.write_behind(release.wait, 5.0)
+    assert late is not None and "0.1 s" in late and "hung mount" in late
+
+    async def on_loop() -> str | None:
+        assert fileio.on_event_loop()
+        return runner.write_behind(release.wait, 5.0)  # queued; returns at once
+
+    assert asyncio.run(on_loop()) is None and not fileio.on_event_loop()
+    release.set()

@@ -25,6 +25,7 @@ Standard library only (the scenario check and the worker use it).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import errno
@@ -284,6 +285,24 @@ class Runner:
             self._wake.notify_all()
         return future
 
+    def write_behind(self, fn: Callable[..., Any], *args: Any, wait: bool | None = None) -> str | None:
+        """Queue the write ``fn(*args)`` (it reports its own failures) and, when ``wait`` (None: when
+        not called on an event loop, which must never wait on a file), wait for it at most the
+        deadline. Returns why it did not end in time (it goes on, or not, on its own thread), else None.
+        """
+        if wait is None:
+            wait = not on_event_loop()
+        future = self.submit(fn, *args)
+        if not wait:
+            return None
+        try:
+            future.result(timeout=self.deadline_s)
+        except Exception:  # noqa: BLE001 - a timeout: the write goes on (or not) on its own thread
+            self.give_up(future)
+            within = "in time" if self.deadline_s is None else f"within {self.deadline_s:g} s"
+            return f"no answer {within} (a hung mount?)"
+        return None
+
     def call(self, fn: Callable[..., T], *args: Any, deadline_s: float | None = None) -> T:
         """``fn(*args)`` on the runner's thread; waits at most the deadline.
 
@@ -419,3 +438,12 @@ def read_file(
         return (runner or default_runner()).call(read_bytes, path, max_bytes, deadline_s=deadline_s)
     except TimedOut:
         raise FileRefused(path, "timeout", f"no answer within {deadline_s:g} s (a hung mount?)") from None
+
+
+def on_event_loop() -> bool:
+    """Whether the caller runs on an asyncio event loop (where no call may wait on a file)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -46,7 +46,6 @@ replaces that node with a file. To keep quarantines in memory only, set ``NVGPU_
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import json
@@ -307,16 +306,9 @@ class QuarantineStore:
             "quarantine": {k: {**asdict(v), "until_mono": self.until_mono[k]} for k, v in self.active.items()},
         }
         self._generation += 1
-        if wait is None:
-            wait = not _on_event_loop()
-        future = self._io.submit(self._write, data, self._generation)
-        if not wait:
-            return
-        try:
-            future.result(timeout=IO_DEADLINE_S)
-        except Exception:  # noqa: BLE001 - a timeout: the write goes on (or not) on its own thread
-            self._io.give_up(future)
-            self._warn_once(f"no answer within {IO_DEADLINE_S:g} s (a hung mount?)")
+        late = self._io.write_behind(self._write, data, self._generation, wait=wait)
+        if late is not None:
+            self._warn_once(late)
 
     def _warn_once(self, why: object) -> None:
         if not self._save_warned:
@@ -428,14 +420,6 @@ class QuarantineStore:
         """feature -> human detail of each active quarantine."""
         self.expire()
         return {f: q.detail() for f, q in self.active.items()}
-
-
-def _on_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def clear_command(path: str, feature: str) -> str:

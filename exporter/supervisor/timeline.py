@@ -306,16 +306,9 @@ class Timeline:
                 self._warn_once("cannot encode it")
             return
         self._generation += 1
-        if wait is None:
-            wait = not _on_event_loop()
-        future = self._io.submit(self._write, body, self._generation)
-        if not wait:
-            return
-        try:
-            future.result(timeout=timelinefile.IO_DEADLINE_S)
-        except Exception:  # noqa: BLE001 - a timeout: the write goes on (or not) on its own thread
-            self._io.give_up(future)
-            self._warn_once(f"no answer within {timelinefile.IO_DEADLINE_S:g} s (a hung mount?)")
+        late = self._io.write_behind(self._write, body, self._generation, wait=wait)
+        if late is not None:
+            self._warn_once(late)
 
     def _write(self, body: bytes, generation: int) -> None:
         """On the file's thread: write ``body`` unless a later save already reached the file (a write
@@ -367,11 +360,3 @@ class Timeline:
 
 def _index(value: Any) -> int:
     return int(value) if isinstance(value, str) and value.isdigit() else 1 << 30
-
-
-def _on_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
