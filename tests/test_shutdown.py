@@ -75,5 +75,7 @@ def test_sigterm_leaves_no_worker_whatever_the_timeout(tmp_path: Path, timeout_s
             ),
             lambda: exp.logs()[-3000:],
         )
-        if hang == "init":  # SIGTERM is ignored: the supervisor itself escalated to SIGKILL
-            assert "killing it" in exp.logs()
+        if hang == "init":  # the hung main thread ignores SIGTERM: either the worker's stdin thread
+            # stopped it in order (nvmlInit in flight, so no nvmlShutdown) or the supervisor escalated
+            logs = exp.logs()
+            assert "killing it" in logs or "worker stopped (nvmlShutdown skipped)" in logs, logs[-3000:]
