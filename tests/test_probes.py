@@ -134,3 +134,16 @@ async def test_a_gpu_whose_readings_stay_those_of_an_earlier_pass_does_not_answe
     rec = _hung(prober)
     await prober.run(rec)
     assert rec.faults["probe_failed"] == 1
+
+
+async def test_a_probe_whose_gpu_reports_not_up_wakes_its_watch(
+    prober: Prober, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe's watch looks at its stop condition only when woken: a GPU reported hung or lost
+    must wake it, or the probe runs on to its deadline and is counted as a hang of its own."""
+    woken: list[int] = []
+    monkeypatch.setattr(StandIn, "states", ("up", "hung"))
+    monkeypatch.setattr(StandIn, "wake", lambda self: woken.append(1))
+    rec = _hung(prober)
+    await prober.run(rec)
+    assert woken == [1]  # once, at the snapshot that said hung
